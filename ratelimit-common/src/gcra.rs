@@ -1,0 +1,514 @@
+//! Token bucket with greedy (continuous) refill, kept in GCRA form: one theoretical
+//! arrival time (TAT) per key, in wrapping ticks (see [`crate::clock`]).
+//!
+//! A bucket of capacity `C` refilled at one token per interval `I` is the same thing
+//! as a meter that admits an arrival of cost `n` iff
+//! `max(tat, now) + n·I − now ≤ C·I` (= `tau`), then sets `tat` to that sum.
+//! A denial changes nothing; it reports how long until the same arrival would be
+//! admitted. A new key starts with a full bucket (`tat = now`).
+//!
+//! This is also the seeds' one-integer "cooldown" score. Unlike the literal cooldown
+//! code, which resets the score only once it has fallen behind `now` and so admits
+//! one request too many after an idle period, the score here is `max(tat, now)`
+//! before every arrival, which admits exactly `C` after any idle time.
+//!
+//! # Wrapping
+//! Ticks wrap every `2^64` ticks (about 26 days). The distance `tat − now` is read
+//! as a signed number:
+//! - `≤ 0`: the bucket is full;
+//! - `(0, tau]`: `tat − now` ticks of refill are owed;
+//! - `(tau, STALE_AHEAD]`: owed more than the rule allows now. This happens when a
+//!   rule's burst or rate was lowered, or when another CPU's clock reading was a
+//!   little ahead of ours. The debt is capped at `tau` (an empty bucket) and the
+//!   capped form is written back even on a denial — the one case where a denial
+//!   writes, and it changes what is stored, not what it means under the current
+//!   rule. So a lowered limit never holds a source back longer than the new limit
+//!   allows, and never refills it either.
+//! - above `STALE_AHEAD`: a state that was idle for about two weeks and wrapped
+//!   around; it is read as a full bucket, which is what an idle key is owed.
+//!
+//! The one misreading: a key idle for more than about 19 days, whose idle time
+//! modulo the ~26-day tick range falls in the last `STALE_AHEAD` of it, is read as
+//! an empty bucket (it gets the sustained rate, not its burst, once). The daemon's
+//! idle sweep deletes states idle for more than `TAU_MAX` long before that.
+
+use crate::clock::{ns_to_ticks, ticks_to_ns_ceil};
+
+/// The largest `tau` (capacity × interval) a rule may have: `2^62` ticks, about
+/// 6.5 days of refill. Keeps `tat − now` well inside the signed range.
+pub const TAU_MAX: u64 = 1 << 62;
+
+/// How far another CPU's clock may run ahead of ours before a state is taken as
+/// stale: `2^40` ticks, about 134 ms, orders of magnitude above real skew.
+pub const CLOCK_SKEW_MARGIN: u64 = 1 << 40;
+
+/// States ahead of `now` by more than this are wrapped-around idle states.
+pub const STALE_AHEAD: u64 = TAU_MAX + CLOCK_SKEW_MARGIN;
+
+/// Largest burst a rule may have, in cost units (packets or bytes).
+pub const CAPACITY_MAX: u64 = 1 << 32;
+
+/// The per-key state: the theoretical arrival time, in wrapping ticks.
+///
+/// Written by the XDP program (atomic compare-and-swap on the whole word), read by
+/// the daemon for `top` and the idle sweep.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct State {
+    /// Theoretical arrival time, ticks (wrapping).
+    pub tat: u64,
+}
+const _: () = assert!(core::mem::size_of::<State>() == 8);
+
+impl State {
+    /// The state of a key seen for the first time at `now_ns`: a full bucket.
+    #[inline(always)]
+    pub const fn full(now_ns: u64) -> Self {
+        Self {
+            tat: ns_to_ticks(now_ns),
+        }
+    }
+}
+
+/// Precomputed parameters of one rule. Built and validated on the host
+/// ([`Params::from_rate`]); the data path only adds, multiplies and compares.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Params {
+    /// Ticks per unit of cost (one packet, or one byte). Rounded to the nearest tick.
+    pub interval: u64,
+    /// `capacity × interval`, ticks: how far ahead of now the TAT may run.
+    pub tau: u64,
+    /// Burst, in cost units. 0 means the rate is 0: nothing is ever admitted.
+    pub capacity: u64,
+}
+const _: () = assert!(core::mem::size_of::<Params>() == 24);
+
+/// The answer to one arrival.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the arrival is admitted.
+    pub allowed: bool,
+    /// Whole tokens left after this decision.
+    pub remaining: u64,
+    /// When denied: ns until this same arrival would be admitted if nothing else
+    /// came; `u64::MAX` if it never will (cost above the burst, or rate 0). 0 when
+    /// admitted.
+    pub retry_after_ns: u64,
+}
+
+/// Why a set of parameters was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamsError {
+    /// Burst of 0: a bucket that can never hold a token. Use rate 0 to drop everything.
+    BurstZero,
+    /// Burst above [`CAPACITY_MAX`].
+    BurstTooLarge,
+    /// The period of the rate is 0 ns.
+    PeriodZero,
+    /// More than one unit of cost per tick (8192 per ns).
+    RateTooHigh,
+    /// `burst / rate` is longer than [`TAU_MAX`] (about 6.5 days of refill).
+    BurstTooLong,
+}
+
+impl core::fmt::Display for ParamsError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::BurstZero => {
+                "burst must be at least 1 (to drop everything, use rate 0 or a deny rule)"
+            }
+            Self::BurstTooLarge => "burst must be at most 4294967296 (2^32)",
+            Self::PeriodZero => "the rate's period must be longer than 0",
+            Self::RateTooHigh => "rate must be at most 8192 per nanosecond",
+            Self::BurstTooLong => {
+                "burst / rate must be at most 6.5 days (the bucket would take longer to refill); lower the burst or raise the rate"
+            }
+        })
+    }
+}
+
+impl Params {
+    /// A rule that admits nothing (rate 0).
+    pub const DENY_ALL: Self = Self {
+        interval: 0,
+        tau: 0,
+        capacity: 0,
+    };
+
+    /// Parameters for `tokens` per `period_ns`, with a bucket of `burst` tokens.
+    /// `tokens == 0` is a rate of 0: nothing is admitted (the burst is still
+    /// validated, so a later change of rate does not hit a surprise).
+    #[cfg(not(target_arch = "bpf"))]
+    pub fn from_rate(tokens: u64, period_ns: u64, burst: u64) -> Result<Self, ParamsError> {
+        if burst == 0 {
+            return Err(ParamsError::BurstZero);
+        }
+        if burst > CAPACITY_MAX {
+            return Err(ParamsError::BurstTooLarge);
+        }
+        if period_ns == 0 {
+            return Err(ParamsError::PeriodZero);
+        }
+        if tokens == 0 {
+            return Ok(Self::DENY_ALL);
+        }
+        let ticks = u128::from(period_ns) << crate::clock::TICK_SHIFT;
+        let tokens = u128::from(tokens);
+        // Round to the nearest tick: the error is at most half a tick per token.
+        let interval = (ticks + tokens / 2) / tokens;
+        if interval == 0 {
+            return Err(ParamsError::RateTooHigh);
+        }
+        let tau = interval * u128::from(burst);
+        if tau > u128::from(TAU_MAX) {
+            return Err(ParamsError::BurstTooLong);
+        }
+        Ok(Self {
+            interval: interval as u64,
+            tau: tau as u64,
+            capacity: burst,
+        })
+    }
+
+    /// Whether these parameters admit nothing (rate 0).
+    #[inline(always)]
+    pub const fn is_deny_all(&self) -> bool {
+        self.capacity == 0
+    }
+}
+
+/// How far `tat` is ahead of `now_t` (ticks), read as described in the module docs,
+/// and whether it had to be capped at `tau`.
+#[inline(always)]
+fn owed(tat: u64, now_t: u64, tau: u64) -> (u64, bool) {
+    let ahead = tat.wrapping_sub(now_t);
+    if ahead as i64 <= 0 || ahead > STALE_AHEAD {
+        (0, false)
+    } else if ahead > tau {
+        (tau, true)
+    } else {
+        (ahead, false)
+    }
+}
+
+/// Whether `state` reads as a full bucket at `now_ns` under any rule: its TAT is not
+/// ahead of now. The daemon's idle sweep deletes such states once they are older
+/// than [`TAU_MAX`], which loses nothing (a missing state is a full bucket).
+#[inline(always)]
+pub fn idle_for_ns(state: &State, now_ns: u64) -> Option<u64> {
+    let behind = ns_to_ticks(now_ns).wrapping_sub(state.tat);
+    if behind as i64 >= 0 {
+        Some(behind >> crate::clock::TICK_SHIFT)
+    } else {
+        None
+    }
+}
+
+/// `ticks / interval`, without a panic path (the kernel program must have none,
+/// and dead code is only removed when it cannot panic).
+#[inline(always)]
+fn whole_tokens(ticks: u64, interval: u64) -> u64 {
+    match ticks.checked_div(interval) {
+        Some(n) => n,
+        None => 0,
+    }
+}
+
+/// Decides one arrival of `cost` units at `now_ns` and, if it is admitted, advances
+/// `state`. A denied arrival leaves `state` untouched, except to cap a debt above
+/// the rule's `tau` (module docs). Callers that share `state` across CPUs write it
+/// back (compare-and-swap) whenever it changed.
+#[inline(always)]
+pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
+    if params.capacity == 0 || cost > params.capacity {
+        return Decision {
+            allowed: false,
+            remaining: 0,
+            retry_after_ns: u64::MAX,
+        };
+    }
+    let now_t = ns_to_ticks(now_ns);
+    let (ahead, capped) = owed(state.tat, now_t, params.tau);
+    // cost ≤ capacity, so cost × interval ≤ tau ≤ TAU_MAX: no overflow, and
+    // ahead + that ≤ 2·TAU_MAX < 2^64.
+    let after = ahead + cost * params.interval;
+    if after <= params.tau {
+        state.tat = now_t.wrapping_add(after);
+        Decision {
+            allowed: true,
+            remaining: whole_tokens(params.tau - after, params.interval),
+            retry_after_ns: 0,
+        }
+    } else {
+        if capped {
+            state.tat = now_t.wrapping_add(params.tau);
+        }
+        Decision {
+            allowed: false,
+            remaining: whole_tokens(params.tau - ahead, params.interval),
+            retry_after_ns: ticks_to_ns_ceil(after - params.tau),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Runs arrivals (ms, cost) against one state; returns "A"/"D" per arrival.
+    fn run(params: &Params, start: State, arrivals: &[(u64, u64)]) -> std::string::String {
+        let mut state = start;
+        arrivals
+            .iter()
+            .map(|&(t, n)| {
+                if decide(&mut state, params, t * MS, n).allowed {
+                    'A'
+                } else {
+                    'D'
+                }
+            })
+            .collect()
+    }
+
+    /// Interval `i_ms` between tokens, capacity `c`.
+    fn params(i_ms: u64, c: u64) -> Params {
+        Params::from_rate(1, i_ms * MS, c).expect("valid params")
+    }
+
+    #[test]
+    fn interval_500_capacity_2() {
+        let p = params(500, 2);
+        let got = run(
+            &p,
+            State::full(0),
+            &[(0, 1), (1, 1), (2, 1), (1002, 1), (1003, 1), (1004, 1)],
+        );
+        assert_eq!(got, "AADAAD");
+    }
+
+    #[test]
+    fn interval_200_capacity_5_six_at_once_twice() {
+        let p = params(200, 5);
+        let mut arrivals = Vec::new();
+        arrivals.extend([(0, 1); 6]);
+        arrivals.extend([(2000, 1); 6]);
+        assert_eq!(run(&p, State::full(0), &arrivals), "AAAAADAAAAAD");
+    }
+
+    #[test]
+    fn clock_going_backwards_is_not_an_underflow() {
+        let p = params(100, 2);
+        let got = run(
+            &p,
+            State::full(1000 * MS),
+            &[(1000, 1), (1000, 1), (900, 1), (1100, 1)],
+        );
+        assert_eq!(got, "AADA");
+    }
+
+    #[test]
+    fn cost_above_capacity_is_always_denied_without_overflow() {
+        let p = params(200, 5);
+        let mut s = State::full(0);
+        for n in [6, 7, 15, u64::from(u32::MAX), u64::MAX] {
+            let d = decide(&mut s, &p, 0, n);
+            assert!(!d.allowed, "cost {n} above capacity 5 was admitted");
+            assert_eq!(d.retry_after_ns, u64::MAX);
+        }
+        assert_eq!(s, State::full(0), "a denial changed the state");
+        assert!(decide(&mut s, &p, 0, 5).allowed);
+    }
+
+    #[test]
+    fn issue5_vector_costs_15_7_6_then_5() {
+        let p = params(200, 5);
+        let got = run(&p, State::full(0), &[(0, 15), (0, 7), (0, 6), (0, 5)]);
+        assert_eq!(got, "DDDA");
+    }
+
+    #[test]
+    fn retry_after_is_exact_and_never_early() {
+        let p = params(500, 2);
+        let mut s = State::full(0);
+        assert!(decide(&mut s, &p, 0, 1).allowed);
+        assert!(decide(&mut s, &p, 0, 1).allowed);
+        let d = decide(&mut s, &p, 0, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_ns, 500 * MS);
+        assert!(!decide(&mut s, &p, 500 * MS - 1, 1).allowed);
+        assert!(decide(&mut s, &p, 500 * MS, 1).allowed);
+    }
+
+    #[test]
+    fn remaining_counts_whole_tokens() {
+        let p = params(100, 3);
+        let mut s = State::full(0);
+        assert_eq!(decide(&mut s, &p, 0, 1).remaining, 2);
+        assert_eq!(decide(&mut s, &p, 0, 1).remaining, 1);
+        assert_eq!(decide(&mut s, &p, 50 * MS, 1).remaining, 0);
+        assert_eq!(decide(&mut s, &p, 150 * MS, 1).remaining, 0);
+    }
+
+    #[test]
+    fn rate_zero_admits_nothing() {
+        let p = Params::from_rate(0, 1_000_000_000, 10).expect("rate 0 is valid");
+        assert!(p.is_deny_all());
+        let mut s = State::full(0);
+        for t in [0, 1, 1_000_000_000_000] {
+            assert!(!decide(&mut s, &p, t, 1).allowed);
+        }
+    }
+
+    #[test]
+    fn refused_params() {
+        assert_eq!(Params::from_rate(1, 1, 0), Err(ParamsError::BurstZero));
+        assert_eq!(
+            Params::from_rate(1, 1, CAPACITY_MAX + 1),
+            Err(ParamsError::BurstTooLarge)
+        );
+        assert_eq!(Params::from_rate(1, 0, 1), Err(ParamsError::PeriodZero));
+        assert_eq!(
+            Params::from_rate(u64::MAX, 1, 1),
+            Err(ParamsError::RateTooHigh)
+        );
+        // 1 per hour with a burst of 1000: 41.7 days to refill.
+        assert_eq!(
+            Params::from_rate(1, 3_600_000_000_000, 1000),
+            Err(ParamsError::BurstTooLong)
+        );
+    }
+
+    /// 1 packet per hour: one per hour after the burst, not one a little early.
+    #[test]
+    fn one_per_hour() {
+        const HOUR: u64 = 3_600_000_000_000;
+        let p = Params::from_rate(1, HOUR, 3).expect("valid");
+        let mut s = State::full(5 * HOUR);
+        let t0 = 5 * HOUR;
+        for _ in 0..3 {
+            assert!(decide(&mut s, &p, t0, 1).allowed);
+        }
+        assert!(!decide(&mut s, &p, t0 + HOUR - 1, 1).allowed);
+        assert!(decide(&mut s, &p, t0 + HOUR, 1).allowed);
+        assert!(!decide(&mut s, &p, t0 + 2 * HOUR - 1, 1).allowed);
+        assert!(decide(&mut s, &p, t0 + 2 * HOUR, 1).allowed);
+    }
+
+    /// 100 M packets/s with a burst of 2^32: the burst is admitted whole, then 10 ns
+    /// apart (checked by arithmetic, not by running 4 G arrivals).
+    #[test]
+    fn hundred_million_per_second_burst_2_pow_32() {
+        let p = Params::from_rate(100_000_000, 1_000_000_000, CAPACITY_MAX).expect("valid");
+        assert_eq!(p.interval, 10 * crate::TICKS_PER_NS);
+        let mut s = State::full(0);
+        // Take all but one token in one arrival, then the last one, then nothing.
+        assert!(decide(&mut s, &p, 0, CAPACITY_MAX - 1).allowed);
+        assert!(decide(&mut s, &p, 0, 1).allowed);
+        let d = decide(&mut s, &p, 0, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_ns, 10);
+        assert!(decide(&mut s, &p, 10, 1).allowed);
+        // Over one second of steady arrivals every 10 ns, all are admitted.
+        let mut admitted = 0u64;
+        for k in 2..=100_000_001u64 {
+            admitted += u64::from(decide(&mut s, &p, k * 10, 1).allowed);
+        }
+        assert_eq!(admitted, 100_000_000);
+    }
+
+    /// 100 Gbit/s in bytes: 12.5 G bytes/s, 0.08 ns per byte, exact to 0.1 %.
+    #[test]
+    fn hundred_gigabit_bytes_rate_is_exact_to_a_tenth_of_a_percent() {
+        let bytes_per_s = 100_000_000_000 / 8;
+        let p = Params::from_rate(bytes_per_s, 1_000_000_000, 64 * 1024).expect("valid");
+        // Offer 64-byte frames at twice the rate for 10 ms, count bytes admitted.
+        let mut s = State::full(0);
+        let frame = 64u64;
+        let dur_ns = 10 * MS;
+        let step_ps = frame * 1000 * 1_000_000_000 / (2 * bytes_per_s); // ps between frames
+        let mut admitted = 0u64;
+        let mut t_ps = 0u64;
+        while t_ps < dur_ns * 1000 {
+            if decide(&mut s, &p, t_ps / 1000, frame).allowed {
+                admitted += frame;
+            }
+            t_ps += step_ps;
+        }
+        let expected = 64 * 1024 + bytes_per_s * dur_ns / 1_000_000_000;
+        let err = (admitted as f64 - expected as f64).abs() / expected as f64;
+        assert!(
+            err < 0.001,
+            "admitted {admitted} bytes, expected {expected} (error {:.4} %)",
+            err * 100.0
+        );
+    }
+
+    /// A rule whose burst is lowered judges existing keys by the new burst at once:
+    /// a key that had drained a big bucket waits at most one new interval.
+    #[test]
+    fn lowering_the_burst_never_holds_back_longer_than_the_new_limit() {
+        let old = params(10, 1000);
+        let new = params(10, 5);
+        let mut s = State::full(0);
+        for _ in 0..1000 {
+            assert!(decide(&mut s, &old, 0, 1).allowed);
+        }
+        // Under the new limit the bucket is empty, not 995 tokens in debt.
+        assert!(!decide(&mut s, &new, 0, 1).allowed);
+        assert_eq!(decide(&mut s, &new, 0, 1).retry_after_ns, 10 * MS);
+        assert!(decide(&mut s, &new, 10 * MS, 1).allowed);
+    }
+
+    /// Raising the limit does not refill a drained bucket to full.
+    #[test]
+    fn raising_the_limit_does_not_refill() {
+        let old = params(100, 5);
+        let new = params(10, 50);
+        let mut s = State::full(0);
+        for _ in 0..5 {
+            assert!(decide(&mut s, &old, 0, 1).allowed);
+        }
+        // The debt is 500 ms; under the new interval of 10 ms and burst of 50
+        // (tau = 500 ms) the bucket is still empty.
+        assert!(!decide(&mut s, &new, 0, 1).allowed);
+        let mut admitted = 0;
+        for _ in 0..100 {
+            admitted += u64::from(decide(&mut s, &new, 100 * MS, 1).allowed);
+        }
+        assert_eq!(admitted, 10, "100 ms at 10 ms per token refills 10");
+    }
+
+    /// A state written from a clock reading slightly ahead of ours is a debt, not a
+    /// wrapped idle state.
+    #[test]
+    fn state_slightly_ahead_of_now_is_not_taken_as_idle() {
+        let p = params(100, 2);
+        let mut s = State::full(1000 * MS);
+        assert!(decide(&mut s, &p, 1000 * MS, 1).allowed);
+        assert!(decide(&mut s, &p, 1000 * MS, 1).allowed);
+        // Another CPU reads a clock 1 µs behind: still empty.
+        assert!(!decide(&mut s, &p, 1000 * MS - 1000, 1).allowed);
+    }
+
+    /// A state idle for longer than half the tick range reads as a full bucket.
+    #[test]
+    fn long_idle_state_reads_as_full() {
+        let p = params(100, 2);
+        let mut s = State::full(0);
+        assert!(decide(&mut s, &p, 0, 1).allowed);
+        assert!(decide(&mut s, &p, 0, 1).allowed);
+        // Up to 19 days; past that see the module docs (the idle sweep's job).
+        for idle_days in [1u64, 7, 10, 13, 14, 19] {
+            let mut t = s;
+            let now = idle_days * 86_400_000 * MS;
+            assert!(decide(&mut t, &p, now, 1).allowed, "idle {idle_days} days");
+            assert!(decide(&mut t, &p, now, 1).allowed, "idle {idle_days} days");
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The maps shared by the XDP program (reader of rules, writer of state and
+//! counters) and the daemon (the one writer of rules and config, reader of state and
+//! counters): their names, default capacities, keys and values.
+//!
+//! Addresses are kept as 16 bytes in network byte order. IPv4 addresses are stored
+//! IPv4-mapped (`::ffff:a.b.c.d`), so one key type and one LPM trie serve both
+//! families and an IPv4 prefix `/n` is the 128-bit prefix `/(96 + n)`.
+
+use crate::gcra;
+
+/// Name of the XDP program in the object.
+pub const PROGRAM_NAME: &str = "ratelimit";
+
+/// `LpmTrie<Addr, Rule>`: rules by source prefix (prefix length over the 128-bit
+/// mapped address). Written by the daemon.
+pub const MAP_RULES: &str = "RL_RULES";
+/// `Array<Rule>` of one entry: the rule for sources no prefix matches. Written by the daemon.
+pub const MAP_DEFAULT: &str = "RL_DEFAULT";
+/// `LruHash<FlowKey, gcra::State>`: one bucket per (rule, masked source). Written by the program.
+pub const MAP_STATE: &str = "RL_STATE";
+/// `PerCpuArray<Counter>` indexed by [`Reason`]. Written by the program.
+pub const MAP_STATS: &str = "RL_STATS";
+/// `Array<Config>` of one entry: global runtime settings. Written by the daemon.
+pub const MAP_CONFIG: &str = "RL_CONFIG";
+/// `LruHash<Addr, u64>`: frames dropped (or would-be dropped) per source address,
+/// for `ratelimit top`. Written by the program on the drop path only.
+pub const MAP_DROPS: &str = "RL_DROPS";
+
+/// Every map, for tests and pinning.
+pub const ALL_MAPS: [&str; 6] = [MAP_RULES, MAP_DEFAULT, MAP_STATE, MAP_STATS, MAP_CONFIG, MAP_DROPS];
+
+/// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
+pub const DROPS_CAPACITY: u32 = 65_536;
+
+/// Default capacity of [`MAP_STATE`]: sources tracked at once. At about 90 bytes of
+/// kernel memory each, 1 M sources cost about 90 MiB. A load-time setting.
+pub const DEFAULT_STATE_CAPACITY: u32 = 1 << 20;
+/// Default capacity of [`MAP_RULES`]. A load-time setting.
+pub const DEFAULT_RULES_CAPACITY: u32 = 16 * 1024;
+
+/// An IPv6 address or an IPv4-mapped IPv4 address, network byte order.
+pub type Addr = [u8; 16];
+
+/// The prefix `::ffff:0:0/96` under which IPv4 addresses are mapped.
+pub const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+/// Length of [`V4_MAPPED_PREFIX`] in bits.
+pub const V4_MAPPED_BITS: u8 = 96;
+
+/// The IPv4-mapped form of an IPv4 address given as 4 bytes in network order.
+#[inline(always)]
+pub const fn map_v4(v4: [u8; 4]) -> Addr {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3],
+    ]
+}
+
+/// Whether `addr` is IPv4-mapped.
+#[inline(always)]
+pub fn is_v4_mapped(addr: &Addr) -> bool {
+    addr[..12] == V4_MAPPED_PREFIX
+}
+
+/// Keeps the first `bits` bits of `addr` (0..=128) and clears the rest.
+#[inline(always)]
+pub fn mask_addr(addr: &mut Addr, bits: u8) {
+    let mut i = 0;
+    while i < 16 {
+        let start = (i as u32) * 8;
+        let keep = (bits as u32).saturating_sub(start);
+        if keep < 8 {
+            // keep ∈ 0..8: keep the top `keep` bits of this byte.
+            addr[i] &= !(0xffu8 >> keep);
+        }
+        i += 1;
+    }
+}
+
+/// Key of [`MAP_STATE`]: the rule a source fell under and its address masked to
+/// that rule's key prefix. 128 bits kept whole: never hashed or folded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    /// Masked source address (IPv4-mapped for IPv4), network byte order.
+    pub addr: Addr,
+    /// [`Rule::id`] of the rule that applied.
+    pub rule_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 20);
+
+/// What a rule does with the sources under it. A zeroed [`Rule`] allows: a map
+/// slot the daemon has not written yet never drops anything.
+pub mod action {
+    /// Exempt: always pass, never limited.
+    pub const ALLOW: u8 = 0;
+    /// Apply the rule's limit.
+    pub const LIMIT: u8 = 1;
+    /// Always drop.
+    pub const DENY: u8 = 2;
+}
+
+/// Bits of [`Rule::flags`].
+pub mod rule_flags {
+    /// Cost is the frame's length in bytes, not 1 per packet.
+    pub const BYTES: u8 = 1 << 0;
+    /// Never drop for this rule; count would-drops instead.
+    pub const DRY_RUN: u8 = 1 << 1;
+}
+
+/// Value of [`MAP_RULES`] and [`MAP_DEFAULT`]. Built and validated by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Rule {
+    /// The rule's identity in [`FlowKey`]. Kept when a rule's limit changes, so
+    /// existing buckets carry over; new for a new prefix. 0 is the default rule.
+    pub id: u32,
+    /// One of [`action`].
+    pub action: u8,
+    /// Bits of [`rule_flags`].
+    pub flags: u8,
+    /// Bits of an IPv4 source kept in the key (0..=32): 32 is per address, 24 per /24.
+    pub key_prefix_v4: u8,
+    /// Bits of an IPv6 source kept in the key (0..=128): 64 is per /64.
+    pub key_prefix_v6: u8,
+    /// Token bucket parameters (for [`action::LIMIT`]).
+    pub gcra: gcra::Params,
+}
+const _: () = assert!(core::mem::size_of::<Rule>() == 32);
+
+/// Bits of [`Config::flags`].
+pub mod config_flags {
+    /// Dry run for every rule: never drop, count would-drops.
+    pub const DRY_RUN: u32 = 1 << 0;
+    /// Drop malformed IP frames (default: pass them).
+    pub const DROP_MALFORMED: u32 = 1 << 1;
+}
+
+/// Value of [`MAP_CONFIG`]: global runtime settings. Written by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Config {
+    /// Bits of [`config_flags`].
+    pub flags: u32,
+    /// Number of entries in [`MAP_RULES`]; 0 lets the program skip the trie lookup.
+    pub rule_count: u32,
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 8);
+
+/// One counter of [`MAP_STATS`]: packets and bytes (whole frame lengths).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counter {
+    /// Frames counted.
+    pub packets: u64,
+    /// Sum of their lengths from the Ethernet header on, bytes.
+    pub bytes: u64,
+}
+const _: () = assert!(core::mem::size_of::<Counter>() == 16);
+
+/// Why a frame got its verdict: the index into [`MAP_STATS`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Within its limit: passed.
+    Passed = 0,
+    /// Over its limit: dropped.
+    Limited = 1,
+    /// Under an `allow` rule: passed without a limit.
+    Allowed = 2,
+    /// Under a `deny` rule: dropped.
+    Denied = 3,
+    /// Not IPv4 or IPv6 (ARP, LLDP, ...): passed.
+    NotIp = 4,
+    /// Truncated or malformed IP: passed or dropped by [`config_flags::DROP_MALFORMED`].
+    Malformed = 5,
+    /// Over its limit or denied under dry run: passed.
+    WouldDrop = 6,
+    /// New source whose state could not be stored (map full and not evictable):
+    /// passed, as a new source's first packet always would be.
+    StateFailed = 7,
+    /// Compare-and-swap retries ran out: the key is hammered from several CPUs at
+    /// once, so it is over its limit; dropped.
+    Contended = 8,
+}
+
+/// Number of [`Reason`]s: the size of [`MAP_STATS`].
+pub const REASON_COUNT: u32 = 9;
+
+impl Reason {
+    /// Every reason, in index order.
+    pub const ALL: [Reason; REASON_COUNT as usize] = [
+        Reason::Passed,
+        Reason::Limited,
+        Reason::Allowed,
+        Reason::Denied,
+        Reason::NotIp,
+        Reason::Malformed,
+        Reason::WouldDrop,
+        Reason::StateFailed,
+        Reason::Contended,
+    ];
+
+    /// Stable name, used in stats output and metric labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::Passed => "passed",
+            Reason::Limited => "limited",
+            Reason::Allowed => "allowed",
+            Reason::Denied => "denied",
+            Reason::NotIp => "not_ip",
+            Reason::Malformed => "malformed",
+            Reason::WouldDrop => "would_drop",
+            Reason::StateFailed => "state_failed",
+            Reason::Contended => "contended",
+        }
+    }
+
+    /// Whether frames counted under this reason were dropped (dry run aside).
+    pub const fn drops(self) -> bool {
+        matches!(self, Reason::Limited | Reason::Denied | Reason::Contended)
+    }
+}
+
+/// How many times the program retries a compare-and-swap on a contended state
+/// before giving up ([`Reason::Contended`]). Each failed attempt means another CPU
+/// updated the same key in between.
+pub const CAS_RETRIES: u32 = 16;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are `#[repr(C)]`, `Copy`, and have no padding (sizes asserted above).
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::Rule {}
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::Counter {}
+    unsafe impl aya::Pod for crate::gcra::State {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masking() {
+        let mut a = [0xffu8; 16];
+        mask_addr(&mut a, 64);
+        assert_eq!(a, [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let mut b = map_v4([198, 18, 7, 200]);
+        mask_addr(&mut b, V4_MAPPED_BITS + 24);
+        assert_eq!(b, map_v4([198, 18, 7, 0]));
+        let mut c = map_v4([198, 19, 255, 255]);
+        mask_addr(&mut c, V4_MAPPED_BITS + 15);
+        assert_eq!(c, map_v4([198, 18, 0, 0]));
+        let mut d = [0xabu8; 16];
+        mask_addr(&mut d, 128);
+        assert_eq!(d, [0xab; 16]);
+        mask_addr(&mut d, 0);
+        assert_eq!(d, [0; 16]);
+    }
+
+    #[test]
+    fn reasons_index_in_order() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+        }
+    }
+}

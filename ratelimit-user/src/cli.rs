@@ -1,0 +1,366 @@
+//! The command line: clap parses strings into [`Cli`]; [`main`] turns them into
+//! validated types and runs the command.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+
+use crate::{
+    config::{RawBurst, RawLimit},
+    control::{self, Request},
+    daemon::{self, RunOptions},
+    error::{Error, Result},
+    kernel::{AttachMode, LoadOptions},
+    rate::{parse_burst, parse_rate},
+    rules::{Action, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, RuleSet, default_limit},
+};
+
+/// A per-source packet rate limiter at the NIC driver (XDP).
+#[derive(Debug, Parser)]
+#[command(name = "ratelimit", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: attach to an interface and enforce.
+    Run(RunArgs),
+    /// Set a limit on the default rule or a CIDR.
+    Set(SetArgs),
+    /// Exempt a CIDR: never limited.
+    Allow(CidrArgs),
+    /// Drop everything from a CIDR.
+    Deny(CidrArgs),
+    /// Remove the rule of a CIDR.
+    Unset(CidrArgs),
+    /// Show the rules.
+    List(ReadArgs),
+    /// Show what runs and how.
+    Status(ReadArgs),
+    /// Show counters by reason, with per-second rates.
+    Stats(StatsArgs),
+    /// Show the sources with the most drops.
+    Top(TopArgs),
+}
+
+/// `ratelimit run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The interface to attach to.
+    #[arg(long)]
+    pub iface: String,
+    /// A TOML config file (see examples/ratelimit.toml); SIGHUP reloads it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Default rate per source [default: 1000/s].
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Default burst [default: one second's worth of the rate].
+    #[arg(long)]
+    pub burst: Option<String>,
+    /// IPv4 key prefix: 32 limits each address, 24 each /24.
+    #[arg(long, default_value_t = DEFAULT_PER_V4)]
+    pub per_v4: u8,
+    /// IPv6 key prefix: 64 limits each /64.
+    #[arg(long, default_value_t = DEFAULT_PER_V6)]
+    pub per_v6: u8,
+    /// Attach mode.
+    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
+    pub mode: AttachMode,
+    /// Never drop: count what would have been dropped.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Drop truncated or malformed IP frames (default: pass them).
+    #[arg(long)]
+    pub drop_malformed: bool,
+    /// Leave the program attached and enforcing after exit.
+    #[arg(long)]
+    pub keep_attached: bool,
+    /// Ignore pinned state (buckets, rules) and start fresh.
+    #[arg(long)]
+    pub reset: bool,
+    /// Sources tracked at once (a load-time setting).
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_CAPACITY)]
+    pub max_sources: u32,
+}
+
+/// The daemon to talk to.
+#[derive(Debug, Args)]
+pub struct Target {
+    /// The daemon's interface (may be left out when one daemon runs).
+    #[arg(long)]
+    pub iface: Option<String>,
+}
+
+/// `ratelimit set`.
+#[derive(Debug, Args)]
+pub struct SetArgs {
+    /// `default` or a CIDR such as 198.18.0.0/15 or 2001:db8::/32.
+    pub target: String,
+    /// Rate, e.g. 500/s, 30/min, 10k/s, 100Mbit/s.
+    #[arg(long)]
+    pub rate: String,
+    /// Burst: a count, or a size for byte rates.
+    #[arg(long)]
+    pub burst: Option<String>,
+    /// Key prefix length for the CIDR's family (32 per IPv4 address, 64 per IPv6 /64).
+    #[arg(long)]
+    pub per: Option<u8>,
+    /// Count bytes: with a plain count rate like 1M/s, 1M bytes/s.
+    #[arg(long)]
+    pub bytes: bool,
+    /// Never drop for this rule; count would-drops.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub target_daemon: Target,
+}
+
+/// A CIDR command.
+#[derive(Debug, Args)]
+pub struct CidrArgs {
+    /// A CIDR such as 198.18.0.0/15 or 2001:db8::/32.
+    pub cidr: String,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// A read command.
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `ratelimit stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Refresh every second until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+/// `ratelimit top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// How many sources.
+    #[arg(short, default_value_t = 10)]
+    pub n: usize,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+impl RunArgs {
+    /// The validated run options.
+    pub fn options(&self) -> Result<RunOptions> {
+        let mut limit = default_limit();
+        if let Some(rate) = &self.rate {
+            limit.rate = parse_rate("--rate", rate)?;
+            limit.burst = limit.rate.default_burst();
+        }
+        if let Some(burst) = &self.burst {
+            limit.burst = parse_burst("--burst", burst, limit.rate.unit)?;
+        }
+        limit.per_v4 = self.per_v4;
+        limit.per_v6 = self.per_v6;
+        let explicit = self.rate.is_some()
+            || self.burst.is_some()
+            || self.per_v4 != DEFAULT_PER_V4
+            || self.per_v6 != DEFAULT_PER_V6
+            || self.dry_run
+            || self.drop_malformed;
+        let base = RuleSet {
+            dry_run: self.dry_run,
+            malformed: if self.drop_malformed {
+                MalformedPolicy::Drop
+            } else {
+                MalformedPolicy::Pass
+            },
+            default: Action::Limit(Limit { ..limit }),
+            rules: Default::default(),
+        };
+        Action::Limit(limit).to_kernel(0, "--rate/--burst")?;
+        if self.max_sources == 0 {
+            return Err(Error::invalid("--max-sources", "must be at least 1"));
+        }
+        Ok(RunOptions {
+            iface: self.iface.clone(),
+            config: self.config.clone(),
+            base,
+            explicit,
+            mode: self.mode,
+            keep_attached: self.keep_attached,
+            reset: self.reset,
+            load: LoadOptions {
+                state_capacity: self.max_sources,
+                ..LoadOptions::default()
+            },
+        })
+    }
+}
+
+fn iface(t: &Target) -> Result<String> {
+    match &t.iface {
+        Some(i) => Ok(i.clone()),
+        None => control::only_daemon(),
+    }
+}
+
+/// Runs the command line.
+pub async fn main(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run(args) => {
+            let opts = args.options()?;
+            daemon::run(opts, shutdown_signal()).await
+        }
+        Command::Set(args) => {
+            let mut rate = args.rate.clone();
+            if args.bytes && !rate.contains('B') && !rate.contains("bit") {
+                // `--bytes` with a plain count: the count is bytes.
+                let (amount, per) = rate.split_once('/').unwrap_or((&rate, "s"));
+                rate = format!("{amount}B/{per}");
+            }
+            let limit = RawLimit {
+                action: Some("limit".into()),
+                rate: Some(rate),
+                burst: args.burst.clone().map(RawBurst::Text),
+                per: if args.target == "default" { None } else { args.per },
+                per_v4: None,
+                per_v6: None,
+                dry_run: Some(args.dry_run),
+            };
+            if args.target == "default" && args.per.is_some() {
+                return Err(Error::invalid(
+                    "--per",
+                    "the default rule covers both families; restart the daemon with --per-v4/--per-v6",
+                ));
+            }
+            let iface = iface(&args.target_daemon)?;
+            let data = control::call(&iface, &Request::Set { target: args.target, limit }).await?;
+            print_list(&data);
+            Ok(())
+        }
+        Command::Allow(a) => cidr_command(a, |cidr| Request::Allow { cidr }).await,
+        Command::Deny(a) => cidr_command(a, |cidr| Request::Deny { cidr }).await,
+        Command::Unset(a) => cidr_command(a, |cidr| Request::Unset { cidr }).await,
+        Command::List(r) => {
+            let data = control::call(&iface(&r.target)?, &Request::List).await?;
+            if r.json { print_json(&data) } else { print_list(&data) }
+            Ok(())
+        }
+        Command::Status(r) => {
+            let data = control::call(&iface(&r.target)?, &Request::Status).await?;
+            if r.json {
+                print_json(&data)
+            } else if let Value::Object(m) = &data {
+                for (k, v) in m {
+                    println!("{k:16} {v}");
+                }
+            }
+            Ok(())
+        }
+        Command::Stats(s) => {
+            let iface = iface(&s.read.target)?;
+            loop {
+                let data = control::call(&iface, &Request::Stats).await?;
+                if s.watch {
+                    // Clear the screen and home the cursor: refresh in place.
+                    print!("\x1b[2J\x1b[H");
+                }
+                if s.read.json { print_json(&data) } else { print_stats(&data) }
+                if !s.watch {
+                    return Ok(());
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = shutdown_signal() => return Ok(()),
+                }
+            }
+        }
+        Command::Top(t) => {
+            let data = control::call(&iface(&t.read.target)?, &Request::Top { n: t.n }).await?;
+            if t.read.json {
+                print_json(&data)
+            } else {
+                println!("{:<40} {:>14} {:>14}", "source", "dropped", "dropped/s");
+                for row in data["top"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<40} {:>14} {:>14.0}",
+                        row["source"].as_str().unwrap_or("?"),
+                        row["dropped"].as_u64().unwrap_or(0),
+                        row["dropped_per_s"].as_f64().unwrap_or(0.0)
+                    );
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn cidr_command(a: CidrArgs, make: impl FnOnce(String) -> Request) -> Result<()> {
+    let iface = iface(&a.target)?;
+    let data = control::call(&iface, &make(a.cidr)).await?;
+    print_list(&data);
+    Ok(())
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).expect("serializes"));
+}
+
+fn print_list(data: &Value) {
+    println!("default            {}", data["default"].as_str().unwrap_or("?"));
+    for r in data["rules"].as_array().into_iter().flatten() {
+        println!(
+            "{:<18} {}",
+            r["cidr"].as_str().unwrap_or("?"),
+            r["rule"].as_str().unwrap_or("?")
+        );
+    }
+    if data["dry_run"].as_bool() == Some(true) {
+        println!("(dry run: nothing is dropped)");
+    }
+}
+
+fn print_stats(data: &Value) {
+    println!(
+        "{:<14} {:>16} {:>18} {:>14} {:>16}",
+        "reason", "packets", "bytes", "packets/s", "bytes/s"
+    );
+    for r in data["reasons"].as_array().into_iter().flatten() {
+        println!(
+            "{:<14} {:>16} {:>18} {:>14.0} {:>16.0}",
+            r["reason"].as_str().unwrap_or("?"),
+            r["packets"].as_u64().unwrap_or(0),
+            r["bytes"].as_u64().unwrap_or(0),
+            r["packets_per_s"].as_f64().unwrap_or(0.0),
+            r["bytes_per_s"].as_f64().unwrap_or(0.0),
+        );
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without handlers the default action (exit) applies.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}

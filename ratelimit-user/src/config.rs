@@ -1,0 +1,322 @@
+//! The TOML config file and the `run` options, both turned into one validated
+//! [`RuleSet`]. See `examples/ratelimit.toml` for every key.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde::Deserialize;
+
+use crate::{
+    error::{Error, Result},
+    rate::{Unit, parse_burst, parse_rate},
+    rules::{Action, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, Prefix, RuleSet},
+};
+
+/// A burst as written: a number or a string with a unit.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum RawBurst {
+    /// `burst = 100`
+    Count(u64),
+    /// `burst = "64KB"`
+    Text(String),
+}
+
+/// A limit as written, before validation.
+#[derive(Clone, Debug, Default, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawLimit {
+    /// `limit` (default), `allow` or `deny`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// e.g. `"500/s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// e.g. `1000` or `"64KB"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<RawBurst>,
+    /// IPv4 key prefix length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_v4: Option<u8>,
+    /// IPv6 key prefix length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_v6: Option<u8>,
+    /// Key prefix length for a rule's own family.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per: Option<u8>,
+    /// Count would-drops instead of dropping.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+}
+
+/// A `[[rule]]` table.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawRule {
+    /// The source prefix.
+    pub cidr: String,
+    /// The rest.
+    #[serde(flatten)]
+    pub limit: RawLimit,
+}
+
+/// The config file.
+#[derive(Clone, Debug, Default, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawConfig {
+    /// Dry run for everything.
+    pub dry_run: Option<bool>,
+    /// `pass` (default) or `drop`.
+    pub malformed: Option<MalformedPolicy>,
+    /// The default rule.
+    pub default: Option<RawLimit>,
+    /// Prefix rules.
+    #[serde(default, rename = "rule")]
+    pub rules: Vec<RawRule>,
+}
+
+impl RawLimit {
+    /// Validates into an action. `field` prefixes errors; `family` is the family a
+    /// rule's prefix belongs to (`None` for the default rule).
+    pub fn validate(&self, field: &str, family_v4: Option<bool>) -> Result<Action> {
+        let action = self.action.as_deref().unwrap_or("limit");
+        let only_action = |name: &str| -> Result<()> {
+            if self.rate.is_some() || self.burst.is_some() || self.per.is_some() || self.per_v4.is_some() || self.per_v6.is_some() {
+                return Err(Error::invalid(
+                    field,
+                    format!("an {name} rule takes no rate, burst or per"),
+                ));
+            }
+            Ok(())
+        };
+        match action {
+            "allow" => {
+                only_action("allow")?;
+                if self.dry_run.is_some() {
+                    return Err(Error::invalid(field, "an allow rule takes no dry-run"));
+                }
+                Ok(Action::Allow)
+            }
+            "deny" => {
+                only_action("deny")?;
+                Ok(Action::Deny {
+                    dry_run: self.dry_run.unwrap_or(false),
+                })
+            }
+            "limit" => {
+                let rate_field = format!("{field}.rate");
+                let rate = parse_rate(
+                    &rate_field,
+                    self.rate
+                        .as_deref()
+                        .ok_or_else(|| Error::invalid(&rate_field, "missing; a limit needs a rate like 500/s"))?,
+                )?;
+                let burst_field = format!("{field}.burst");
+                let burst = match &self.burst {
+                    None => rate.default_burst(),
+                    Some(RawBurst::Count(n)) => parse_burst(&burst_field, &n.to_string(), rate.unit)?,
+                    Some(RawBurst::Text(s)) => parse_burst(&burst_field, s, rate.unit)?,
+                };
+                let (mut per_v4, mut per_v6) = (
+                    self.per_v4.unwrap_or(DEFAULT_PER_V4),
+                    self.per_v6.unwrap_or(DEFAULT_PER_V6),
+                );
+                if let Some(per) = self.per {
+                    match family_v4 {
+                        Some(true) => per_v4 = per,
+                        Some(false) => per_v6 = per,
+                        None => {
+                            return Err(Error::invalid(
+                                format!("{field}.per"),
+                                "the default rule covers both families: use per-v4 and per-v6",
+                            ));
+                        }
+                    }
+                }
+                let limit = Limit {
+                    rate,
+                    burst,
+                    per_v4,
+                    per_v6,
+                    dry_run: self.dry_run.unwrap_or(false),
+                };
+                Action::Limit(limit).to_kernel(0, field)?;
+                if rate.unit == Unit::Bytes && burst < 1514 {
+                    tracing::warn!(field, burst, "a byte burst below 1514 never admits a full-size Ethernet frame");
+                }
+                Ok(Action::Limit(limit))
+            }
+            other => Err(Error::invalid(
+                format!("{field}.action"),
+                format!("unknown action {other:?}; expected limit, allow or deny"),
+            )),
+        }
+    }
+}
+
+impl From<&Action> for RawLimit {
+    fn from(a: &Action) -> Self {
+        match a {
+            Action::Allow => RawLimit {
+                action: Some("allow".into()),
+                ..Default::default()
+            },
+            Action::Deny { dry_run } => RawLimit {
+                action: Some("deny".into()),
+                dry_run: Some(*dry_run),
+                ..Default::default()
+            },
+            Action::Limit(l) => RawLimit {
+                action: Some("limit".into()),
+                rate: Some(l.rate.exact()),
+                burst: Some(RawBurst::Count(l.burst)),
+                per_v4: Some(l.per_v4),
+                per_v6: Some(l.per_v6),
+                per: None,
+                dry_run: Some(l.dry_run),
+            },
+        }
+    }
+}
+
+impl From<&RuleSet> for RawConfig {
+    /// The exact config of a rule set: [`RawConfig::validate`] reads it back whole.
+    fn from(set: &RuleSet) -> Self {
+        RawConfig {
+            dry_run: Some(set.dry_run),
+            malformed: Some(set.malformed),
+            default: Some(RawLimit::from(&set.default)),
+            rules: set
+                .rules
+                .iter()
+                .map(|(p, a)| RawRule {
+                    cidr: p.to_string(),
+                    limit: RawLimit::from(a),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl RawConfig {
+    /// Parses TOML text. Unknown keys are errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| {
+            Error::invalid(
+                path.display().to_string(),
+                format!("invalid config: {}", e.to_string().trim_end()),
+            )
+        })
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(Error::io(format!("reading config {}", path.display())))?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates everything into a rule set, on top of `base` (the CLI's default).
+    pub fn validate(&self, base: &RuleSet) -> Result<RuleSet> {
+        let mut set = base.clone();
+        if let Some(d) = self.dry_run {
+            set.dry_run = d;
+        }
+        if let Some(m) = self.malformed {
+            set.malformed = m;
+        }
+        if let Some(d) = &self.default {
+            set.default = d.validate("default", None)?;
+        }
+        let mut rules = BTreeMap::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            let field = format!("rule[{i}]");
+            let prefix = Prefix::parse(&format!("{field}.cidr"), &r.cidr)?;
+            let action = r
+                .limit
+                .validate(&format!("{field} ({prefix})"), Some(prefix.addr.is_ipv4()))?;
+            if rules.insert(prefix, action).is_some() {
+                return Err(Error::invalid(
+                    format!("{field}.cidr"),
+                    format!("{prefix} appears twice"),
+                ));
+            }
+        }
+        set.rules = rules;
+        set.validate()?;
+        Ok(set)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<RuleSet> {
+        RawConfig::parse(Path::new("t.toml"), s)?.validate(&RuleSet::default())
+    }
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let text = include_str!("../../examples/ratelimit.toml");
+        let set = parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!set.rules.is_empty());
+    }
+
+    #[test]
+    fn rules_and_defaults() {
+        let set = parse(
+            r#"
+            dry-run = false
+            malformed = "drop"
+            [default]
+            rate = "100/s"
+            burst = 200
+            per-v6 = 56
+            [[rule]]
+            cidr = "198.18.0.0/24"
+            action = "allow"
+            [[rule]]
+            cidr = "2001:db8:bad::/48"
+            action = "deny"
+            [[rule]]
+            cidr = "198.19.0.0/16"
+            rate = "1Gbit/s"
+            burst = "1MB"
+            per = 24
+            dry-run = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(set.malformed, MalformedPolicy::Drop);
+        let Action::Limit(d) = set.default else { panic!("default not a limit") };
+        assert_eq!((d.burst, d.per_v4, d.per_v6), (200, 32, 56));
+        assert_eq!(set.rules.len(), 3);
+        let p = Prefix::parse("x", "198.19.0.0/16").unwrap();
+        let Action::Limit(l) = set.rules[&p] else { panic!("not a limit") };
+        assert_eq!((l.burst, l.per_v4, l.dry_run, l.rate.unit), (1_000_000, 24, true, Unit::Bytes));
+    }
+
+    #[test]
+    fn a_rule_set_round_trips_through_its_raw_form() {
+        let set = parse(include_str!("../../examples/ratelimit.toml")).unwrap();
+        let text = toml::to_string(&RawConfig::from(&set)).unwrap();
+        assert_eq!(parse(&text).unwrap(), set, "{text}");
+    }
+
+    #[test]
+    fn bad_files_say_why() {
+        for (text, needle) in [
+            ("colour = 1", "unknown field `colour`"),
+            ("[default]\nrate = \"0/s\"\nburst = 0", "default.burst"),
+            ("[[rule]]\ncidr = \"300.1.2.3/24\"\naction = \"deny\"", "rule[0].cidr"),
+            ("[[rule]]\ncidr = \"2001:db8::/129\"\naction = \"deny\"", "rule[0].cidr"),
+            ("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"\nrate = \"5/s\"", "takes no rate"),
+            ("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"block\"", "expected limit, allow or deny"),
+            ("[[rule]]\ncidr = \"198.18.0.0/24\"\nrate = \"5/fortnight\"", "rule[0] (198.18.0.0/24).rate"),
+            ("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"", "appears twice"),
+        ] {
+            let e = parse(text).expect_err(text).to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! The daemon: load, attach, enforce a rule set, serve the control socket, and
+//! detach on shutdown. [`run`] takes its shutdown as a future so tests can run it
+//! in-process.
+
+use std::{
+    fs::File,
+    future::Future,
+    os::{fd::AsRawFd, unix::fs::PermissionsExt},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use ratelimit_common::{Counter, REASON_COUNT, Reason, gcra};
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::{UnixListener, UnixStream},
+    signal::unix::{SignalKind, signal},
+};
+use tracing::{error, info, warn};
+
+use crate::{
+    config::RawConfig,
+    control::{Request, Response, run_dir, socket_path},
+    error::{Error, Result},
+    kernel::{AttachMode, Enforcer, LoadOptions},
+    rules::{Action, Prefix, RuleSet},
+};
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The interface.
+    pub iface: String,
+    /// A TOML config file, re-read on SIGHUP.
+    pub config: Option<PathBuf>,
+    /// The rule set from the command line (default rule and global flags).
+    pub base: RuleSet,
+    /// Whether the command line set limits explicitly (else an adopted daemon keeps
+    /// the rules it finds).
+    pub explicit: bool,
+    /// Attach mode.
+    pub mode: AttachMode,
+    /// Leave the program enforcing after exit.
+    pub keep_attached: bool,
+    /// Ignore pinned state and start fresh.
+    pub reset: bool,
+    /// Load-time settings.
+    pub load: LoadOptions,
+}
+
+/// How often counters are sampled for per-second rates.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// How often idle states are swept (see `ratelimit_common::gcra`, "Wrapping").
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+/// A request line must arrive within this time.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+struct Sample {
+    at: Instant,
+    counters: [Counter; REASON_COUNT as usize],
+}
+
+struct Daemon {
+    opts: RunOptions,
+    enforcer: Enforcer,
+    rules: RuleSet,
+    started: Instant,
+    last: Sample,
+    prev: Option<Sample>,
+}
+
+/// An exclusive lock on the interface, released on drop.
+struct Lock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn lock(iface: &str) -> Result<Lock> {
+    let dir = run_dir();
+    std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    let path = dir.join(format!("{iface}.lock"));
+    let file = File::create(&path).map_err(Error::io(format!("creating {}", path.display())))?;
+    // SAFETY: a valid open fd.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(Error::AlreadyRunning {
+            iface: iface.to_string(),
+            lock: path,
+        });
+    }
+    Ok(Lock { _file: file, path })
+}
+
+fn saved_rules_path(iface: &str) -> PathBuf {
+    run_dir().join(format!("{iface}.rules.json"))
+}
+
+/// The rule set to start with: the config file, or the command line; for a
+/// daemon adopting a pinned program without either, the rules it last enforced.
+fn initial_rules(opts: &RunOptions) -> Result<RuleSet> {
+    if let Some(path) = &opts.config {
+        return RawConfig::load(path)?.validate(&opts.base);
+    }
+    opts.base.validate()?;
+    Ok(opts.base.clone())
+}
+
+fn saved_rules(iface: &str) -> Option<RuleSet> {
+    let text = std::fs::read_to_string(saved_rules_path(iface)).ok()?;
+    let raw: RawConfig = serde_json::from_str(&text).ok()?;
+    raw.validate(&RuleSet::default()).ok()
+}
+
+/// Runs the daemon on `opts.iface` until `shutdown` completes.
+pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let lock = lock(&opts.iface)?;
+    // Everything the user gave is checked before the kernel is touched.
+    let mut rules = initial_rules(&opts)?;
+    let enforcer = Enforcer::start(&opts.iface, opts.mode, &opts.load, opts.reset)?;
+    if enforcer.adopted && opts.config.is_none() && !opts.explicit {
+        if let Some(saved) = saved_rules(&opts.iface) {
+            rules = saved;
+        }
+    }
+    let counters = enforcer.maps.counters()?;
+    let mut daemon = Daemon {
+        opts,
+        enforcer,
+        rules: RuleSet::default(),
+        started: Instant::now(),
+        last: Sample {
+            at: Instant::now(),
+            counters,
+        },
+        prev: None,
+    };
+    if let Err(e) = daemon.apply(rules) {
+        daemon.shutdown(false);
+        return Err(e);
+    }
+    daemon.announce();
+
+    let sock = socket_path(&daemon.opts.iface);
+    let _ = std::fs::remove_file(&sock);
+    let listener = match UnixListener::bind(&sock) {
+        Ok(l) => l,
+        Err(e) => {
+            daemon.shutdown(false);
+            return Err(Error::Io {
+                what: format!("binding the control socket {}", sock.display()),
+                source: e,
+            });
+        }
+    };
+    let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600));
+
+    let mut hup = signal(SignalKind::hangup()).map_err(Error::io("installing SIGHUP handler"))?;
+    let mut sample = tokio::time::interval(SAMPLE_EVERY);
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.tick().await;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = hup.recv() => daemon.reload(),
+            _ = sample.tick() => daemon.sample(),
+            _ = sweep.tick() => daemon.sweep(),
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => daemon.serve(stream).await,
+                Err(e) => warn!(error = %e, "control socket accept failed"),
+            },
+        }
+    }
+    let _ = std::fs::remove_file(&sock);
+    let keep = daemon.opts.keep_attached;
+    daemon.shutdown(keep);
+    drop(lock);
+    Ok(())
+}
+
+impl Daemon {
+    /// Applies a validated rule set whole, and remembers it for a restarted daemon.
+    fn apply(&mut self, rules: RuleSet) -> Result<()> {
+        self.enforcer.maps.apply(&rules)?;
+        self.rules = rules;
+        let raw = RawConfig::from(&self.rules);
+        let path = saved_rules_path(&self.opts.iface);
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec(&raw).expect("serializes")) {
+            warn!(path = %path.display(), error = %e, "could not save the rules for a restart");
+        }
+        Ok(())
+    }
+
+    fn announce(&self) {
+        let e = &self.enforcer;
+        println!(
+            "ratelimit: enforcing on {} ({} mode{}): default {}; {} rule(s){}",
+            e.iface(),
+            e.mode(),
+            if e.adopted {
+                ", adopted the pinned program and its buckets"
+            } else {
+                ""
+            },
+            self.rules.default,
+            self.rules.rules.len(),
+            if self.rules.dry_run { "; DRY RUN: nothing is dropped" } else { "" },
+        );
+        for (p, a) in &self.rules.rules {
+            println!("ratelimit:   {p}: {a}");
+        }
+    }
+
+    fn reload(&mut self) {
+        let Some(path) = self.opts.config.clone() else {
+            warn!("SIGHUP without --config: nothing to reload");
+            return;
+        };
+        match RawConfig::load(&path).and_then(|raw| raw.validate(&self.opts.base)) {
+            Ok(rules) => match self.apply(rules) {
+                Ok(()) => {
+                    info!(config = %path.display(), "reloaded");
+                    self.announce();
+                }
+                Err(e) => error!(error = %format!("{e:#}"), "reload failed while writing maps"),
+            },
+            Err(e) => error!(error = %e, "reload refused, nothing changed"),
+        }
+    }
+
+    fn sample(&mut self) {
+        match self.enforcer.maps.counters() {
+            Ok(counters) => {
+                let now = Sample {
+                    at: Instant::now(),
+                    counters,
+                };
+                self.prev = Some(std::mem::replace(&mut self.last, now));
+            }
+            Err(e) => warn!(error = %e, "reading counters failed"),
+        }
+    }
+
+    /// Deletes states idle for longer than any bucket takes to refill: they read
+    /// as full buckets anyway, and deleting them keeps the tick wrap harmless.
+    fn sweep(&mut self) {
+        let now = monotonic_ns();
+        let limit_ns = gcra::TAU_MAX >> ratelimit_common::TICK_SHIFT;
+        let idle: Vec<_> = self
+            .enforcer
+            .maps
+            .states()
+            .filter_map(|e| e.ok())
+            .filter(|(_, s)| gcra::idle_for_ns(s, now).is_some_and(|idle| idle > limit_ns))
+            .map(|(k, _)| k)
+            .collect();
+        for key in &idle {
+            let _ = self.enforcer.maps.remove_state(key);
+        }
+        if !idle.is_empty() {
+            info!(removed = idle.len(), "idle sweep");
+        }
+    }
+
+    async fn serve(&mut self, stream: UnixStream) {
+        let (read, mut write) = stream.into_split();
+        let mut line = String::new();
+        let mut reader = BufReader::new(read);
+        let response = match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await {
+            Ok(Ok(_)) => match serde_json::from_str::<Request>(&line) {
+                Ok(request) => match self.handle(request) {
+                    Ok(data) => Response {
+                        ok: true,
+                        error: None,
+                        data,
+                    },
+                    Err(e) => Response {
+                        ok: false,
+                        error: Some(format!("{e}")),
+                        data: Value::Null,
+                    },
+                },
+                Err(e) => Response {
+                    ok: false,
+                    error: Some(format!("bad request: {e}")),
+                    data: Value::Null,
+                },
+            },
+            _ => return,
+        };
+        let mut out = serde_json::to_string(&response).expect("serializes");
+        out.push('\n');
+        let _ = write.write_all(out.as_bytes()).await;
+    }
+
+    fn change(&mut self, edit: impl FnOnce(&mut RuleSet) -> Result<()>) -> Result<Value> {
+        let mut next = self.rules.clone();
+        edit(&mut next)?;
+        next.validate()?;
+        self.apply(next)?;
+        Ok(self.list())
+    }
+
+    fn handle(&mut self, request: Request) -> Result<Value> {
+        match request {
+            Request::Set { target, limit } => {
+                if target == "default" {
+                    let action = limit.validate("default", None)?;
+                    self.change(|r| {
+                        r.default = action;
+                        Ok(())
+                    })
+                } else {
+                    let prefix = Prefix::parse("CIDR", &target)?;
+                    let action = limit.validate(&prefix.to_string(), Some(prefix.addr.is_ipv4()))?;
+                    self.change(|r| {
+                        r.rules.insert(prefix, action);
+                        Ok(())
+                    })
+                }
+            }
+            Request::Allow { cidr } => {
+                let prefix = Prefix::parse("CIDR", &cidr)?;
+                self.change(|r| {
+                    r.rules.insert(prefix, Action::Allow);
+                    Ok(())
+                })
+            }
+            Request::Deny { cidr } => {
+                let prefix = Prefix::parse("CIDR", &cidr)?;
+                self.change(|r| {
+                    r.rules.insert(prefix, Action::Deny { dry_run: false });
+                    Ok(())
+                })
+            }
+            Request::Unset { cidr } => {
+                let prefix = Prefix::parse("CIDR", &cidr)?;
+                self.change(|r| {
+                    r.rules.remove(&prefix).map(|_| ()).ok_or_else(|| {
+                        Error::invalid("CIDR", format!("no rule for {prefix}; `ratelimit list` shows the rules"))
+                    })
+                })
+            }
+            Request::List => Ok(self.list()),
+            Request::Status => Ok(self.status()),
+            Request::Stats => Ok(self.stats()),
+            Request::Top { n } => self.top(n),
+        }
+    }
+
+    fn list(&self) -> Value {
+        let rules: Vec<Value> = self
+            .rules
+            .rules
+            .iter()
+            .map(|(p, a)| json!({"cidr": p.to_string(), "rule": a.to_string()}))
+            .collect();
+        json!({
+            "default": self.rules.default.to_string(),
+            "dry_run": self.rules.dry_run,
+            "malformed": self.rules.malformed,
+            "rules": rules,
+        })
+    }
+
+    fn status(&self) -> Value {
+        let tracked = self.enforcer.maps.states().count();
+        json!({
+            "iface": self.enforcer.iface(),
+            "mode": self.enforcer.mode(),
+            "adopted": self.enforcer.adopted,
+            "pid": std::process::id(),
+            "uptime_s": self.started.elapsed().as_secs(),
+            "tracked_sources": tracked,
+            "state_capacity": self.opts.load.state_capacity,
+            "rules": self.rules.rules.len(),
+            "dry_run": self.rules.dry_run,
+            "keep_attached": self.opts.keep_attached,
+        })
+    }
+
+    fn stats(&self) -> Value {
+        let now = &self.last;
+        let rates = self.prev.as_ref().map(|prev| {
+            let dt = now.at.duration_since(prev.at).as_secs_f64().max(1e-9);
+            (prev, dt)
+        });
+        let by_reason: Vec<Value> = Reason::ALL
+            .iter()
+            .map(|r| {
+                let c = now.counters[*r as usize];
+                let (pps, bps) = match rates {
+                    Some((prev, dt)) => {
+                        let p = prev.counters[*r as usize];
+                        (
+                            (c.packets - p.packets) as f64 / dt,
+                            (c.bytes - p.bytes) as f64 / dt,
+                        )
+                    }
+                    None => (0.0, 0.0),
+                };
+                json!({
+                    "reason": r.name(),
+                    "packets": c.packets,
+                    "bytes": c.bytes,
+                    "packets_per_s": pps,
+                    "bytes_per_s": bps,
+                })
+            })
+            .collect();
+        json!({
+            "iface": self.enforcer.iface(),
+            "sampled_ms_ago": now.at.elapsed().as_millis() as u64,
+            "reasons": by_reason,
+        })
+    }
+
+    fn top(&self, n: usize) -> Result<Value> {
+        let read = |maps: &crate::kernel::Maps| -> Result<std::collections::HashMap<[u8; 16], u64>> {
+            maps.drops().collect()
+        };
+        let before = read(&self.enforcer.maps)?;
+        let window = Duration::from_millis(250);
+        std::thread::sleep(window);
+        let after = read(&self.enforcer.maps)?;
+        let mut rows: Vec<(u64, f64, [u8; 16])> = after
+            .iter()
+            .map(|(addr, &total)| {
+                let was = before.get(addr).copied().unwrap_or(0);
+                (total, (total.saturating_sub(was)) as f64 / window.as_secs_f64(), *addr)
+            })
+            .collect();
+        rows.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
+        rows.truncate(n);
+        let rows: Vec<Value> = rows
+            .into_iter()
+            .map(|(total, rate, addr)| {
+                let p = Prefix::from_lpm(128, addr);
+                json!({"source": p.addr.to_string(), "dropped": total, "dropped_per_s": rate})
+            })
+            .collect();
+        Ok(json!({ "iface": self.enforcer.iface(), "top": rows }))
+    }
+
+    fn shutdown(self, keep: bool) {
+        let iface = self.opts.iface.clone();
+        if keep {
+            self.enforcer.keep();
+            println!("ratelimit: exiting; the program stays attached to {iface} and keeps enforcing (--keep-attached)");
+        } else {
+            match self.enforcer.detach() {
+                Ok(()) => println!("ratelimit: detached from {iface}"),
+                Err(e) => error!(error = %format!("{e:#}"), "detaching failed"),
+            }
+            let _ = std::fs::remove_file(saved_rules_path(&iface));
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

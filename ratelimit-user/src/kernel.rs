@@ -1,0 +1,489 @@
+//! The kernel side as the daemon sees it: loading the embedded object, attaching
+//! and pinning, adopting what a previous daemon pinned, and reading and writing
+//! the maps.
+
+use std::{
+    collections::BTreeMap,
+    fmt, fs,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
+    programs::{
+        Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::XdpLink,
+    },
+};
+use ratelimit_common::{
+    self as common, Addr, Counter, FlowKey, MAP_CONFIG, MAP_DEFAULT, MAP_DROPS, MAP_RULES,
+    MAP_STATE, MAP_STATS, PROGRAM_NAME, REASON_COUNT, Reason, gcra,
+};
+use tracing::{info, warn};
+
+use crate::{
+    error::{Error, Result},
+    rules::{Prefix, RuleSet},
+};
+
+/// Where a daemon pins the link and maps of `iface`.
+pub fn pin_dir(iface: &str) -> PathBuf {
+    Path::new("/sys/fs/bpf/ratelimit").join(iface)
+}
+
+const LINK_PIN: &str = "link";
+
+/// How to attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AttachMode {
+    /// Native (driver) mode, falling back to generic with a warning.
+    #[default]
+    Auto,
+    /// Native (driver) mode only.
+    Native,
+    /// Generic (skb) mode only.
+    Generic,
+}
+
+/// The mode a program runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attached {
+    /// In the driver.
+    Native,
+    /// In the kernel's generic path, after the skb is built.
+    Generic,
+}
+
+impl fmt::Display for Attached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Attached::Native => "native",
+            Attached::Generic => "generic",
+        })
+    }
+}
+
+/// Load-time settings.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Sources tracked at once.
+    pub state_capacity: u32,
+    /// Rules at most.
+    pub rules_capacity: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            state_capacity: common::DEFAULT_STATE_CAPACITY,
+            rules_capacity: common::DEFAULT_RULES_CAPACITY,
+        }
+    }
+}
+
+/// The typed maps.
+pub struct Maps {
+    rules: LpmTrie<MapData, Addr, common::Rule>,
+    default: Array<MapData, common::Rule>,
+    state: HashMap<MapData, FlowKey, gcra::State>,
+    stats: PerCpuArray<MapData, Counter>,
+    config: Array<MapData, common::Config>,
+    drops: HashMap<MapData, Addr, u64>,
+}
+
+fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
+    move |source| Error::Map { op, map, source }
+}
+
+impl Maps {
+    fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self> {
+        let mut take = |name: &'static str| {
+            ebpf.take_map(name).ok_or_else(|| Error::Map {
+                op: "finding",
+                map: name,
+                source: aya::maps::MapError::InvalidName {
+                    name: name.to_string(),
+                },
+            })
+        };
+        let rules = take(MAP_RULES)?;
+        let default = take(MAP_DEFAULT)?;
+        let state = take(MAP_STATE)?;
+        let stats = take(MAP_STATS)?;
+        let config = take(MAP_CONFIG)?;
+        let drops = take(MAP_DROPS)?;
+        Self::from_maps([rules, default, state, stats, config, drops])
+    }
+
+    /// Opens the maps a daemon pinned for `iface`.
+    pub fn from_pins(iface: &str) -> Result<Self> {
+        let dir = pin_dir(iface);
+        let open = |name: &'static str| -> Result<Map> {
+            let data = MapData::from_pin(dir.join(name)).map_err(map_err("opening pinned", name))?;
+            Map::from_map_data(data).map_err(map_err("opening pinned", name))
+        };
+        Self::from_maps([
+            open(MAP_RULES)?,
+            open(MAP_DEFAULT)?,
+            open(MAP_STATE)?,
+            open(MAP_STATS)?,
+            open(MAP_CONFIG)?,
+            open(MAP_DROPS)?,
+        ])
+    }
+
+    fn from_maps([rules, default, state, stats, config, drops]: [Map; 6]) -> Result<Self> {
+        Ok(Self {
+            drops: HashMap::try_from(drops).map_err(map_err("typing", MAP_DROPS))?,
+            rules: LpmTrie::try_from(rules).map_err(map_err("typing", MAP_RULES))?,
+            default: Array::try_from(default).map_err(map_err("typing", MAP_DEFAULT))?,
+            state: HashMap::try_from(state).map_err(map_err("typing", MAP_STATE))?,
+            stats: PerCpuArray::try_from(stats).map_err(map_err("typing", MAP_STATS))?,
+            config: Array::try_from(config).map_err(map_err("typing", MAP_CONFIG))?,
+        })
+    }
+
+    /// The rules in the kernel, by prefix.
+    pub fn rules(&self) -> Result<BTreeMap<Prefix, common::Rule>> {
+        let mut out = BTreeMap::new();
+        for entry in self.rules.iter() {
+            let (key, rule) = entry.map_err(map_err("reading", MAP_RULES))?;
+            out.insert(Prefix::from_lpm(key.prefix_len(), key.data()), rule);
+        }
+        Ok(out)
+    }
+
+    /// The default rule in the kernel.
+    pub fn default_rule(&self) -> Result<common::Rule> {
+        self.default.get(&0, 0).map_err(map_err("reading", MAP_DEFAULT))
+    }
+
+    /// The global config in the kernel.
+    pub fn config(&self) -> Result<common::Config> {
+        self.config.get(&0, 0).map_err(map_err("reading", MAP_CONFIG))
+    }
+
+    /// Writes `set` whole: every value is computed and checked before the first
+    /// write. Prefixes that stay keep their rule id, so their buckets carry over.
+    pub fn apply(&mut self, set: &RuleSet) -> Result<()> {
+        let old = self.rules()?;
+        let mut next_id = old.values().map(|r| r.id).max().unwrap_or(0);
+        let mut values = Vec::with_capacity(set.rules.len());
+        for (prefix, action) in &set.rules {
+            let id = match old.get(prefix) {
+                Some(rule) => rule.id,
+                None => {
+                    next_id = next_id.checked_add(1).ok_or_else(|| {
+                        Error::invalid("rules", "rule ids exhausted; restart with --reset")
+                    })?;
+                    next_id
+                }
+            };
+            values.push((*prefix, action.to_kernel(id, &prefix.to_string())?));
+        }
+        let default = set.default.to_kernel(0, "default")?;
+        let config = set.kernel_config();
+
+        // Keep the trie lookup on while rules change, then set the final config.
+        let mut during = config;
+        during.rule_count = during.rule_count.max(old.len() as u32);
+        self.config
+            .set(0, during, 0)
+            .map_err(map_err("writing", MAP_CONFIG))?;
+        for (prefix, rule) in &values {
+            let (bits, addr) = prefix.lpm();
+            self.rules
+                .insert(&Key::new(bits, addr), rule, 0)
+                .map_err(map_err("writing", MAP_RULES))?;
+        }
+        self.default
+            .set(0, default, 0)
+            .map_err(map_err("writing", MAP_DEFAULT))?;
+        for prefix in old.keys().filter(|p| !set.rules.contains_key(p)) {
+            let (bits, addr) = prefix.lpm();
+            self.rules
+                .remove(&Key::new(bits, addr))
+                .map_err(map_err("removing", MAP_RULES))?;
+        }
+        self.config
+            .set(0, config, 0)
+            .map_err(map_err("writing", MAP_CONFIG))?;
+        Ok(())
+    }
+
+    /// Counters by reason, summed over CPUs.
+    pub fn counters(&self) -> Result<[Counter; REASON_COUNT as usize]> {
+        let mut out = [Counter::default(); REASON_COUNT as usize];
+        for reason in Reason::ALL {
+            let per_cpu = self
+                .stats
+                .get(&(reason as u32), 0)
+                .map_err(map_err("reading", MAP_STATS))?;
+            for c in per_cpu.iter() {
+                out[reason as usize].packets += c.packets;
+                out[reason as usize].bytes += c.bytes;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every tracked source and its state.
+    pub fn states(&self) -> impl Iterator<Item = Result<(FlowKey, gcra::State)>> + '_ {
+        self.state
+            .iter()
+            .map(|e| e.map_err(map_err("reading", MAP_STATE)))
+    }
+
+    /// Drop counts by source address.
+    pub fn drops(&self) -> impl Iterator<Item = Result<(Addr, u64)>> + '_ {
+        self.drops
+            .iter()
+            .map(|e| e.map_err(map_err("reading", MAP_DROPS)))
+    }
+
+    /// Deletes the state of `key` (the idle sweep).
+    pub fn remove_state(&mut self, key: &FlowKey) -> Result<()> {
+        self.state
+            .remove(key)
+            .map_err(map_err("removing", MAP_STATE))
+    }
+}
+
+/// The program loaded, attached and pinned for one interface.
+pub struct Enforcer {
+    iface: String,
+    mode: Attached,
+    /// Present while the link is pinned; `None` once released.
+    link: Option<PinnedLink>,
+    /// Keeps the program's fd (and so the maps' fds) open.
+    _ebpf: Ebpf,
+    /// The maps.
+    pub maps: Maps,
+    /// Whether the program was adopted from a previous daemon's pins.
+    pub adopted: bool,
+}
+
+fn if_exists(iface: &str) -> bool {
+    let Ok(name) = std::ffi::CString::new(iface) else {
+        return false;
+    };
+    // SAFETY: a valid C string.
+    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
+}
+
+impl Enforcer {
+    /// Loads the program for `iface`, reusing pinned maps, and attaches it: to the
+    /// pinned link if a previous daemon left one (atomic replacement, no moment
+    /// without enforcement), else anew in `mode`.
+    pub fn start(iface: &str, mode: AttachMode, opts: &LoadOptions, reset: bool) -> Result<Self> {
+        if iface.is_empty() || iface.len() >= libc::IFNAMSIZ || iface.contains('/') || !if_exists(iface) {
+            return Err(Error::UnknownInterface(iface.to_string()));
+        }
+        ensure_bpffs()?;
+        let dir = pin_dir(iface);
+        if reset && dir.exists() {
+            info!(dir = %dir.display(), "--reset: removing pinned state");
+            remove_pins(&dir)?;
+        }
+        fs::create_dir_all(&dir).map_err(Error::io(format!(
+            "creating {} (is bpffs mounted at /sys/fs/bpf?)",
+            dir.display()
+        )))?;
+        let map_paths: Vec<(&str, PathBuf)> = common::ALL_MAPS
+            .iter()
+            .map(|name| (*name, dir.join(name)))
+            .collect();
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(MAP_STATE, opts.state_capacity)
+            .map_max_entries(MAP_RULES, opts.rules_capacity);
+        for (name, path) in &map_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(crate::EBPF_OBJECT).map_err(Error::Load)?;
+        let maps = Maps::from_ebpf(&mut ebpf)?;
+        let program: &mut Xdp = ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or_else(|| Error::Program {
+                op: "finding the XDP program in the object",
+                source: aya::programs::ProgramError::UnexpectedProgramType,
+            })?
+            .try_into()
+            .map_err(|source| Error::Program {
+                op: "typing the XDP program",
+                source,
+            })?;
+        program.load().map_err(|source| Error::Program {
+            op: "loading the XDP program (the verifier's log is in the source chain)",
+            source,
+        })?;
+
+        let link_path = dir.join(LINK_PIN);
+        let (link, mode, adopted) = if link_path.exists() {
+            let pinned = PinnedLink::from_pin(&link_path).map_err(|source| Error::Link {
+                path: link_path.clone(),
+                source,
+            })?;
+            let fd_link: FdLink = pinned.into();
+            let id = program
+                .attach_to_link(XdpLink::try_from(fd_link).map_err(|source| Error::Link {
+                    path: link_path.clone(),
+                    source,
+                })?)
+                .map_err(|source| Error::Program {
+                    op: "replacing the program in the pinned link",
+                    source,
+                })?;
+            let mode = read_mode(iface);
+            (take_and_pin(program, id, &link_path)?, mode, true)
+        } else {
+            let (id, mode) = attach(program, iface, mode)?;
+            (take_and_pin(program, id, &link_path)?, mode, false)
+        };
+        let mode_file = mode_path(iface);
+        fs::write(&mode_file, mode.to_string())
+            .map_err(Error::io(format!("writing {}", mode_file.display())))?;
+        Ok(Self {
+            iface: iface.to_string(),
+            mode,
+            link: Some(link),
+            _ebpf: ebpf,
+            maps,
+            adopted,
+        })
+    }
+
+    /// The interface.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// The attach mode.
+    pub fn mode(&self) -> Attached {
+        self.mode
+    }
+
+    /// Detaches the program and removes every pin of the interface.
+    pub fn detach(mut self) -> Result<()> {
+        if let Some(link) = self.link.take() {
+            let link = link
+                .unpin()
+                .map_err(Error::io("unpinning the XDP link"))?;
+            drop(link);
+        }
+        let _ = fs::remove_file(mode_path(&self.iface));
+        remove_pins(&pin_dir(&self.iface))
+    }
+
+    /// Leaves the program attached and pinned: it keeps enforcing after exit.
+    pub fn keep(mut self) {
+        drop(self.link.take());
+    }
+}
+
+/// Where the attach mode of `iface` is recorded (bpffs holds no plain files).
+fn mode_path(iface: &str) -> PathBuf {
+    crate::control::run_dir().join(format!("{iface}.mode"))
+}
+
+fn read_mode(iface: &str) -> Attached {
+    match fs::read_to_string(mode_path(iface)).as_deref() {
+        Ok("generic") => Attached::Generic,
+        _ => Attached::Native,
+    }
+}
+
+fn take_and_pin(
+    program: &mut Xdp,
+    id: aya::programs::xdp::XdpLinkId,
+    path: &Path,
+) -> Result<PinnedLink> {
+    let link = program.take_link(id).map_err(|source| Error::Program {
+        op: "taking the XDP link",
+        source,
+    })?;
+    let fd_link = FdLink::try_from(link).map_err(|source| Error::Link {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    fd_link.pin(path).map_err(|source| Error::Pin {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn attach(
+    program: &mut Xdp,
+    iface: &str,
+    mode: AttachMode,
+) -> Result<(aya::programs::xdp::XdpLinkId, Attached)> {
+    let native = |p: &mut Xdp| p.attach(iface, XdpMode::Driver);
+    let generic = |p: &mut Xdp| p.attach(iface, XdpMode::Skb);
+    let err = |mode: &'static str| {
+        move |source| Error::Attach {
+            iface: iface.to_string(),
+            mode,
+            source,
+        }
+    };
+    match mode {
+        AttachMode::Native => Ok((native(program).map_err(err("native"))?, Attached::Native)),
+        AttachMode::Generic => Ok((generic(program).map_err(err("generic"))?, Attached::Generic)),
+        AttachMode::Auto => match native(program) {
+            Ok(id) => Ok((id, Attached::Native)),
+            Err(e) => {
+                warn!(iface, error = %e, "native XDP attach failed; falling back to generic (skb) mode, which runs later and costs more per packet");
+                Ok((generic(program).map_err(err("generic"))?, Attached::Generic))
+            }
+        },
+    }
+}
+
+const BPFFS: &str = "/sys/fs/bpf";
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Mounts bpffs at /sys/fs/bpf unless it is there already (some containers and
+/// minimal systems lack it).
+fn ensure_bpffs() -> Result<()> {
+    let path = std::ffi::CString::new(BPFFS).expect("no NUL");
+    // SAFETY: a zeroed statfs is a valid out value; the path is a C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    let _ = fs::create_dir_all(BPFFS);
+    let fstype = std::ffi::CString::new("bpf").expect("no NUL");
+    // SAFETY: C strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            path.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Io {
+            what: format!("{BPFFS} is not bpffs and mounting it failed (mount -t bpf bpf {BPFFS})"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    info!("mounted bpffs at {BPFFS}");
+    Ok(())
+}
+
+/// Removes a pin directory and everything in it.
+pub fn remove_pins(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::Io {
+            what: format!("removing {}", dir.display()),
+            source: e,
+        }),
+    }
+}

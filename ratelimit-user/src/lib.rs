@@ -1,0 +1,19 @@
+//! The ratelimit daemon and CLI as a library: loading and attaching the XDP
+//! program ([`kernel`]), the validated rule model ([`rules`], [`rate`],
+//! [`config`]), the daemon ([`daemon`]), its control socket ([`control`]) and the
+//! command line ([`cli`]).
+
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod error;
+pub mod kernel;
+pub mod rate;
+pub mod rules;
+
+pub use error::{Error, Result};
+
+/// The compiled XDP program (ELF), built by `build.rs` and embedded here.
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit"));

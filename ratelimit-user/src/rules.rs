@@ -1,0 +1,321 @@
+//! The validated rule model: prefixes, actions, limits, and the whole rule set,
+//! and their translation into the kernel's `Rule` values. Everything here is
+//! checked before any map is touched.
+
+use std::{collections::BTreeMap, fmt, net::IpAddr};
+
+use ratelimit_common::{self as common, V4_MAPPED_BITS, action, gcra, map_v4, rule_flags};
+
+use crate::{
+    error::{Error, Result},
+    rate::{Rate, Unit},
+};
+
+/// A source prefix: an IPv4 or IPv6 network. Host bits are cleared on parsing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Prefix {
+    /// The network address.
+    pub addr: IpAddr,
+    /// Prefix length: 0..=32 for IPv4, 0..=128 for IPv6.
+    pub len: u8,
+}
+
+/// Forms accepted for a prefix, for error messages.
+pub const PREFIX_FORMS: &str =
+    "an IPv4 or IPv6 address with an optional /length, like 198.18.0.0/15, 198.18.0.1 or 2001:db8::/32";
+
+impl Prefix {
+    /// Parses `198.18.0.0/15`, `2001:db8::/32`, or a bare address (a /32 or /128).
+    pub fn parse(field: &str, s: &str) -> Result<Self> {
+        let bad = |why: String| Error::invalid(field, format!("invalid prefix {s:?}: {why}; expected {PREFIX_FORMS}"));
+        let (addr, len) = match s.trim().split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s.trim(), None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| bad(format!("{addr:?} is not an IP address")))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match len {
+            None => max,
+            Some(l) => l
+                .parse::<u8>()
+                .ok()
+                .filter(|&l| l <= max)
+                .ok_or_else(|| bad(format!("the length must be 0 to {max}")))?,
+        };
+        let mut p = Self { addr, len };
+        p.addr = p.network();
+        Ok(p)
+    }
+
+    /// The address with host bits cleared.
+    fn network(&self) -> IpAddr {
+        let (bits, mut bytes) = self.lpm();
+        common::mask_addr(&mut bytes, bits as u8);
+        match self.addr {
+            IpAddr::V4(_) => IpAddr::from([bytes[12], bytes[13], bytes[14], bytes[15]]),
+            IpAddr::V6(_) => IpAddr::from(bytes),
+        }
+    }
+
+    /// The LPM trie key: (prefix length over the mapped 128 bits, address).
+    pub fn lpm(&self) -> (u32, common::Addr) {
+        match self.addr {
+            IpAddr::V4(a) => (u32::from(V4_MAPPED_BITS + self.len), map_v4(a.octets())),
+            IpAddr::V6(a) => (u32::from(self.len), a.octets()),
+        }
+    }
+
+    /// Reads a prefix back from an LPM key.
+    pub fn from_lpm(bits: u32, addr: common::Addr) -> Self {
+        if common::is_v4_mapped(&addr) && bits >= u32::from(V4_MAPPED_BITS) {
+            Self {
+                addr: IpAddr::from([addr[12], addr[13], addr[14], addr[15]]),
+                len: (bits - u32::from(V4_MAPPED_BITS)) as u8,
+            }
+        } else {
+            Self {
+                addr: IpAddr::from(addr),
+                len: bits as u8,
+            }
+        }
+    }
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// A validated limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// The sustained rate.
+    pub rate: Rate,
+    /// The bucket's capacity, in the rate's unit.
+    pub burst: u64,
+    /// Bits of an IPv4 source that make one key (32: per address).
+    pub per_v4: u8,
+    /// Bits of an IPv6 source that make one key (64: per /64).
+    pub per_v6: u8,
+    /// Count would-drops instead of dropping.
+    pub dry_run: bool,
+}
+
+/// Default bits of an IPv4 source that make one key.
+pub const DEFAULT_PER_V4: u8 = 32;
+/// Default bits of an IPv6 source that make one key: one host owns a /64.
+pub const DEFAULT_PER_V6: u8 = 64;
+
+impl Limit {
+    /// Checks the limit and builds the kernel's parameters. `field` names where
+    /// the limit came from, for errors.
+    pub fn params(&self, field: &str) -> Result<gcra::Params> {
+        if self.per_v4 > 32 {
+            return Err(Error::invalid(field, format!("per-v4 must be 0 to 32, not {}", self.per_v4)));
+        }
+        if self.per_v6 > 128 {
+            return Err(Error::invalid(field, format!("per-v6 must be 0 to 128, not {}", self.per_v6)));
+        }
+        gcra::Params::from_rate(self.rate.tokens, self.rate.period_ns, self.burst).map_err(|e| {
+            Error::invalid(
+                field,
+                format!("rate {} with burst {}: {e}", self.rate, self.burst),
+            )
+        })
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = match self.rate.unit {
+            Unit::Packets => "",
+            Unit::Bytes => " bytes",
+        };
+        write!(
+            f,
+            "limit {} burst {}{unit} per /{} (IPv4) /{} (IPv6)",
+            self.rate, self.burst, self.per_v4, self.per_v6
+        )?;
+        if self.dry_run {
+            f.write_str(" [dry run]")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a rule does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Never limited.
+    Allow,
+    /// Always dropped (counted as would-drop when `dry_run`).
+    Deny {
+        /// Count instead of dropping.
+        dry_run: bool,
+    },
+    /// Limited.
+    Limit(Limit),
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Allow => f.write_str("allow"),
+            Action::Deny { dry_run: false } => f.write_str("deny"),
+            Action::Deny { dry_run: true } => f.write_str("deny [dry run]"),
+            Action::Limit(l) => l.fmt(f),
+        }
+    }
+}
+
+impl Action {
+    /// The kernel's rule value, with identity `id`.
+    pub fn to_kernel(&self, id: u32, field: &str) -> Result<common::Rule> {
+        Ok(match self {
+            Action::Allow => common::Rule {
+                id,
+                action: action::ALLOW,
+                ..Default::default()
+            },
+            Action::Deny { dry_run } => common::Rule {
+                id,
+                action: action::DENY,
+                flags: if *dry_run { rule_flags::DRY_RUN } else { 0 },
+                ..Default::default()
+            },
+            Action::Limit(l) => {
+                let mut flags = 0;
+                if l.rate.unit == Unit::Bytes {
+                    flags |= rule_flags::BYTES;
+                }
+                if l.dry_run {
+                    flags |= rule_flags::DRY_RUN;
+                }
+                common::Rule {
+                    id,
+                    action: action::LIMIT,
+                    flags,
+                    key_prefix_v4: l.per_v4,
+                    key_prefix_v6: l.per_v6,
+                    gcra: l.params(field)?,
+                }
+            }
+        })
+    }
+}
+
+/// Whether malformed IP frames pass or are dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MalformedPolicy {
+    /// Pass them (the default: the kernel's own checks see them next).
+    #[default]
+    Pass,
+    /// Drop them.
+    Drop,
+}
+
+/// Everything the daemon enforces: global settings, the default rule, the rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSet {
+    /// Dry run for everything.
+    pub dry_run: bool,
+    /// What to do with malformed IP frames.
+    pub malformed: MalformedPolicy,
+    /// The rule for sources no prefix matches.
+    pub default: Action,
+    /// Rules by prefix; the longest match wins.
+    pub rules: BTreeMap<Prefix, Action>,
+}
+
+/// The default limit when nothing is configured: 1000 packets/s per IPv4 address
+/// and per IPv6 /64, with a burst of one second's worth.
+pub fn default_limit() -> Limit {
+    Limit {
+        rate: Rate {
+            tokens: 1000,
+            period_ns: 1_000_000_000,
+            unit: Unit::Packets,
+        },
+        burst: 1000,
+        per_v4: DEFAULT_PER_V4,
+        per_v6: DEFAULT_PER_V6,
+        dry_run: false,
+    }
+}
+
+impl Default for RuleSet {
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            malformed: MalformedPolicy::Pass,
+            default: Action::Limit(default_limit()),
+            rules: BTreeMap::new(),
+        }
+    }
+}
+
+impl RuleSet {
+    /// Checks every rule, returning the kernel values (default first). Nothing is
+    /// written anywhere; ids are assigned by the caller.
+    pub fn validate(&self) -> Result<()> {
+        self.default.to_kernel(0, "default")?;
+        for (p, a) in &self.rules {
+            a.to_kernel(0, &p.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The kernel's global config value.
+    pub fn kernel_config(&self) -> common::Config {
+        let mut flags = 0;
+        if self.dry_run {
+            flags |= common::config_flags::DRY_RUN;
+        }
+        if self.malformed == MalformedPolicy::Drop {
+            flags |= common::config_flags::DROP_MALFORMED;
+        }
+        common::Config {
+            flags,
+            rule_count: self.rules.len() as u32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        let p = Prefix::parse("cidr", "198.18.7.9/24").unwrap();
+        assert_eq!(p.to_string(), "198.18.7.0/24");
+        assert_eq!(p.lpm().0, 120);
+        let p = Prefix::parse("cidr", "2001:db8::1/32").unwrap();
+        assert_eq!(p.to_string(), "2001:db8::/32");
+        assert_eq!(Prefix::parse("cidr", "198.18.0.1").unwrap().len, 32);
+        let (bits, addr) = Prefix::parse("cidr", "198.19.0.0/16").unwrap().lpm();
+        assert_eq!(Prefix::from_lpm(bits, addr).to_string(), "198.19.0.0/16");
+        for bad in ["300.1.2.3/24", "2001:db8::/129", "198.18.0.0/33", "x", "198.18.0.0/-1", ""] {
+            let e = Prefix::parse("cidr", bad).expect_err(bad).to_string();
+            assert!(e.starts_with("cidr: invalid prefix"), "{e}");
+            assert!(e.contains("198.18.0.0/15"), "{e}");
+        }
+    }
+
+    #[test]
+    fn limits_are_validated_with_the_field_named() {
+        let mut l = default_limit();
+        l.per_v4 = 33;
+        let e = Action::Limit(l).to_kernel(1, "198.18.0.0/24").unwrap_err().to_string();
+        assert!(e.starts_with("198.18.0.0/24: per-v4"), "{e}");
+        let mut l = default_limit();
+        l.rate = crate::rate::parse_rate("--rate", "1/hour").unwrap();
+        l.burst = 1000;
+        let e = Action::Limit(l).to_kernel(1, "default").unwrap_err().to_string();
+        assert!(e.contains("6.5 days"), "{e}");
+    }
+}

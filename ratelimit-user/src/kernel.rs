@@ -99,7 +99,8 @@ fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapErr
 }
 
 impl Maps {
-    fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self> {
+    /// Takes the maps out of a loaded object.
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self> {
         let mut take = |name: &'static str| {
             ebpf.take_map(name).ok_or_else(|| Error::Map {
                 op: "finding",
@@ -214,6 +215,22 @@ impl Maps {
         Ok(())
     }
 
+    /// Zeroes every counter (tests).
+    pub fn clear_counters(&mut self) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io {
+            what: "counting CPUs".into(),
+            source: e,
+        })?;
+        for reason in Reason::ALL {
+            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); cpus])
+                .map_err(Error::io("building per-CPU values"))?;
+            self.stats
+                .set(reason as u32, zero, 0)
+                .map_err(map_err("writing", MAP_STATS))?;
+        }
+        Ok(())
+    }
+
     /// Counters by reason, summed over CPUs.
     pub fn counters(&self) -> Result<[Counter; REASON_COUNT as usize]> {
         let mut out = [Counter::default(); REASON_COUNT as usize];
@@ -242,6 +259,11 @@ impl Maps {
         self.drops
             .iter()
             .map(|e| e.map_err(map_err("reading", MAP_DROPS)))
+    }
+
+    /// The state of one key, if tracked.
+    pub fn state(&self, key: &FlowKey) -> Option<gcra::State> {
+        self.state.get(key, 0).ok()
     }
 
     /// Deletes the state of `key` (the idle sweep).

@@ -1,1 +1,229 @@
+//! Harness for the privileged integration tests: root checks, network namespace
+//! pairs joined by a veth (RAII, deleted on drop even on panic), the daemon as a
+//! child process (killed on drop), crafted frames, a paced sender and a counting
+//! receiver on raw sockets, and BPF_PROG_TEST_RUN on the real object.
+//!
+//! Addresses: 198.18.0.0/15 and 2001:db8::/32 only.
 
+pub mod frames;
+pub mod net;
+pub mod testrun;
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+/// Whether this process is root. When not: prints a loud skip line naming the
+/// test and returns false — or, under `CI`, panics: CI must not skip.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: needs root, and CI is set: privileged tests must not be skipped");
+    }
+    eprintln!("SKIPPED (needs root): {test}");
+    false
+}
+
+/// Skips the calling test when not root (see [`require_root`]).
+#[macro_export]
+macro_rules! privileged {
+    ($name:expr) => {
+        if !$crate::require_root($name) {
+            return;
+        }
+    };
+}
+
+/// A short unique tag for names (interfaces are at most 15 bytes).
+pub fn unique_tag() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{}{}",
+        std::process::id() % 10_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The `ratelimit` binary: `RATELIMIT_BIN` (set by `cargo xtask test`), else next
+/// to this test executable's directory, where cargo puts binaries.
+pub fn ratelimit_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("RATELIMIT_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("test executable in target/<profile>/deps");
+    let bin = dir.join("ratelimit");
+    assert!(
+        bin.exists(),
+        "{} not found: build it (`cargo build -p ratelimit-user`) or set RATELIMIT_BIN; `cargo xtask test` does both",
+        bin.display()
+    );
+    bin
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub struct ChildGuard {
+    child: Option<Child>,
+    /// What it is, for messages.
+    pub what: String,
+}
+
+impl ChildGuard {
+    /// Spawns `cmd`.
+    pub fn spawn(mut cmd: Command, what: &str) -> Self {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+        Self {
+            child: Some(child),
+            what: what.to_string(),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// Sends `sig`.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: a pid we own.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Waits up to `timeout` for exit; returns the exit status and output.
+    pub fn wait(mut self, timeout: Duration) -> std::process::Output {
+        let mut child = self.child.take().expect("running");
+        let start = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return child.wait_with_output().expect("output"),
+                Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    let out = child.wait_with_output().expect("output");
+                    panic!(
+                        "{} did not exit within {timeout:?}; stdout: {} stderr: {}",
+                        self.what,
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A running daemon in a namespace, with its own run directory.
+pub struct Daemon {
+    /// The process.
+    pub child: ChildGuard,
+    /// The interface it runs on.
+    pub iface: String,
+    /// Its run directory (`RATELIMIT_RUN_DIR`).
+    pub run_dir: PathBuf,
+    /// The namespace it runs in.
+    pub netns: String,
+}
+
+impl Daemon {
+    /// Starts `ratelimit run --iface IFACE ARGS` in `netns` and waits until its
+    /// control socket answers.
+    pub fn start(netns: &net::NetNs, iface: &str, run_dir: &std::path::Path, args: &[&str]) -> Self {
+        let mut cmd = netns.command(ratelimit_bin());
+        cmd.args(["run", "--iface", iface])
+            .args(args)
+            .env("RATELIMIT_RUN_DIR", run_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = ChildGuard::spawn(cmd, &format!("ratelimit run --iface {iface}"));
+        let d = Self {
+            child,
+            iface: iface.to_string(),
+            run_dir: run_dir.to_path_buf(),
+            netns: netns.name.clone(),
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            let out = self.cli(&["status", "--json"]);
+            if out.status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the daemon on {} did not answer within 20 s", self.iface);
+    }
+
+    /// Runs a CLI command against this daemon (`--iface` is added).
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.netns))
+            .arg(ratelimit_bin())
+            .args(args)
+            .args(["--iface", &self.iface])
+            .env("RATELIMIT_RUN_DIR", &self.run_dir);
+        cmd.output().expect("running the ratelimit CLI")
+    }
+
+    /// Runs a CLI command that must succeed; returns its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "`ratelimit {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `--json` output of a read command.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.cli_ok(&a);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{}` printed bad JSON ({e}): {out}", a.join(" ")))
+    }
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates one.
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("ratelimit-test-{tag}-{}", unique_tag()));
+        std::fs::create_dir_all(&p).expect("creating temp dir");
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

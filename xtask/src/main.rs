@@ -1,1 +1,232 @@
-fn main(){}
+//! `cargo xtask`: orchestration only.
+//!
+//! - `setup`: the nightly toolchain, its `rust-src`, and `bpf-linker` built against
+//!   nightly's own libLLVM. Idempotent; `run`, `test` and `bench` call it.
+//! - `run --iface IFACE [-- ARGS]`: build, then `ratelimit run --iface IFACE ARGS`
+//!   as root.
+//! - `test`: fmt, clippy (host and eBPF), unit tests, then the privileged
+//!   integration tests one at a time.
+
+mod setup;
+
+use std::{
+    env,
+    path::PathBuf,
+    process::{Command, ExitCode, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "Build, run and test ratelimit")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the build needs: nightly, rust-src, bpf-linker.
+    Setup,
+    /// Build and run the daemon on an interface (as root, through sudo if needed).
+    Run {
+        /// The interface to attach to.
+        #[arg(long)]
+        iface: String,
+        /// Build with optimizations (the eBPF program is always optimized).
+        #[arg(long)]
+        release: bool,
+        /// More arguments for `ratelimit run`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// fmt, clippy, unit tests, then the privileged integration tests.
+    Test,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Task::Setup => {
+            setup::setup(true)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Task::Run {
+            iface,
+            release,
+            args,
+        } => {
+            setup::setup(false)?;
+            let bin = build_bin(release)?;
+            let mut cmd = as_root(&bin);
+            cmd.args(["run", "--iface", &iface]).args(&args);
+            // Ctrl-C reaches the daemon (same process group), which detaches and
+            // exits; we wait for it and pass its status on.
+            ignore_sigint();
+            let status = cmd.status().with_context(|| format!("starting {}", bin.display()))?;
+            Ok(exit_code(status))
+        }
+        Task::Test => test(),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+fn check(cmd: &mut Command, what: &str) -> Result<()> {
+    eprintln!("xtask: {what}");
+    let status = cmd.status().with_context(|| format!("starting: {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Builds the `ratelimit` binary and returns its path, as cargo reports it.
+fn build_bin(release: bool) -> Result<PathBuf> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--package", "ratelimit-user", "--bin", "ratelimit", "--message-format=json-render-diagnostics"]);
+    if release {
+        cmd.arg("--release");
+    }
+    cmd.stdout(Stdio::piped());
+    eprintln!("xtask: building ratelimit");
+    let out = cmd.output().context("running cargo build")?;
+    if !out.status.success() {
+        bail!("cargo build failed ({})", out.status);
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "ratelimit" {
+            if let Some(exe) = msg["executable"].as_str() {
+                return Ok(PathBuf::from(exe));
+            }
+        }
+    }
+    bail!("cargo build did not report the ratelimit binary")
+}
+
+fn is_root() -> bool {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn as_root(bin: &std::path::Path) -> Command {
+    if is_root() {
+        Command::new(bin)
+    } else {
+        eprintln!("xtask: not root: running through sudo -E");
+        let mut cmd = Command::new("sudo");
+        cmd.arg("-E").arg(bin);
+        cmd
+    }
+}
+
+fn ignore_sigint() {
+    // SAFETY: setting a signal disposition to SIG_IGN.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+}
+
+fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+    match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(c.clamp(1, 255) as u8),
+        None => ExitCode::FAILURE,
+    }
+}
+
+fn test() -> Result<ExitCode> {
+    setup::setup(false)?;
+    check(cargo().args(["fmt", "--all", "--check"]), "cargo fmt --check")?;
+    check(
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "ratelimit-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+        "clippy (host crates)",
+    )?;
+    check(
+        Command::new("rustup")
+            .current_dir(workspace_root())
+            .args([
+                "run",
+                "nightly",
+                "cargo",
+                "clippy",
+                "--package",
+                "ratelimit-ebpf",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--",
+                "-D",
+                "warnings",
+            ])
+            // The outer (stable) cargo's settings must not leak into nightly's.
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
+            .env_remove("RUSTC_WORKSPACE_WRAPPER")
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env("CARGO_TARGET_DIR", workspace_root().join("target/ebpf-clippy")),
+        "clippy (eBPF crate)",
+    )?;
+    check(cargo().args(["test", "--workspace", "--exclude", "ratelimit-tests", "--exclude", "ratelimit-ebpf"]), "unit tests")?;
+
+    // The integration tests run the real daemon binary.
+    let bin = build_bin(false)?;
+    if !is_root() {
+        let out = cargo()
+            .args(["test", "--package", "ratelimit-tests", "--", "--list", "--format=terse"])
+            .output()
+            .context("listing the privileged tests")?;
+        let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test").map(str::to_string))
+            .collect();
+        for name in &names {
+            eprintln!("xtask: SKIPPED (needs root): {name}");
+        }
+        if env::var_os("CI").is_some() {
+            bail!("CI is set but this is not root: the {} privileged tests must run", names.len());
+        }
+        eprintln!("xtask: {} privileged tests SKIPPED: not root (run as root to run them)", names.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    check(
+        cargo()
+            .args(["test", "--package", "ratelimit-tests", "--", "--test-threads=1"])
+            .env("RATELIMIT_BIN", &bin),
+        "privileged integration tests (one at a time)",
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,197 @@
+//! Crafted Ethernet frames: UDP over IPv4 (with options) or IPv6, with up to two
+//! VLAN tags, and ARP.
+
+use std::net::IpAddr;
+
+/// 802.1Q tag protocol id.
+pub const TPID_8021Q: u16 = 0x8100;
+/// 802.1ad (QinQ outer) tag protocol id.
+pub const TPID_8021AD: u16 = 0x88a8;
+
+/// What to put in a UDP frame.
+#[derive(Clone, Debug)]
+pub struct Udp {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address (same family).
+    pub dst: IpAddr,
+    /// Source MAC.
+    pub src_mac: [u8; 6],
+    /// Destination MAC.
+    pub dst_mac: [u8; 6],
+    /// VLAN tags, outermost first: (TPID, VLAN id).
+    pub vlans: Vec<(u16, u16)>,
+    /// IPv4 option bytes (a multiple of 4, at most 40).
+    pub ipv4_options: usize,
+    /// UDP destination port.
+    pub dport: u16,
+    /// UDP payload length.
+    pub payload: usize,
+}
+
+impl Udp {
+    /// A frame from `src` to `dst` with default MACs, no tags, no options.
+    pub fn new(src: IpAddr, dst: IpAddr) -> Self {
+        Self {
+            src,
+            dst,
+            src_mac: [0x02, 0, 0, 0, 0, 1],
+            dst_mac: [0x02, 0, 0, 0, 0, 2],
+            vlans: Vec::new(),
+            ipv4_options: 0,
+            dport: 9,
+            payload: 18,
+        }
+    }
+
+    /// Builds the frame.
+    pub fn build(&self) -> Vec<u8> {
+        let mut f = Vec::with_capacity(128);
+        f.extend_from_slice(&self.dst_mac);
+        f.extend_from_slice(&self.src_mac);
+        for (tpid, vid) in &self.vlans {
+            f.extend_from_slice(&tpid.to_be_bytes());
+            f.extend_from_slice(&vid.to_be_bytes());
+        }
+        let mut udp = Vec::with_capacity(8 + self.payload);
+        udp.extend_from_slice(&40000u16.to_be_bytes());
+        udp.extend_from_slice(&self.dport.to_be_bytes());
+        udp.extend_from_slice(&((8 + self.payload) as u16).to_be_bytes());
+        udp.extend_from_slice(&[0, 0]);
+        udp.extend((0..self.payload).map(|i| i as u8));
+        match (self.src, self.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                f.extend_from_slice(&0x0800u16.to_be_bytes());
+                assert!(self.ipv4_options % 4 == 0 && self.ipv4_options <= 40);
+                let ihl = 5 + self.ipv4_options / 4;
+                let total = ihl * 4 + udp.len();
+                let mut ip = vec![
+                    0x40 | ihl as u8,
+                    0,
+                    (total >> 8) as u8,
+                    total as u8,
+                    0,
+                    1,
+                    0x40,
+                    0,
+                    64,
+                    17,
+                    0,
+                    0,
+                ];
+                ip.extend_from_slice(&s.octets());
+                ip.extend_from_slice(&d.octets());
+                // NOP options (type 1).
+                ip.extend(std::iter::repeat_n(1u8, self.ipv4_options));
+                let c = checksum(&ip, 0);
+                ip[10..12].copy_from_slice(&c.to_be_bytes());
+                f.extend_from_slice(&ip);
+                f.extend_from_slice(&udp);
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                f.extend_from_slice(&0x86ddu16.to_be_bytes());
+                let mut ip = vec![0x60, 0, 0, 0];
+                ip.extend_from_slice(&(udp.len() as u16).to_be_bytes());
+                ip.push(17);
+                ip.push(64);
+                ip.extend_from_slice(&s.octets());
+                ip.extend_from_slice(&d.octets());
+                // The UDP checksum is mandatory over IPv6.
+                let mut pseudo = Vec::new();
+                pseudo.extend_from_slice(&s.octets());
+                pseudo.extend_from_slice(&d.octets());
+                pseudo.extend_from_slice(&(udp.len() as u32).to_be_bytes());
+                pseudo.extend_from_slice(&[0, 0, 0, 17]);
+                let sum = checksum(&udp, sum_words(&pseudo));
+                udp[6..8].copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
+                f.extend_from_slice(&ip);
+                f.extend_from_slice(&udp);
+            }
+            _ => panic!("mixed address families"),
+        }
+        f
+    }
+}
+
+fn sum_words(b: &[u8]) -> u32 {
+    b.chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum()
+}
+
+/// The Internet checksum of `b`, starting from `initial`.
+pub fn checksum(b: &[u8], initial: u32) -> u16 {
+    let mut s = initial + sum_words(b);
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+/// An ARP request frame.
+pub fn arp() -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+    f.extend_from_slice(&0x0806u16.to_be_bytes());
+    f.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 1, 198, 18, 0, 1]);
+    f.extend_from_slice(&[0, 0, 0, 0, 0, 0, 198, 18, 0, 2]);
+    f
+}
+
+/// Reads (source address, UDP destination port) from a received frame, looking
+/// through VLAN tags. `None` for anything else.
+pub fn parse_udp_source(f: &[u8]) -> Option<(IpAddr, u16)> {
+    let mut off = 12;
+    let mut et = u16::from_be_bytes([*f.get(off)?, *f.get(off + 1)?]);
+    while et == TPID_8021Q || et == TPID_8021AD {
+        off += 4;
+        et = u16::from_be_bytes([*f.get(off)?, *f.get(off + 1)?]);
+    }
+    let ip = off + 2;
+    match et {
+        0x0800 => {
+            let ihl = usize::from(f.get(ip)? & 0x0f) * 4;
+            if *f.get(ip + 9)? != 17 {
+                return None;
+            }
+            let src: [u8; 4] = f.get(ip + 12..ip + 16)?.try_into().ok()?;
+            let udp = ip + ihl;
+            let dport = u16::from_be_bytes([*f.get(udp + 2)?, *f.get(udp + 3)?]);
+            Some((IpAddr::from(src), dport))
+        }
+        0x86dd => {
+            if *f.get(ip + 6)? != 17 {
+                return None;
+            }
+            let src: [u8; 16] = f.get(ip + 8..ip + 24)?.try_into().ok()?;
+            let udp = ip + 40;
+            let dport = u16::from_be_bytes([*f.get(udp + 2)?, *f.get(udp + 3)?]);
+            Some((IpAddr::from(src), dport))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        for (s, d) in [("198.18.0.1", "198.18.0.2"), ("2001:db8::1", "2001:db8::2")] {
+            let mut u = Udp::new(s.parse().unwrap(), d.parse().unwrap());
+            u.vlans = vec![(TPID_8021AD, 10), (TPID_8021Q, 20)];
+            u.dport = 4242;
+            let f = u.build();
+            assert_eq!(parse_udp_source(&f), Some((s.parse().unwrap(), 4242)));
+        }
+    }
+
+    #[test]
+    fn ipv4_header_checksum_verifies() {
+        let u = Udp::new("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap());
+        let f = u.build();
+        assert_eq!(checksum(&f[14..34], 0), 0);
+    }
+}

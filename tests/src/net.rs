@@ -1,0 +1,401 @@
+//! Network namespaces joined by a veth pair, and raw-socket traffic between them.
+//! Every guard deletes what it made on drop, even when a test panics; every
+//! traffic loop is bounded in packets and in time.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    net::IpAddr,
+    os::fd::AsRawFd,
+    path::Path,
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use crate::unique_tag;
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        out.status.success(),
+        "`ip {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace, deleted on drop.
+pub struct NetNs {
+    /// Its name under /run/netns.
+    pub name: String,
+}
+
+impl NetNs {
+    /// Creates `rlt<tag><suffix>`.
+    pub fn new(tag: &str, suffix: &str) -> Self {
+        let name = format!("rlt{tag}{suffix}");
+        ip(&["netns", "add", &name]);
+        let ns = Self { name };
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// A command that runs `program` inside this namespace (network only, so
+    /// /sys/fs/bpf stays the host's and pins survive across processes).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.name)).arg(program);
+        cmd
+    }
+
+    /// Moves the calling thread into this namespace.
+    pub fn enter(&self) {
+        let f = File::open(Path::new("/run/netns").join(&self.name)).expect("opening netns");
+        // SAFETY: a valid namespace fd.
+        let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// Two namespaces, `tx` and `rx`, joined by a veth pair, with IPv4 and IPv6
+/// addresses and static neighbour entries (no ARP or ND races).
+pub struct Pair {
+    /// Sending side (drop order: interfaces go with the namespaces).
+    pub tx: NetNs,
+    /// Receiving side, where the limiter runs.
+    pub rx: NetNs,
+    /// Interface in `tx`.
+    pub tx_if: String,
+    /// Interface in `rx`.
+    pub rx_if: String,
+    /// MAC of `tx_if`.
+    pub tx_mac: [u8; 6],
+    /// MAC of `rx_if`.
+    pub rx_mac: [u8; 6],
+    /// IPv4 of `rx_if` (198.18.0.2).
+    pub rx_v4: IpAddr,
+    /// IPv6 of `rx_if` (2001:db8::2).
+    pub rx_v6: IpAddr,
+}
+
+fn mac_of(ns: &str, ifname: &str) -> [u8; 6] {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-br", "link", "show", ifname])
+        .output()
+        .expect("ip link show");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mac = text.split_whitespace().nth(2).expect("a MAC in ip -br link");
+    let mut m = [0u8; 6];
+    for (i, part) in mac.split(':').enumerate() {
+        m[i] = u8::from_str_radix(part, 16).expect("hex MAC");
+    }
+    m
+}
+
+fn fmt_mac(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+impl Pair {
+    /// Creates the pair.
+    pub fn new() -> Self {
+        let tag = unique_tag();
+        let tx = NetNs::new(&tag, "t");
+        let rx = NetNs::new(&tag, "r");
+        let tx_if = format!("rl{tag}t");
+        let rx_if = format!("rl{tag}r");
+        ip(&[
+            "link", "add", &tx_if, "netns", &tx.name, "type", "veth", "peer", "name", &rx_if,
+            "netns", &rx.name,
+        ]);
+        for (ns, ifn, v4, v6) in [
+            (&tx, &tx_if, "198.18.0.1/24", "2001:db8::1/64"),
+            (&rx, &rx_if, "198.18.0.2/24", "2001:db8::2/64"),
+        ] {
+            ip(&["-n", &ns.name, "addr", "add", v4, "dev", ifn]);
+            ip(&["-n", &ns.name, "addr", "add", v6, "dev", ifn, "nodad"]);
+            ip(&["-n", &ns.name, "link", "set", ifn, "up"]);
+        }
+        let tx_mac = mac_of(&tx.name, &tx_if);
+        let rx_mac = mac_of(&rx.name, &rx_if);
+        for (ns, ifn, peer, mac) in [
+            (&tx, &tx_if, ["198.18.0.2", "2001:db8::2"], rx_mac),
+            (&rx, &rx_if, ["198.18.0.1", "2001:db8::1"], tx_mac),
+        ] {
+            for addr in peer {
+                ip(&[
+                    "-n", &ns.name, "neigh", "replace", addr, "lladdr", &fmt_mac(&mac), "dev", ifn,
+                    "nud", "permanent",
+                ]);
+            }
+        }
+        Self {
+            tx,
+            rx,
+            tx_if,
+            rx_if,
+            tx_mac,
+            rx_mac,
+            rx_v4: "198.18.0.2".parse().expect("addr"),
+            rx_v6: "2001:db8::2".parse().expect("addr"),
+        }
+    }
+
+    /// Whether an XDP program is attached to the receiving interface.
+    pub fn rx_has_xdp(&self) -> bool {
+        let out = Command::new("ip")
+            .args(["-n", &self.rx.name, "link", "show", &self.rx_if])
+            .output()
+            .expect("ip link show");
+        String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+    }
+
+    /// A UDP frame spec from `src` to the receiver, with the right MACs.
+    pub fn udp(&self, src: IpAddr, dport: u16) -> crate::frames::Udp {
+        let dst = if src.is_ipv4() { self.rx_v4 } else { self.rx_v6 };
+        let mut u = crate::frames::Udp::new(src, dst);
+        u.src_mac = self.tx_mac;
+        u.dst_mac = self.rx_mac;
+        u.dport = dport;
+        u
+    }
+}
+
+impl Default for Pair {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn ifindex(name: &str) -> u32 {
+    let c = std::ffi::CString::new(name).expect("no NUL");
+    // SAFETY: a valid C string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    assert!(i != 0, "interface {name} not found in this namespace");
+    i
+}
+
+/// A raw AF_PACKET socket bound to `ifname` in the calling thread's namespace.
+fn packet_socket(ifname: &str) -> i32 {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket calls with valid arguments.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto));
+        assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex(ifname) as i32;
+        let rc = libc::bind(
+            fd,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        assert_eq!(rc, 0, "bind AF_PACKET: {}", std::io::Error::last_os_error());
+        fd
+    }
+}
+
+/// One stream of identical frames at a fixed rate.
+#[derive(Clone)]
+pub struct Flow {
+    /// The frame.
+    pub frame: Vec<u8>,
+    /// Frames per second.
+    pub pps: u32,
+}
+
+/// What was sent for one flow.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    /// Frames sent.
+    pub frames: u64,
+    /// Time of the first frame.
+    pub first: Instant,
+    /// Time of the last frame.
+    pub last: Instant,
+}
+
+/// Sends `flows` from `ns`/`ifname`, interleaved and paced, for `duration`
+/// (bounded: at most `duration` and `pps × duration` frames per flow). Returns
+/// what was sent per flow.
+pub fn send(ns: &NetNs, ifname: &str, flows: &[Flow], duration: Duration) -> Vec<Sent> {
+    let name = ns.name.clone();
+    let ifname = ifname.to_string();
+    let flows = flows.to_vec();
+    std::thread::spawn(move || {
+        NetNs {
+            name: name.clone(),
+        }
+        .enter_and_forget();
+        let fd = packet_socket(&ifname);
+        let start = Instant::now();
+        let mut next: Vec<Duration> = vec![Duration::ZERO; flows.len()];
+        let mut sent: Vec<Option<Sent>> = vec![None; flows.len()];
+        let end = start + duration;
+        loop {
+            let (i, due) = next
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, d)| **d)
+                .map(|(i, d)| (i, *d))
+                .expect("at least one flow");
+            let at = start + due;
+            if at >= end {
+                break;
+            }
+            let now = Instant::now();
+            if at > now {
+                let wait = at - now;
+                if wait > Duration::from_micros(200) {
+                    std::thread::sleep(wait - Duration::from_micros(100));
+                }
+                while Instant::now() < at {
+                    std::hint::spin_loop();
+                }
+            }
+            let f = &flows[i].frame;
+            // SAFETY: a valid buffer.
+            let n = unsafe { libc::send(fd, f.as_ptr().cast(), f.len(), 0) };
+            let t = Instant::now();
+            if n == f.len() as isize {
+                let s = sent[i].get_or_insert(Sent {
+                    frames: 0,
+                    first: t,
+                    last: t,
+                });
+                s.frames += 1;
+                s.last = t;
+            }
+            next[i] = due + Duration::from_nanos(1_000_000_000 / u64::from(flows[i].pps.max(1)));
+        }
+        // SAFETY: our fd.
+        unsafe { libc::close(fd) };
+        sent.into_iter()
+            .map(|s| s.expect("every flow sent at least one frame"))
+            .collect()
+    })
+    .join()
+    .expect("sender thread")
+}
+
+impl NetNs {
+    /// Enters the namespace without owning it (the guard stays with the test).
+    fn enter_and_forget(self) {
+        self.enter();
+        std::mem::forget(self);
+    }
+}
+
+/// Counts UDP frames to a port by source address, on a raw socket on the
+/// receiving interface: it sees what the XDP program passed, and nothing else.
+pub struct Receiver {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<HashMap<IpAddr, u64>>>,
+}
+
+impl Receiver {
+    /// Starts counting on `ns`/`ifname` for UDP destination port `port`.
+    pub fn start(ns: &NetNs, ifname: &str, port: u16) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let name = ns.name.clone();
+        let ifname = ifname.to_string();
+        let s = stop.clone();
+        let handle = std::thread::spawn(move || {
+            NetNs { name }.enter_and_forget();
+            let fd = packet_socket(&ifname);
+            let tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 50_000,
+            };
+            // SAFETY: valid option and size.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&tv as *const libc::timeval).cast(),
+                    std::mem::size_of::<libc::timeval>() as u32,
+                );
+                let big: i32 = 16 << 20;
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUFFORCE,
+                    (&big as *const i32).cast(),
+                    4,
+                );
+            }
+            let _ = ready_tx.send(());
+            let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+            let mut buf = vec![0u8; 2048];
+            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            while !s.load(Ordering::Relaxed) {
+                let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+                // SAFETY: valid buffers.
+                let n = unsafe {
+                    libc::recvfrom(
+                        fd,
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        0,
+                        (&mut sll as *mut libc::sockaddr_ll).cast(),
+                        &mut len,
+                    )
+                };
+                if n > 0 {
+                    if sll.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+                        continue;
+                    }
+                    if let Some((src, dport)) = crate::frames::parse_udp_source(&buf[..n as usize]) {
+                        if dport == port {
+                            *counts.entry(src).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            // SAFETY: our fd.
+            unsafe { libc::close(fd) };
+            counts
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("receiver did not start");
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops after the queue drains and returns the counts.
+    pub fn finish(mut self) -> HashMap<IpAddr, u64> {
+        std::thread::sleep(Duration::from_millis(200));
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .take()
+            .expect("running")
+            .join()
+            .expect("receiver thread")
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The real object loaded (not attached) and run on crafted frames with
+//! BPF_PROG_TEST_RUN, which aya 0.14 does not wrap: the `bpf` syscall is called
+//! with the program's fd.
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::{Ebpf, EbpfLoader, programs::Xdp};
+use ratelimit_common::{Counter, PROGRAM_NAME, REASON_COUNT, Reason};
+use ratelimit_user::{kernel::Maps, rules::RuleSet};
+
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// `union bpf_attr` for BPF_PROG_TEST_RUN.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// The XDP verdicts.
+pub const XDP_DROP: u32 = 1;
+/// Pass.
+pub const XDP_PASS: u32 = 2;
+
+/// The program and its maps, loaded fresh with small capacities.
+pub struct Loaded {
+    /// Keeps the program loaded.
+    pub ebpf: Ebpf,
+    /// The maps.
+    pub maps: Maps,
+    prog_fd: i32,
+}
+
+impl Loaded {
+    /// Loads the embedded object and writes `rules`.
+    pub fn new(rules: &RuleSet) -> Self {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(ratelimit_common::MAP_STATE, 4096)
+            .load(ratelimit_user::EBPF_OBJECT)
+            .expect("loading the object");
+        let mut maps = Maps::from_ebpf(&mut ebpf).expect("maps");
+        let prog: &mut Xdp = ebpf
+            .program_mut(PROGRAM_NAME)
+            .expect("program in object")
+            .try_into()
+            .expect("an XDP program");
+        prog.load().expect("the verifier accepts the program");
+        let prog_fd = prog.fd().expect("fd").as_fd().as_raw_fd();
+        maps.apply(rules).expect("writing rules");
+        Self {
+            ebpf,
+            maps,
+            prog_fd,
+        }
+    }
+
+    /// Runs `frame` through the program `repeat` times on this CPU; returns the
+    /// last verdict and the mean ns per run the kernel measured.
+    pub fn run(&self, frame: &[u8], repeat: u32) -> (u32, u32) {
+        let mut attr = TestRunAttr {
+            prog_fd: self.prog_fd as u32,
+            data_size_in: frame.len() as u32,
+            data_in: frame.as_ptr() as u64,
+            repeat,
+            ..Default::default()
+        };
+        // SAFETY: attr is a valid bpf_attr prefix and outlives the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &mut attr as *mut TestRunAttr,
+                std::mem::size_of::<TestRunAttr>(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "BPF_PROG_TEST_RUN on a {}-byte frame: {}",
+            frame.len(),
+            std::io::Error::last_os_error()
+        );
+        (attr.retval, attr.duration)
+    }
+
+    /// One run: the verdict.
+    pub fn verdict(&self, frame: &[u8]) -> u32 {
+        self.run(frame, 1).0
+    }
+
+    /// Counters by reason.
+    pub fn counters(&self) -> [Counter; REASON_COUNT as usize] {
+        self.maps.counters().expect("reading counters")
+    }
+
+    /// Packets counted under `reason`.
+    pub fn packets(&self, reason: Reason) -> u64 {
+        self.counters()[reason as usize].packets
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET on it is in bounds.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(rc, 0, "sched_setaffinity({cpu}): {}", std::io::Error::last_os_error());
+    }
+}

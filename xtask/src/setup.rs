@@ -1,0 +1,189 @@
+//! The toolchain pieces the eBPF build needs, installed when missing:
+//!
+//! 1. the nightly toolchain (`-Z build-std=core` for `bpfel-unknown-none`);
+//! 2. its `rust-src` component (the source `build-std` compiles);
+//! 3. `bpf-linker`, built against **nightly's own libLLVM**, so no system LLVM is
+//!    needed and the LLVM versions always match: a prefix directory whose `lib/`
+//!    links to the `libLLVM*.so*` in nightly's sysroot, and
+//!    `LLVM_PREFIX=<prefix> cargo install bpf-linker --no-default-features
+//!    --features llvm-<major>`. bpf-linker's rpath points into the prefix, which
+//!    lives under `$CARGO_HOME/ratelimit-llvm/<major>/`.
+
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+const BPF_LINKER_VERSION: &str = "0.13";
+
+/// Ensures every piece is there. `verbose` reports pieces already present too.
+pub fn setup(verbose: bool) -> Result<()> {
+    if !cfg!(target_os = "linux") {
+        bail!("ratelimit runs on Linux only (XDP is a Linux kernel feature)");
+    }
+    if which::which("rustup").is_err() {
+        bail!("rustup not found on PATH: install it from your distribution or rustup.rs, then run `cargo xtask setup` again");
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): ratelimit needs Linux 5.18 or later built with CONFIG_DEBUG_INFO_BTF=y");
+    }
+    nightly(verbose)?;
+    rust_src(verbose)?;
+    bpf_linker(verbose)?;
+    Ok(())
+}
+
+fn rustup() -> Command {
+    let mut cmd = Command::new("rustup");
+    // Keep the outer cargo's toolchain choice out of rustup's.
+    cmd.env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("CARGO");
+    cmd
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    eprintln!("xtask setup: {what}");
+    let status = cmd.status().with_context(|| format!("starting: {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status}); the package registry must be reachable to install it");
+    }
+    Ok(())
+}
+
+fn nightly_rustc_vv() -> Option<String> {
+    let out = rustup()
+        .args(["run", "nightly", "rustc", "-vV"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn nightly(verbose: bool) -> Result<()> {
+    if nightly_rustc_vv().is_some() {
+        if verbose {
+            eprintln!("xtask setup: nightly toolchain: present");
+        }
+        return Ok(());
+    }
+    run(
+        rustup().args(["toolchain", "install", "nightly", "--profile", "minimal"]),
+        "installing the nightly toolchain",
+    )
+}
+
+fn rust_src(verbose: bool) -> Result<()> {
+    let out = rustup()
+        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .output()
+        .context("running rustup component list")?;
+    if String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == "rust-src")
+    {
+        if verbose {
+            eprintln!("xtask setup: rust-src (nightly): present");
+        }
+        return Ok(());
+    }
+    run(
+        rustup().args(["component", "add", "rust-src", "--toolchain", "nightly"]),
+        "adding rust-src to the nightly toolchain",
+    )
+}
+
+/// Whether `bpf-linker --version` runs, outside rustup's environment.
+fn bpf_linker_works() -> bool {
+    Command::new("bpf-linker")
+        .arg("--version")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn cargo_home() -> Result<PathBuf> {
+    if let Some(h) = env::var_os("CARGO_HOME") {
+        return Ok(PathBuf::from(h));
+    }
+    let home = env::var_os("HOME").context("neither CARGO_HOME nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".cargo"))
+}
+
+fn bpf_linker(verbose: bool) -> Result<()> {
+    if bpf_linker_works() {
+        if verbose {
+            eprintln!("xtask setup: bpf-linker: present and runs");
+        }
+        return Ok(());
+    }
+    let vv = nightly_rustc_vv().context("nightly rustc does not run")?;
+    let major = vv
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("`rustc +nightly -vV` printed no LLVM version")?
+        .trim()
+        .to_string();
+    let sysroot = rustup()
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .output()
+        .context("asking nightly rustc for its sysroot")?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let lib_dir = sysroot.join("lib");
+    // The real library, not the small linker script named libLLVM-<major>-*.so.
+    let libllvm = fs::read_dir(&lib_dir)
+        .with_context(|| format!("reading {}", lib_dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            name.starts_with("libLLVM") && name.contains(".so")
+        })
+        .max_by_key(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .with_context(|| format!("no libLLVM*.so* in {}", lib_dir.display()))?;
+    let prefix = cargo_home()?.join("ratelimit-llvm").join(&major);
+    let prefix_lib = prefix.join("lib");
+    fs::create_dir_all(&prefix_lib).with_context(|| format!("creating {}", prefix_lib.display()))?;
+    let own_name = libllvm.file_name().context("libLLVM has no file name")?;
+    for name in [std::ffi::OsStr::new("libLLVM.so"), own_name] {
+        let link = prefix_lib.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&libllvm, &link)
+            .with_context(|| format!("linking {} to {}", link.display(), libllvm.display()))?;
+    }
+    eprintln!(
+        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {major} ({}); this takes a minute or two",
+        libllvm.display()
+    );
+    run(
+        Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args([
+                "install",
+                "--locked",
+                "--force",
+                "bpf-linker",
+                "--version",
+                &format!("~{BPF_LINKER_VERSION}"),
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
+            .env("LLVM_PREFIX", &prefix),
+        "cargo install bpf-linker",
+    )?;
+    if !bpf_linker_works() {
+        bail!(
+            "bpf-linker was installed but `bpf-linker --version` does not run: is {} on PATH, and does {} exist?",
+            cargo_home()?.join("bin").display(),
+            libllvm.display()
+        );
+    }
+    eprintln!("xtask setup: bpf-linker: installed");
+    Ok(())
+}

@@ -350,7 +350,7 @@ impl Daemon {
             }
             Request::List => Ok(self.list()),
             Request::Status => Ok(self.status()),
-            Request::Stats => Ok(self.stats()),
+            Request::Stats => self.stats(),
             Request::Top { n } => self.top(n),
         }
     }
@@ -386,26 +386,26 @@ impl Daemon {
         })
     }
 
-    fn stats(&self) -> Value {
-        let now = &self.last;
-        let rates = self.prev.as_ref().map(|prev| {
-            let dt = now.at.duration_since(prev.at).as_secs_f64().max(1e-9);
-            (prev, dt)
-        });
+    /// Totals read now; per-second rates over the last sampling interval.
+    fn stats(&self) -> Result<Value> {
+        let totals = self.enforcer.maps.counters()?;
+        let last = &self.last;
+        let rate = |r: Reason| match &self.prev {
+            Some(prev) => {
+                let dt = last.at.duration_since(prev.at).as_secs_f64().max(1e-9);
+                let (a, b) = (last.counters[r as usize], prev.counters[r as usize]);
+                (
+                    (a.packets - b.packets) as f64 / dt,
+                    (a.bytes - b.bytes) as f64 / dt,
+                )
+            }
+            None => (0.0, 0.0),
+        };
         let by_reason: Vec<Value> = Reason::ALL
             .iter()
             .map(|r| {
-                let c = now.counters[*r as usize];
-                let (pps, bps) = match rates {
-                    Some((prev, dt)) => {
-                        let p = prev.counters[*r as usize];
-                        (
-                            (c.packets - p.packets) as f64 / dt,
-                            (c.bytes - p.bytes) as f64 / dt,
-                        )
-                    }
-                    None => (0.0, 0.0),
-                };
+                let c = totals[*r as usize];
+                let (pps, bps) = rate(*r);
                 json!({
                     "reason": r.name(),
                     "packets": c.packets,
@@ -415,11 +415,10 @@ impl Daemon {
                 })
             })
             .collect();
-        json!({
+        Ok(json!({
             "iface": self.enforcer.iface(),
-            "sampled_ms_ago": now.at.elapsed().as_millis() as u64,
             "reasons": by_reason,
-        })
+        }))
     }
 
     fn top(&self, n: usize) -> Result<Value> {

@@ -1,0 +1,147 @@
+//! The daemon on one side of a veth pair, real traffic from the other, counted by
+//! a receiver of our own (not the limiter's counters).
+
+use std::{collections::HashMap, net::IpAddr, time::Duration};
+
+use ratelimit_tests::{
+    Daemon, TempDir,
+    frames::TPID_8021Q,
+    net::{Flow, Pair, Receiver, Sent, send},
+    privileged,
+};
+
+const PORT: u16 = 5001;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+/// Admitted by a bucket of `burst` at `rate`/s over what was sent.
+fn expected(sent: &Sent, rate: f64, burst: f64) -> f64 {
+    let span = sent.last.duration_since(sent.first).as_secs_f64();
+    (burst + rate * span).min(sent.frames as f64)
+}
+
+fn within(what: &str, got: u64, want: f64, tolerance: f64) {
+    let err = (got as f64 - want).abs() / want;
+    assert!(
+        err <= tolerance,
+        "{what}: received {got}, expected {want:.1} (off by {:.2} %, allowed {:.1} %)",
+        err * 100.0,
+        tolerance * 100.0
+    );
+}
+
+fn stat(d: &Daemon, reason: &str) -> u64 {
+    let v = d.json(&["stats"]);
+    v["reasons"]
+        .as_array()
+        .expect("reasons")
+        .iter()
+        .find(|r| r["reason"] == reason)
+        .and_then(|r| r["packets"].as_u64())
+        .unwrap_or_else(|| panic!("no {reason} in stats: {v}"))
+}
+
+#[test]
+fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
+    privileged!("daemon_attaches_traffic_arrives_and_sigint_detaches");
+    let pair = Pair::new();
+    let run = TempDir::new("attach");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "10k/s"]);
+    assert!(pair.rx_has_xdp(), "no XDP program on {} after start", pair.rx_if);
+
+    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let flows = [Flow {
+        frame: pair.udp(ip("198.18.0.1"), PORT).build(),
+        pps: 500,
+    }];
+    let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500));
+    let got = rx.finish();
+    assert_eq!(
+        got.get(&ip("198.18.0.1")).copied().unwrap_or(0),
+        sent[0].frames,
+        "traffic within the limit must all arrive"
+    );
+    // The kernel's own IPv6 chatter (router and neighbour solicitations) passes too.
+    let passed = stat(&d, "passed");
+    assert!(
+        (sent[0].frames..sent[0].frames + 20).contains(&passed),
+        "passed counter {passed}, sent {}",
+        sent[0].frames
+    );
+
+    d.child.signal(libc::SIGINT);
+    let out = d.child.wait(Duration::from_secs(10));
+    assert!(out.status.success(), "daemon exit on SIGINT: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(!pair.rx_has_xdp(), "the XDP program is still attached after SIGINT");
+    assert!(
+        !std::path::Path::new("/sys/fs/bpf/ratelimit").join(&pair.rx_if).exists(),
+        "pins left behind after SIGINT"
+    );
+}
+
+/// Three limited sources (IPv4, IPv6, IPv4 behind a VLAN tag) at 5× their limit,
+/// an allowed one, a denied one and a dry-run one, all at once.
+#[test]
+fn per_source_limits_hold_at_the_receiver() {
+    privileged!("per_source_limits_hold_at_the_receiver");
+    let pair = Pair::new();
+    let run = TempDir::new("limits");
+    let config = run.0.join("rules.toml");
+    std::fs::write(
+        &config,
+        r#"
+[default]
+rate = "200/s"
+burst = 20
+
+[[rule]]
+cidr = "198.18.0.64/26"
+action = "allow"
+
+[[rule]]
+cidr = "2001:db8:0:0:dead::/80"
+action = "deny"
+
+[[rule]]
+cidr = "198.18.0.128/26"
+rate = "100/s"
+burst = 10
+dry-run = true
+"#,
+    )
+    .expect("writing config");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", config.to_str().expect("utf-8")]);
+
+    let limited_v4 = ip("198.18.0.10");
+    let limited_v6 = ip("2001:db8::10");
+    let tagged_v4 = ip("198.18.0.11");
+    let allowed = ip("198.18.0.65");
+    let denied = ip("2001:db8::dead:0:0:1");
+    let dry = ip("198.18.0.129");
+    let mut tagged = pair.udp(tagged_v4, PORT);
+    tagged.vlans = vec![(TPID_8021Q, 100)];
+    let flows = [
+        Flow { frame: pair.udp(limited_v4, PORT).build(), pps: 1000 },
+        Flow { frame: pair.udp(limited_v6, PORT).build(), pps: 1000 },
+        Flow { frame: tagged.build(), pps: 1000 },
+        Flow { frame: pair.udp(allowed, PORT).build(), pps: 500 },
+        Flow { frame: pair.udp(denied, PORT).build(), pps: 500 },
+        Flow { frame: pair.udp(dry, PORT).build(), pps: 500 },
+    ];
+    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_secs(3));
+    let got: HashMap<IpAddr, u64> = rx.finish();
+    let count = |a: &IpAddr| got.get(a).copied().unwrap_or(0);
+
+    within("IPv4 source at 5x", count(&limited_v4), expected(&sent[0], 200.0, 20.0), 0.02);
+    within("IPv6 source at 5x", count(&limited_v6), expected(&sent[1], 200.0, 20.0), 0.02);
+    within("VLAN-tagged IPv4 source at 5x", count(&tagged_v4), expected(&sent[2], 200.0, 20.0), 0.02);
+    assert_eq!(count(&allowed), sent[3].frames, "an allowed source lost frames");
+    assert_eq!(count(&denied), 0, "a denied source got frames through");
+    assert_eq!(count(&dry), sent[5].frames, "a dry-run rule dropped frames");
+    let would = stat(&d, "would_drop") as f64;
+    let want = sent[5].frames as f64 - expected(&sent[5], 100.0, 10.0);
+    within("would-drop count of the dry-run rule", would as u64, want, 0.02);
+}

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, anyhow};
 
 fn main() -> anyhow::Result<()> {
-    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?);
+    let manifest_dir =
+        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?);
     let ebpf_dir = manifest_dir
         .parent()
         .ok_or_else(|| anyhow!("{} has no parent", manifest_dir.display()))?

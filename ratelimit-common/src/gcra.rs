@@ -12,18 +12,27 @@
 //! one request too many after an idle period, the score here is `max(tat, now)`
 //! before every arrival, which admits exactly `C` after any idle time.
 //!
+//! # Rule changes
+//! The low two bits of the state word hold the *generation* of the rule that wrote
+//! it ([`Params::generation`], mod 4); TATs are kept at multiples of 4 ticks (a
+//! rounding up of at most half a picosecond per arrival). When a rule's rate or
+//! burst changes, the daemon bumps its generation and records the previous
+//! interval and capacity. A state of the previous generation is then converted on
+//! its next arrival: the tokens it had left (rounded down) are kept, up to the new
+//! capacity. So a change is judged from the next packet, never refills a bucket,
+//! and never holds a source back longer than the new limit allows. That conversion
+//! is written back even on a denial (the one case where a denial writes: what is
+//! stored changes, not what it means). A state two or more generations old (a
+//! source silent through two quick changes) is read with the current interval.
+//!
 //! # Wrapping
 //! Ticks wrap every `2^64` ticks (about 26 days). The distance `tat − now` is read
 //! as a signed number:
 //! - `≤ 0`: the bucket is full;
 //! - `(0, tau]`: `tat − now` ticks of refill are owed;
-//! - `(tau, STALE_AHEAD]`: owed more than the rule allows now. This happens when a
-//!   rule's burst or rate was lowered, or when another CPU's clock reading was a
-//!   little ahead of ours. The debt is capped at `tau` (an empty bucket) and the
-//!   capped form is written back even on a denial — the one case where a denial
-//!   writes, and it changes what is stored, not what it means under the current
-//!   rule. So a lowered limit never holds a source back longer than the new limit
-//!   allows, and never refills it either.
+//! - `(tau, STALE_AHEAD]`: more than the rule allows: another CPU's clock reading
+//!   was a little ahead of ours, or the state predates a rule change. Capped at
+//!   `tau` (an empty bucket); written back capped when it is far over.
 //! - above `STALE_AHEAD`: a state that was idle for about two weeks and wrapped
 //!   around; it is read as a full bucket, which is what an idle key is owed.
 //!
@@ -48,24 +57,29 @@ pub const STALE_AHEAD: u64 = TAU_MAX + CLOCK_SKEW_MARGIN;
 /// Largest burst a rule may have, in cost units (packets or bytes).
 pub const CAPACITY_MAX: u64 = 1 << 32;
 
-/// The per-key state: the theoretical arrival time, in wrapping ticks.
+/// Bits of the state word that hold the rule generation.
+pub const GENERATION_MASK: u64 = 3;
+
+/// The per-key state: the theoretical arrival time in wrapping ticks, with the
+/// rule generation in its low two bits.
 ///
 /// Written by the XDP program (atomic compare-and-swap on the whole word), read by
-/// the daemon for `top` and the idle sweep.
+/// the daemon for the idle sweep.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct State {
-    /// Theoretical arrival time, ticks (wrapping).
+    /// TAT ticks (a multiple of 4, wrapping) | generation (mod 4).
     pub tat: u64,
 }
 const _: () = assert!(core::mem::size_of::<State>() == 8);
 
 impl State {
-    /// The state of a key seen for the first time at `now_ns`: a full bucket.
+    /// The state of a key seen for the first time at `now_ns` under `params`: a
+    /// full bucket.
     #[inline(always)]
-    pub const fn full(now_ns: u64) -> Self {
+    pub const fn full(now_ns: u64, params: &Params) -> Self {
         Self {
-            tat: ns_to_ticks(now_ns),
+            tat: (ns_to_ticks(now_ns) & !GENERATION_MASK) | (params.generation & GENERATION_MASK),
         }
     }
 }
@@ -81,8 +95,14 @@ pub struct Params {
     pub tau: u64,
     /// Burst, in cost units. 0 means the rate is 0: nothing is ever admitted.
     pub capacity: u64,
+    /// The rule's generation: bumped (mod 4) by the daemon when its limit changes.
+    pub generation: u64,
+    /// `interval` of the previous generation (0 if none, or if it was rate 0).
+    pub prev_interval: u64,
+    /// `capacity` of the previous generation.
+    pub prev_capacity: u64,
 }
-const _: () = assert!(core::mem::size_of::<Params>() == 24);
+const _: () = assert!(core::mem::size_of::<Params>() == 48);
 
 /// The answer to one arrival.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +140,7 @@ impl core::fmt::Display for ParamsError {
             }
             Self::BurstTooLarge => "burst must be at most 4294967296 (2^32)",
             Self::PeriodZero => "the rate's period must be longer than 0",
-            Self::RateTooHigh => "rate must be at most 8192 per nanosecond",
+            Self::RateTooHigh => "rate must be at most 2048 per nanosecond",
             Self::BurstTooLong => {
                 "burst / rate must be at most 6.5 days (the bucket would take longer to refill); lower the burst or raise the rate"
             }
@@ -134,11 +154,14 @@ impl Params {
         interval: 0,
         tau: 0,
         capacity: 0,
+        generation: 0,
+        prev_interval: 0,
+        prev_capacity: 0,
     };
 
-    /// Parameters for `tokens` per `period_ns`, with a bucket of `burst` tokens.
-    /// `tokens == 0` is a rate of 0: nothing is admitted (the burst is still
-    /// validated, so a later change of rate does not hit a surprise).
+    /// Parameters for `tokens` per `period_ns`, with a bucket of `burst` tokens,
+    /// generation 0. `tokens == 0` is a rate of 0: nothing is admitted (the burst
+    /// is still validated, so a later change of rate does not hit a surprise).
     #[cfg(not(target_arch = "bpf"))]
     pub fn from_rate(tokens: u64, period_ns: u64, burst: u64) -> Result<Self, ParamsError> {
         if burst == 0 {
@@ -157,7 +180,8 @@ impl Params {
         let tokens = u128::from(tokens);
         // Round to the nearest tick: the error is at most half a tick per token.
         let interval = (ticks + tokens / 2) / tokens;
-        if interval == 0 {
+        // At least 4 ticks, the granularity of a stored TAT.
+        if interval < GENERATION_MASK as u128 + 1 {
             return Err(ParamsError::RateTooHigh);
         }
         let tau = interval * u128::from(burst);
@@ -168,7 +192,26 @@ impl Params {
             interval: interval as u64,
             tau: tau as u64,
             capacity: burst,
+            ..Self::DENY_ALL
         })
+    }
+
+    /// These parameters as the next generation after `previous` (what the rule had
+    /// until now), or unchanged if the limit itself is the same.
+    pub fn succeeding(mut self, previous: &Params) -> Self {
+        let same_limit = self.interval == previous.interval
+            && self.tau == previous.tau
+            && self.capacity == previous.capacity;
+        if same_limit {
+            self.generation = previous.generation;
+            self.prev_interval = previous.prev_interval;
+            self.prev_capacity = previous.prev_capacity;
+        } else {
+            self.generation = (previous.generation + 1) & GENERATION_MASK;
+            self.prev_interval = previous.interval;
+            self.prev_capacity = previous.capacity;
+        }
+        self
     }
 
     /// Whether these parameters admit nothing (rate 0).
@@ -178,18 +221,42 @@ impl Params {
     }
 }
 
-/// How far `tat` is ahead of `now_t` (ticks), read as described in the module docs,
-/// and whether it had to be capped at `tau`.
+/// How far `tat` is ahead of `now_t` (ticks), capped at `tau`, and whether it was
+/// so far over `tau` that the capped form should be written back.
 #[inline(always)]
 fn owed(tat: u64, now_t: u64, tau: u64) -> (u64, bool) {
     let ahead = tat.wrapping_sub(now_t);
     if ahead as i64 <= 0 || ahead > STALE_AHEAD {
         (0, false)
     } else if ahead > tau {
-        (tau, true)
+        (tau, ahead > tau + CLOCK_SKEW_MARGIN)
     } else {
         (ahead, false)
     }
+}
+
+/// The debt, under `params`, of a state written by the previous generation: the
+/// tokens it had left (whole, rounded down) are kept, up to the new capacity.
+#[inline(always)]
+fn converted(tat: u64, now_t: u64, params: &Params) -> u64 {
+    // Both were validated together (≤ TAU_MAX) when that generation was built.
+    let prev_tau = params.prev_capacity.wrapping_mul(params.prev_interval);
+    let (ahead, _) = owed(tat, now_t, prev_tau);
+    let left = match (ahead + params.prev_interval).checked_sub(1) {
+        // ceil(ahead / prev_interval) tokens owed; ahead ≤ TAU_MAX, so no overflow.
+        Some(sum) => match sum.checked_div(params.prev_interval) {
+            Some(owed_tokens) => params.prev_capacity.saturating_sub(owed_tokens),
+            // Rate 0 before: no tokens to carry over.
+            None => 0,
+        },
+        None => 0,
+    };
+    let left = if left < params.capacity {
+        left
+    } else {
+        params.capacity
+    };
+    (params.capacity - left) * params.interval
 }
 
 /// Whether `state` reads as a full bucket at `now_ns` under any rule: its TAT is not
@@ -197,7 +264,7 @@ fn owed(tat: u64, now_t: u64, tau: u64) -> (u64, bool) {
 /// than [`TAU_MAX`], which loses nothing (a missing state is a full bucket).
 #[inline(always)]
 pub fn idle_for_ns(state: &State, now_ns: u64) -> Option<u64> {
-    let behind = ns_to_ticks(now_ns).wrapping_sub(state.tat);
+    let behind = ns_to_ticks(now_ns).wrapping_sub(state.tat & !GENERATION_MASK);
     if behind as i64 >= 0 {
         Some(behind >> crate::clock::TICK_SHIFT)
     } else {
@@ -209,15 +276,19 @@ pub fn idle_for_ns(state: &State, now_ns: u64) -> Option<u64> {
 /// and dead code is only removed when it cannot panic).
 #[inline(always)]
 fn whole_tokens(ticks: u64, interval: u64) -> u64 {
-    match ticks.checked_div(interval) {
-        Some(n) => n,
-        None => 0,
-    }
+    ticks.checked_div(interval).unwrap_or_default()
+}
+
+/// The stored form of a TAT: rounded up to a multiple of 4 ticks, with the
+/// generation in the low bits.
+#[inline(always)]
+fn stored(tat: u64, generation: u64) -> u64 {
+    (tat.wrapping_add(GENERATION_MASK) & !GENERATION_MASK) | generation
 }
 
 /// Decides one arrival of `cost` units at `now_ns` and, if it is admitted, advances
-/// `state`. A denied arrival leaves `state` untouched, except to cap a debt above
-/// the rule's `tau` (module docs). Callers that share `state` across CPUs write it
+/// `state`. A denied arrival leaves `state` untouched, except to store a converted
+/// or capped debt (module docs). Callers that share `state` across CPUs write it
 /// back (compare-and-swap) whenever it changed.
 #[inline(always)]
 pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
@@ -229,20 +300,29 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
         };
     }
     let now_t = ns_to_ticks(now_ns);
-    let (ahead, capped) = owed(state.tat, now_t, params.tau);
+    let generation = params.generation & GENERATION_MASK;
+    let tat = state.tat & !GENERATION_MASK;
+    let state_generation = state.tat & GENERATION_MASK;
+    let (ahead, rewrite) = if state_generation == generation {
+        owed(tat, now_t, params.tau)
+    } else if state_generation == (generation + GENERATION_MASK) & GENERATION_MASK {
+        (converted(tat, now_t, params), true)
+    } else {
+        (owed(tat, now_t, params.tau).0, true)
+    };
     // cost ≤ capacity, so cost × interval ≤ tau ≤ TAU_MAX: no overflow, and
     // ahead + that ≤ 2·TAU_MAX < 2^64.
     let after = ahead + cost * params.interval;
     if after <= params.tau {
-        state.tat = now_t.wrapping_add(after);
+        state.tat = stored(now_t.wrapping_add(after), generation);
         Decision {
             allowed: true,
             remaining: whole_tokens(params.tau - after, params.interval),
             retry_after_ns: 0,
         }
     } else {
-        if capped {
-            state.tat = now_t.wrapping_add(params.tau);
+        if rewrite {
+            state.tat = stored(now_t.wrapping_add(ahead), generation);
         }
         Decision {
             allowed: false,
@@ -286,7 +366,7 @@ mod tests {
         let p = params(500, 2);
         let got = run(
             &p,
-            State::full(0),
+            State::full(0, &p),
             &[(0, 1), (1, 1), (2, 1), (1002, 1), (1003, 1), (1004, 1)],
         );
         assert_eq!(got, "AADAAD");
@@ -298,7 +378,7 @@ mod tests {
         let mut arrivals = Vec::new();
         arrivals.extend([(0, 1); 6]);
         arrivals.extend([(2000, 1); 6]);
-        assert_eq!(run(&p, State::full(0), &arrivals), "AAAAADAAAAAD");
+        assert_eq!(run(&p, State::full(0, &p), &arrivals), "AAAAADAAAAAD");
     }
 
     #[test]
@@ -306,7 +386,7 @@ mod tests {
         let p = params(100, 2);
         let got = run(
             &p,
-            State::full(1000 * MS),
+            State::full(1000 * MS, &p),
             &[(1000, 1), (1000, 1), (900, 1), (1100, 1)],
         );
         assert_eq!(got, "AADA");
@@ -315,27 +395,27 @@ mod tests {
     #[test]
     fn cost_above_capacity_is_always_denied_without_overflow() {
         let p = params(200, 5);
-        let mut s = State::full(0);
+        let mut s = State::full(0, &p);
         for n in [6, 7, 15, u64::from(u32::MAX), u64::MAX] {
             let d = decide(&mut s, &p, 0, n);
             assert!(!d.allowed, "cost {n} above capacity 5 was admitted");
             assert_eq!(d.retry_after_ns, u64::MAX);
         }
-        assert_eq!(s, State::full(0), "a denial changed the state");
+        assert_eq!(s, State::full(0, &p), "a denial changed the state");
         assert!(decide(&mut s, &p, 0, 5).allowed);
     }
 
     #[test]
     fn issue5_vector_costs_15_7_6_then_5() {
         let p = params(200, 5);
-        let got = run(&p, State::full(0), &[(0, 15), (0, 7), (0, 6), (0, 5)]);
+        let got = run(&p, State::full(0, &p), &[(0, 15), (0, 7), (0, 6), (0, 5)]);
         assert_eq!(got, "DDDA");
     }
 
     #[test]
     fn retry_after_is_exact_and_never_early() {
         let p = params(500, 2);
-        let mut s = State::full(0);
+        let mut s = State::full(0, &p);
         assert!(decide(&mut s, &p, 0, 1).allowed);
         assert!(decide(&mut s, &p, 0, 1).allowed);
         let d = decide(&mut s, &p, 0, 1);
@@ -348,7 +428,7 @@ mod tests {
     #[test]
     fn remaining_counts_whole_tokens() {
         let p = params(100, 3);
-        let mut s = State::full(0);
+        let mut s = State::full(0, &p);
         assert_eq!(decide(&mut s, &p, 0, 1).remaining, 2);
         assert_eq!(decide(&mut s, &p, 0, 1).remaining, 1);
         assert_eq!(decide(&mut s, &p, 50 * MS, 1).remaining, 0);
@@ -359,7 +439,7 @@ mod tests {
     fn rate_zero_admits_nothing() {
         let p = Params::from_rate(0, 1_000_000_000, 10).expect("rate 0 is valid");
         assert!(p.is_deny_all());
-        let mut s = State::full(0);
+        let mut s = State::full(0, &p);
         for t in [0, 1, 1_000_000_000_000] {
             assert!(!decide(&mut s, &p, t, 1).allowed);
         }
@@ -389,7 +469,7 @@ mod tests {
     fn one_per_hour() {
         const HOUR: u64 = 3_600_000_000_000;
         let p = Params::from_rate(1, HOUR, 3).expect("valid");
-        let mut s = State::full(5 * HOUR);
+        let mut s = State::full(5 * HOUR, &p);
         let t0 = 5 * HOUR;
         for _ in 0..3 {
             assert!(decide(&mut s, &p, t0, 1).allowed);
@@ -406,7 +486,7 @@ mod tests {
     fn hundred_million_per_second_burst_2_pow_32() {
         let p = Params::from_rate(100_000_000, 1_000_000_000, CAPACITY_MAX).expect("valid");
         assert_eq!(p.interval, 10 * crate::TICKS_PER_NS);
-        let mut s = State::full(0);
+        let mut s = State::full(0, &p);
         // Take all but one token in one arrival, then the last one, then nothing.
         assert!(decide(&mut s, &p, 0, CAPACITY_MAX - 1).allowed);
         assert!(decide(&mut s, &p, 0, 1).allowed);
@@ -428,7 +508,7 @@ mod tests {
         let bytes_per_s = 100_000_000_000 / 8;
         let p = Params::from_rate(bytes_per_s, 1_000_000_000, 64 * 1024).expect("valid");
         // Offer 64-byte frames at twice the rate for 10 ms, count bytes admitted.
-        let mut s = State::full(0);
+        let mut s = State::full(0, &p);
         let frame = 64u64;
         let dur_ns = 10 * MS;
         let step_ps = frame * 1000 * 1_000_000_000 / (2 * bytes_per_s); // ps between frames
@@ -449,39 +529,73 @@ mod tests {
         );
     }
 
+    /// Drains a bucket under `old`, changes the rule to `new` (the next arrival,
+    /// at 0, is judged by it), and returns how many of `probe` arrivals at `at_ms`
+    /// the new rule admits.
+    fn drained_then(old: Params, new: Params, at_ms: u64, probe: usize) -> usize {
+        let new = new.succeeding(&old);
+        let mut s = State::full(0, &old);
+        while decide(&mut s, &old, 0, 1).allowed {}
+        let first = usize::from(decide(&mut s, &new, 0, 1).allowed);
+        first
+            + (0..probe)
+                .filter(|_| decide(&mut s, &new, at_ms * MS, 1).allowed)
+                .count()
+    }
+
     /// A rule whose burst is lowered judges existing keys by the new burst at once:
     /// a key that had drained a big bucket waits at most one new interval.
     #[test]
     fn lowering_the_burst_never_holds_back_longer_than_the_new_limit() {
         let old = params(10, 1000);
-        let new = params(10, 5);
-        let mut s = State::full(0);
+        let new = params(10, 5).succeeding(&old);
+        let mut s = State::full(0, &old);
         for _ in 0..1000 {
             assert!(decide(&mut s, &old, 0, 1).allowed);
         }
         // Under the new limit the bucket is empty, not 995 tokens in debt.
-        assert!(!decide(&mut s, &new, 0, 1).allowed);
-        assert_eq!(decide(&mut s, &new, 0, 1).retry_after_ns, 10 * MS);
+        let d = decide(&mut s, &new, 0, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_ns, 10 * MS);
         assert!(decide(&mut s, &new, 10 * MS, 1).allowed);
+        assert!(!decide(&mut s, &new, 10 * MS, 1).allowed);
     }
 
-    /// Raising the limit does not refill a drained bucket to full.
+    /// Raising a limit (rate, burst or both) does not refill a drained bucket, and
+    /// lowering the rate of a drained bucket leaves it empty, not partly refilled.
     #[test]
-    fn raising_the_limit_does_not_refill() {
-        let old = params(100, 5);
-        let new = params(10, 50);
-        let mut s = State::full(0);
+    fn a_rule_change_keeps_the_tokens_left_not_the_time_owed() {
+        // Burst raised 5 → 50: still empty.
+        assert_eq!(drained_then(params(100, 5), params(100, 50), 0, 60), 0);
+        // Rate raised 10/s → 100/s, same burst: empty, then 10 ms per token.
+        assert_eq!(drained_then(params(100, 5), params(10, 5), 0, 10), 0);
+        assert_eq!(drained_then(params(100, 5), params(10, 5), 30, 10), 3);
+        // Rate lowered 1000/s → 1/s, same burst: a time-debt reading would see an
+        // almost full bucket; the bucket is empty.
+        assert_eq!(drained_then(params(1, 20), params(1000, 20), 0, 30), 0);
+        // A half-full bucket keeps its tokens, up to the new capacity.
+        let old = params(1000, 10);
+        let new = params(1000, 4).succeeding(&old);
+        let mut s = State::full(0, &old);
         for _ in 0..5 {
             assert!(decide(&mut s, &old, 0, 1).allowed);
         }
-        // The debt is 500 ms; under the new interval of 10 ms and burst of 50
-        // (tau = 500 ms) the bucket is still empty.
-        assert!(!decide(&mut s, &new, 0, 1).allowed);
-        let mut admitted = 0;
-        for _ in 0..100 {
-            admitted += u64::from(decide(&mut s, &new, 100 * MS, 1).allowed);
-        }
-        assert_eq!(admitted, 10, "100 ms at 10 ms per token refills 10");
+        let admitted = (0..10)
+            .filter(|_| decide(&mut s, &new, 0, 1).allowed)
+            .count();
+        assert_eq!(admitted, 4, "5 left, capped at the new burst of 4");
+    }
+
+    /// The same limit written again is the same generation: nothing is converted.
+    #[test]
+    fn rewriting_the_same_limit_changes_nothing() {
+        let p = params(100, 5);
+        let again = params(100, 5).succeeding(&p);
+        assert_eq!(again, p);
+        let next = params(100, 6).succeeding(&p);
+        assert_eq!(next.generation, 1);
+        assert_eq!((next.prev_interval, next.prev_capacity), (p.interval, 5));
+        assert_eq!(params(100, 6).succeeding(&next).generation, 1);
     }
 
     /// A state written from a clock reading slightly ahead of ours is a debt, not a
@@ -489,7 +603,7 @@ mod tests {
     #[test]
     fn state_slightly_ahead_of_now_is_not_taken_as_idle() {
         let p = params(100, 2);
-        let mut s = State::full(1000 * MS);
+        let mut s = State::full(1000 * MS, &p);
         assert!(decide(&mut s, &p, 1000 * MS, 1).allowed);
         assert!(decide(&mut s, &p, 1000 * MS, 1).allowed);
         // Another CPU reads a clock 1 µs behind: still empty.
@@ -500,7 +614,7 @@ mod tests {
     #[test]
     fn long_idle_state_reads_as_full() {
         let p = params(100, 2);
-        let mut s = State::full(0);
+        let mut s = State::full(0, &p);
         assert!(decide(&mut s, &p, 0, 1).allowed);
         assert!(decide(&mut s, &p, 0, 1).allowed);
         // Up to 19 days; past that see the module docs (the idle sweep's job).

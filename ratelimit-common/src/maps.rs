@@ -27,7 +27,14 @@ pub const MAP_CONFIG: &str = "RL_CONFIG";
 pub const MAP_DROPS: &str = "RL_DROPS";
 
 /// Every map, for tests and pinning.
-pub const ALL_MAPS: [&str; 6] = [MAP_RULES, MAP_DEFAULT, MAP_STATE, MAP_STATS, MAP_CONFIG, MAP_DROPS];
+pub const ALL_MAPS: [&str; 6] = [
+    MAP_RULES,
+    MAP_DEFAULT,
+    MAP_STATE,
+    MAP_STATS,
+    MAP_CONFIG,
+    MAP_DROPS,
+];
 
 /// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
 pub const DROPS_CAPACITY: u32 = 65_536;
@@ -124,7 +131,7 @@ pub struct Rule {
     /// Token bucket parameters (for [`action::LIMIT`]).
     pub gcra: gcra::Params,
 }
-const _: () = assert!(core::mem::size_of::<Rule>() == 32);
+const _: () = assert!(core::mem::size_of::<Rule>() == 56);
 
 /// Bits of [`Config::flags`].
 pub mod config_flags {
@@ -243,7 +250,12 @@ mod tests {
     fn masking() {
         let mut a = [0xffu8; 16];
         mask_addr(&mut a, 64);
-        assert_eq!(a, [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            a,
+            [
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0
+            ]
+        );
         let mut b = map_v4([198, 18, 7, 200]);
         mask_addr(&mut b, V4_MAPPED_BITS + 24);
         assert_eq!(b, map_v4([198, 18, 7, 0]));

@@ -29,9 +29,9 @@ use network_types::{
     vlan::VlanHdr,
 };
 use ratelimit_common::{
-    Addr, CAS_RETRIES, Config, DROPS_CAPACITY, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_STATE_CAPACITY, FlowKey,
-    REASON_COUNT, Reason, Rule, V4_MAPPED_BITS, action, config_flags, gcra, is_v4_mapped, map_v4,
-    mask_addr, rule_flags,
+    Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_STATE_CAPACITY,
+    DROPS_CAPACITY, FlowKey, REASON_COUNT, Reason, Rule, V4_MAPPED_BITS, action, config_flags,
+    gcra, is_v4_mapped, map_v4, mask_addr, rule_flags,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -204,7 +204,7 @@ fn limit(key: &FlowKey, params: &gcra::Params, now: u64, cost: u64) -> Reason {
         return update(state.cast::<u64>(), params, now, cost);
     }
     // A new source: its bucket starts full.
-    let mut fresh = gcra::State::full(now);
+    let mut fresh = gcra::State::full(now, params);
     if !gcra::decide(&mut fresh, params, now, cost).allowed {
         // A denied arrival stores nothing (cost above the burst, or rate 0).
         return Reason::Limited;

@@ -13,7 +13,9 @@ use crate::{
     error::{Error, Result},
     kernel::{AttachMode, LoadOptions},
     rate::{parse_burst, parse_rate},
-    rules::{Action, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, RuleSet, default_limit},
+    rules::{
+        Action, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, RuleSet, default_limit,
+    },
 };
 
 /// A per-source packet rate limiter at the NIC driver (XDP).
@@ -234,7 +236,11 @@ pub async fn main(cli: Cli) -> Result<()> {
                 action: Some("limit".into()),
                 rate: Some(rate),
                 burst: args.burst.clone().map(RawBurst::Text),
-                per: if args.target == "default" { None } else { args.per },
+                per: if args.target == "default" {
+                    None
+                } else {
+                    args.per
+                },
                 per_v4: None,
                 per_v6: None,
                 dry_run: Some(args.dry_run),
@@ -246,7 +252,14 @@ pub async fn main(cli: Cli) -> Result<()> {
                 ));
             }
             let iface = iface(&args.target_daemon)?;
-            let data = control::call(&iface, &Request::Set { target: args.target, limit }).await?;
+            let data = control::call(
+                &iface,
+                &Request::Set {
+                    target: args.target,
+                    limit,
+                },
+            )
+            .await?;
             print_list(&data);
             Ok(())
         }
@@ -255,7 +268,11 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Unset(a) => cidr_command(a, |cidr| Request::Unset { cidr }).await,
         Command::List(r) => {
             let data = control::call(&iface(&r.target)?, &Request::List).await?;
-            if r.json { print_json(&data) } else { print_list(&data) }
+            if r.json {
+                print_json(&data)
+            } else {
+                print_list(&data)
+            }
             Ok(())
         }
         Command::Status(r) => {
@@ -277,7 +294,11 @@ pub async fn main(cli: Cli) -> Result<()> {
                     // Clear the screen and home the cursor: refresh in place.
                     print!("\x1b[2J\x1b[H");
                 }
-                if s.read.json { print_json(&data) } else { print_stats(&data) }
+                if s.read.json {
+                    print_json(&data)
+                } else {
+                    print_stats(&data)
+                }
                 if !s.watch {
                     return Ok(());
                 }
@@ -319,7 +340,10 @@ fn print_json(v: &Value) {
 }
 
 fn print_list(data: &Value) {
-    println!("default            {}", data["default"].as_str().unwrap_or("?"));
+    println!(
+        "default            {}",
+        data["default"].as_str().unwrap_or("?")
+    );
     for r in data["rules"].as_array().into_iter().flatten() {
         println!(
             "{:<18} {}",

@@ -80,7 +80,12 @@ impl RawLimit {
     pub fn validate(&self, field: &str, family_v4: Option<bool>) -> Result<Action> {
         let action = self.action.as_deref().unwrap_or("limit");
         let only_action = |name: &str| -> Result<()> {
-            if self.rate.is_some() || self.burst.is_some() || self.per.is_some() || self.per_v4.is_some() || self.per_v6.is_some() {
+            if self.rate.is_some()
+                || self.burst.is_some()
+                || self.per.is_some()
+                || self.per_v4.is_some()
+                || self.per_v6.is_some()
+            {
                 return Err(Error::invalid(
                     field,
                     format!("an {name} rule takes no rate, burst or per"),
@@ -106,14 +111,16 @@ impl RawLimit {
                 let rate_field = format!("{field}.rate");
                 let rate = parse_rate(
                     &rate_field,
-                    self.rate
-                        .as_deref()
-                        .ok_or_else(|| Error::invalid(&rate_field, "missing; a limit needs a rate like 500/s"))?,
+                    self.rate.as_deref().ok_or_else(|| {
+                        Error::invalid(&rate_field, "missing; a limit needs a rate like 500/s")
+                    })?,
                 )?;
                 let burst_field = format!("{field}.burst");
                 let burst = match &self.burst {
                     None => rate.default_burst(),
-                    Some(RawBurst::Count(n)) => parse_burst(&burst_field, &n.to_string(), rate.unit)?,
+                    Some(RawBurst::Count(n)) => {
+                        parse_burst(&burst_field, &n.to_string(), rate.unit)?
+                    }
                     Some(RawBurst::Text(s)) => parse_burst(&burst_field, s, rate.unit)?,
                 };
                 let (mut per_v4, mut per_v6) = (
@@ -141,7 +148,11 @@ impl RawLimit {
                 };
                 Action::Limit(limit).to_kernel(0, field)?;
                 if rate.unit == Unit::Bytes && burst < 1514 {
-                    tracing::warn!(field, burst, "a byte burst below 1514 never admits a full-size Ethernet frame");
+                    tracing::warn!(
+                        field,
+                        burst,
+                        "a byte burst below 1514 never admits a full-size Ethernet frame"
+                    );
                 }
                 Ok(Action::Limit(limit))
             }
@@ -288,12 +299,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(set.malformed, MalformedPolicy::Drop);
-        let Action::Limit(d) = set.default else { panic!("default not a limit") };
+        let Action::Limit(d) = set.default else {
+            panic!("default not a limit")
+        };
         assert_eq!((d.burst, d.per_v4, d.per_v6), (200, 32, 56));
         assert_eq!(set.rules.len(), 3);
         let p = Prefix::parse("x", "198.19.0.0/16").unwrap();
-        let Action::Limit(l) = set.rules[&p] else { panic!("not a limit") };
-        assert_eq!((l.burst, l.per_v4, l.dry_run, l.rate.unit), (1_000_000, 24, true, Unit::Bytes));
+        let Action::Limit(l) = set.rules[&p] else {
+            panic!("not a limit")
+        };
+        assert_eq!(
+            (l.burst, l.per_v4, l.dry_run, l.rate.unit),
+            (1_000_000, 24, true, Unit::Bytes)
+        );
     }
 
     #[test]
@@ -308,12 +326,30 @@ mod tests {
         for (text, needle) in [
             ("colour = 1", "unknown field `colour`"),
             ("[default]\nrate = \"0/s\"\nburst = 0", "default.burst"),
-            ("[[rule]]\ncidr = \"300.1.2.3/24\"\naction = \"deny\"", "rule[0].cidr"),
-            ("[[rule]]\ncidr = \"2001:db8::/129\"\naction = \"deny\"", "rule[0].cidr"),
-            ("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"\nrate = \"5/s\"", "takes no rate"),
-            ("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"block\"", "expected limit, allow or deny"),
-            ("[[rule]]\ncidr = \"198.18.0.0/24\"\nrate = \"5/fortnight\"", "rule[0] (198.18.0.0/24).rate"),
-            ("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"", "appears twice"),
+            (
+                "[[rule]]\ncidr = \"300.1.2.3/24\"\naction = \"deny\"",
+                "rule[0].cidr",
+            ),
+            (
+                "[[rule]]\ncidr = \"2001:db8::/129\"\naction = \"deny\"",
+                "rule[0].cidr",
+            ),
+            (
+                "[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"\nrate = \"5/s\"",
+                "takes no rate",
+            ),
+            (
+                "[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"block\"",
+                "expected limit, allow or deny",
+            ),
+            (
+                "[[rule]]\ncidr = \"198.18.0.0/24\"\nrate = \"5/fortnight\"",
+                "rule[0] (198.18.0.0/24).rate",
+            ),
+            (
+                "[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"",
+                "appears twice",
+            ),
         ] {
             let e = parse(text).expect_err(text).to_string();
             assert!(e.contains(needle), "{text:?}: {e}");

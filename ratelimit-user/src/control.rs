@@ -111,18 +111,16 @@ pub fn only_daemon() -> Result<String> {
 /// Sends one request to the daemon on `iface` and returns its data, or its error.
 pub async fn call(iface: &str, request: &Request) -> Result<serde_json::Value> {
     let path = socket_path(iface);
-    let stream = UnixStream::connect(&path).await.map_err(|_| Error::NoDaemon {
-        iface: iface.to_string(),
-        socket: path.clone(),
-    })?;
+    let stream = UnixStream::connect(&path)
+        .await
+        .map_err(|_| Error::NoDaemon {
+            iface: iface.to_string(),
+            socket: path.clone(),
+        })?;
     exchange(stream, &path, request).await
 }
 
-async fn exchange(
-    stream: UnixStream,
-    path: &Path,
-    request: &Request,
-) -> Result<serde_json::Value> {
+async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<serde_json::Value> {
     let (read, mut write) = stream.into_split();
     let mut line = serde_json::to_string(request).expect("requests serialize");
     line.push('\n');
@@ -136,9 +134,8 @@ async fn exchange(
         .read_line(&mut answer)
         .await
         .map_err(Error::io(ctx()))?;
-    let response: Response = serde_json::from_str(&answer).map_err(|e| {
-        Error::Refused(format!("the daemon sent a bad answer ({e}): {answer:?}"))
-    })?;
+    let response: Response = serde_json::from_str(&answer)
+        .map_err(|e| Error::Refused(format!("the daemon sent a bad answer ({e}): {answer:?}")))?;
     if response.ok {
         Ok(response.data)
     } else {

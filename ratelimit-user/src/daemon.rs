@@ -124,10 +124,12 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     // Everything the user gave is checked before the kernel is touched.
     let mut rules = initial_rules(&opts)?;
     let enforcer = Enforcer::start(&opts.iface, opts.mode, &opts.load, opts.reset)?;
-    if enforcer.adopted && opts.config.is_none() && !opts.explicit {
-        if let Some(saved) = saved_rules(&opts.iface) {
-            rules = saved;
-        }
+    if enforcer.adopted
+        && opts.config.is_none()
+        && !opts.explicit
+        && let Some(saved) = saved_rules(&opts.iface)
+    {
+        rules = saved;
     }
     let counters = enforcer.maps.counters()?;
     let mut daemon = Daemon {
@@ -211,7 +213,11 @@ impl Daemon {
             },
             self.rules.default,
             self.rules.rules.len(),
-            if self.rules.dry_run { "; DRY RUN: nothing is dropped" } else { "" },
+            if self.rules.dry_run {
+                "; DRY RUN: nothing is dropped"
+            } else {
+                ""
+            },
         );
         for (p, a) in &self.rules.rules {
             println!("ratelimit:   {p}: {a}");
@@ -273,28 +279,29 @@ impl Daemon {
         let (read, mut write) = stream.into_split();
         let mut line = String::new();
         let mut reader = BufReader::new(read);
-        let response = match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await {
-            Ok(Ok(_)) => match serde_json::from_str::<Request>(&line) {
-                Ok(request) => match self.handle(request) {
-                    Ok(data) => Response {
-                        ok: true,
-                        error: None,
-                        data,
+        let response =
+            match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await {
+                Ok(Ok(_)) => match serde_json::from_str::<Request>(&line) {
+                    Ok(request) => match self.handle(request) {
+                        Ok(data) => Response {
+                            ok: true,
+                            error: None,
+                            data,
+                        },
+                        Err(e) => Response {
+                            ok: false,
+                            error: Some(format!("{e}")),
+                            data: Value::Null,
+                        },
                     },
                     Err(e) => Response {
                         ok: false,
-                        error: Some(format!("{e}")),
+                        error: Some(format!("bad request: {e}")),
                         data: Value::Null,
                     },
                 },
-                Err(e) => Response {
-                    ok: false,
-                    error: Some(format!("bad request: {e}")),
-                    data: Value::Null,
-                },
-            },
-            _ => return,
-        };
+                _ => return,
+            };
         let mut out = serde_json::to_string(&response).expect("serializes");
         out.push('\n');
         let _ = write.write_all(out.as_bytes()).await;
@@ -319,7 +326,8 @@ impl Daemon {
                     })
                 } else {
                     let prefix = Prefix::parse("CIDR", &target)?;
-                    let action = limit.validate(&prefix.to_string(), Some(prefix.addr.is_ipv4()))?;
+                    let action =
+                        limit.validate(&prefix.to_string(), Some(prefix.addr.is_ipv4()))?;
                     self.change(|r| {
                         r.rules.insert(prefix, action);
                         Ok(())
@@ -344,7 +352,10 @@ impl Daemon {
                 let prefix = Prefix::parse("CIDR", &cidr)?;
                 self.change(|r| {
                     r.rules.remove(&prefix).map(|_| ()).ok_or_else(|| {
-                        Error::invalid("CIDR", format!("no rule for {prefix}; `ratelimit list` shows the rules"))
+                        Error::invalid(
+                            "CIDR",
+                            format!("no rule for {prefix}; `ratelimit list` shows the rules"),
+                        )
                     })
                 })
             }
@@ -422,9 +433,10 @@ impl Daemon {
     }
 
     fn top(&self, n: usize) -> Result<Value> {
-        let read = |maps: &crate::kernel::Maps| -> Result<std::collections::HashMap<[u8; 16], u64>> {
-            maps.drops().collect()
-        };
+        let read =
+            |maps: &crate::kernel::Maps| -> Result<std::collections::HashMap<[u8; 16], u64>> {
+                maps.drops().collect()
+            };
         let before = read(&self.enforcer.maps)?;
         let window = Duration::from_millis(250);
         std::thread::sleep(window);
@@ -433,7 +445,11 @@ impl Daemon {
             .iter()
             .map(|(addr, &total)| {
                 let was = before.get(addr).copied().unwrap_or(0);
-                (total, (total.saturating_sub(was)) as f64 / window.as_secs_f64(), *addr)
+                (
+                    total,
+                    (total.saturating_sub(was)) as f64 / window.as_secs_f64(),
+                    *addr,
+                )
             })
             .collect();
         rows.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
@@ -452,7 +468,9 @@ impl Daemon {
         let iface = self.opts.iface.clone();
         if keep {
             self.enforcer.keep();
-            println!("ratelimit: exiting; the program stays attached to {iface} and keeps enforcing (--keep-attached)");
+            println!(
+                "ratelimit: exiting; the program stays attached to {iface} and keeps enforcing (--keep-attached)"
+            );
         } else {
             match self.enforcer.detach() {
                 Ok(()) => println!("ratelimit: detached from {iface}"),

@@ -123,7 +123,8 @@ impl Maps {
     pub fn from_pins(iface: &str) -> Result<Self> {
         let dir = pin_dir(iface);
         let open = |name: &'static str| -> Result<Map> {
-            let data = MapData::from_pin(dir.join(name)).map_err(map_err("opening pinned", name))?;
+            let data =
+                MapData::from_pin(dir.join(name)).map_err(map_err("opening pinned", name))?;
             Map::from_map_data(data).map_err(map_err("opening pinned", name))
         };
         Self::from_maps([
@@ -159,12 +160,16 @@ impl Maps {
 
     /// The default rule in the kernel.
     pub fn default_rule(&self) -> Result<common::Rule> {
-        self.default.get(&0, 0).map_err(map_err("reading", MAP_DEFAULT))
+        self.default
+            .get(&0, 0)
+            .map_err(map_err("reading", MAP_DEFAULT))
     }
 
     /// The global config in the kernel.
     pub fn config(&self) -> Result<common::Config> {
-        self.config.get(&0, 0).map_err(map_err("reading", MAP_CONFIG))
+        self.config
+            .get(&0, 0)
+            .map_err(map_err("reading", MAP_CONFIG))
     }
 
     /// Writes `set` whole: every value is computed and checked before the first
@@ -183,9 +188,14 @@ impl Maps {
                     next_id
                 }
             };
-            values.push((*prefix, action.to_kernel(id, &prefix.to_string())?));
+            let mut rule = action.to_kernel(id, &prefix.to_string())?;
+            if let Some(previous) = old.get(prefix) {
+                rule.gcra = rule.gcra.succeeding(&previous.gcra);
+            }
+            values.push((*prefix, rule));
         }
-        let default = set.default.to_kernel(0, "default")?;
+        let mut default = set.default.to_kernel(0, "default")?;
+        default.gcra = default.gcra.succeeding(&self.default_rule()?.gcra);
         let config = set.kernel_config();
 
         // Keep the trie lookup on while rules change, then set the final config.
@@ -301,7 +311,11 @@ impl Enforcer {
     /// pinned link if a previous daemon left one (atomic replacement, no moment
     /// without enforcement), else anew in `mode`.
     pub fn start(iface: &str, mode: AttachMode, opts: &LoadOptions, reset: bool) -> Result<Self> {
-        if iface.is_empty() || iface.len() >= libc::IFNAMSIZ || iface.contains('/') || !if_exists(iface) {
+        if iface.is_empty()
+            || iface.len() >= libc::IFNAMSIZ
+            || iface.contains('/')
+            || !if_exists(iface)
+        {
             return Err(Error::UnknownInterface(iface.to_string()));
         }
         ensure_bpffs()?;
@@ -391,9 +405,7 @@ impl Enforcer {
     /// Detaches the program and removes every pin of the interface.
     pub fn detach(mut self) -> Result<()> {
         if let Some(link) = self.link.take() {
-            let link = link
-                .unpin()
-                .map_err(Error::io("unpinning the XDP link"))?;
+            let link = link.unpin().map_err(Error::io("unpinning the XDP link"))?;
             drop(link);
         }
         let _ = fs::remove_file(mode_path(&self.iface));

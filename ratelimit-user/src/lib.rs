@@ -15,5 +15,4 @@ pub mod rules;
 pub use error::{Error, Result};
 
 /// The compiled XDP program (ELF), built by `build.rs` and embedded here.
-pub static EBPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit"));

@@ -30,7 +30,8 @@ pub struct Rate {
 /// Forms accepted for a rate, for error messages.
 pub const RATE_FORMS: &str = "a count per period like 500/s, 30/min, 1/hour, 10k/s, 2.5M/s or 10/second, or a byte rate like 100Mbit/s, 1Gbit/s, 10MB/s or 64KiB/s";
 /// Forms accepted for a burst, for error messages.
-pub const BURST_FORMS: &str = "a count like 100 or 10k, or for byte rates a size like 1500B, 64KB or 1MiB";
+pub const BURST_FORMS: &str =
+    "a count like 100 or 10k, or for byte rates a size like 1500B, 64KB or 1MiB";
 
 const NS_PER_S: u64 = 1_000_000_000;
 
@@ -183,9 +184,14 @@ pub fn parse_rate(field: &str, s: &str) -> Result<Rate> {
     let pns = period_ns(punit).ok_or_else(|| bad("unknown period"))?;
     // tokens / period = mantissa × mul / (10^scale × div × pcount × pns)
     let tokens = u128::from(mantissa) * u128::from(mul);
-    let period = u128::from(10u64.pow(scale)) * u128::from(div) * u128::from(pcount) * u128::from(pns);
+    let period =
+        u128::from(10u64.pow(scale)) * u128::from(div) * u128::from(pcount) * u128::from(pns);
     let g = gcd(tokens, period);
-    let (tokens, period) = if g == 0 { (0, period) } else { (tokens / g, period / g) };
+    // g == 0 only when tokens == 0 and period == 0, which cannot happen (period ≥ 1).
+    let (tokens, period) = match (tokens.checked_div(g), period.checked_div(g)) {
+        (Some(t), Some(p)) => (t, p),
+        _ => (0, period),
+    };
     let tokens = u64::try_from(tokens).map_err(|_| bad("too large"))?;
     let period_ns = u64::try_from(period).map_err(|_| bad("period too long"))?;
     Ok(Rate {
@@ -218,7 +224,9 @@ pub fn parse_burst(field: &str, s: &str, unit: Unit) -> Result<u64> {
     }
     let is_plain = matches!(suffix, "" | "k" | "K" | "M" | "G");
     if sunit == Unit::Bytes && unit == Unit::Packets {
-        return Err(bad("a size is a burst for byte rates; this rate counts packets"));
+        return Err(bad(
+            "a size is a burst for byte rates; this rate counts packets",
+        ));
     }
     if sunit == Unit::Packets && unit == Unit::Bytes && !is_plain {
         return Err(bad("this rate counts bytes"));
@@ -230,7 +238,9 @@ pub fn parse_burst(field: &str, s: &str, unit: Unit) -> Result<u64> {
     }
     let value = value / denom;
     if value == 0 {
-        return Err(bad("must be at least 1 (a bucket that holds nothing admits nothing; use a rate of 0/s or `ratelimit deny` to drop everything)"));
+        return Err(bad(
+            "must be at least 1 (a bucket that holds nothing admits nothing; use a rate of 0/s or `ratelimit deny` to drop everything)",
+        ));
     }
     let max = ratelimit_common::gcra::CAPACITY_MAX;
     if value > u128::from(max) {
@@ -250,7 +260,10 @@ mod tests {
     #[test]
     fn forms_users_know() {
         let r = rate("500/s");
-        assert_eq!((r.tokens, r.period_ns, r.unit), (500, NS_PER_S, Unit::Packets));
+        assert_eq!(
+            (r.tokens, r.period_ns, r.unit),
+            (500, NS_PER_S, Unit::Packets)
+        );
         let r = rate("30/min");
         assert_eq!((r.tokens, r.period_ns), (1, 2 * NS_PER_S));
         let r = rate("1/hour");
@@ -273,7 +286,14 @@ mod tests {
 
     #[test]
     fn display_round_trips_through_parse() {
-        for s in ["500/s", "30/min", "1/hour", "2.5M/s", "100Mbit/s", "1Gbit/s"] {
+        for s in [
+            "500/s",
+            "30/min",
+            "1/hour",
+            "2.5M/s",
+            "100Mbit/s",
+            "1Gbit/s",
+        ] {
             let r = rate(s);
             let again = rate(&r.to_string());
             assert_eq!(r.per_second(), again.per_second(), "{s} → {r}");
@@ -282,7 +302,15 @@ mod tests {
 
     #[test]
     fn exact_form_round_trips() {
-        for s in ["500/s", "1/hour", "2.5M/s", "100Mbit/s", "64KiB/s", "7/3s", "0/s"] {
+        for s in [
+            "500/s",
+            "1/hour",
+            "2.5M/s",
+            "100Mbit/s",
+            "64KiB/s",
+            "7/3s",
+            "0/s",
+        ] {
             let r = rate(s);
             assert_eq!(rate(&r.exact()), r, "{s}");
         }
@@ -301,11 +329,20 @@ mod tests {
     #[test]
     fn bursts() {
         assert_eq!(parse_burst("--burst", "100", Unit::Packets).unwrap(), 100);
-        assert_eq!(parse_burst("--burst", "10k", Unit::Packets).unwrap(), 10_000);
+        assert_eq!(
+            parse_burst("--burst", "10k", Unit::Packets).unwrap(),
+            10_000
+        );
         assert_eq!(parse_burst("--burst", "64KB", Unit::Bytes).unwrap(), 64_000);
-        assert_eq!(parse_burst("--burst", "64KiB", Unit::Bytes).unwrap(), 65_536);
+        assert_eq!(
+            parse_burst("--burst", "64KiB", Unit::Bytes).unwrap(),
+            65_536
+        );
         assert_eq!(parse_burst("--burst", "1500", Unit::Bytes).unwrap(), 1500);
-        assert_eq!(parse_burst("--burst", "4294967296", Unit::Packets).unwrap(), 1 << 32);
+        assert_eq!(
+            parse_burst("--burst", "4294967296", Unit::Packets).unwrap(),
+            1 << 32
+        );
         for (bad, unit) in [
             ("0", Unit::Packets),
             ("64KB", Unit::Packets),
@@ -314,7 +351,9 @@ mod tests {
             ("ten", Unit::Packets),
             ("8Mbit", Unit::Bytes),
         ] {
-            let e = parse_burst("--burst", bad, unit).expect_err(bad).to_string();
+            let e = parse_burst("--burst", bad, unit)
+                .expect_err(bad)
+                .to_string();
             assert!(e.starts_with("--burst: invalid burst"), "{e}");
         }
     }

@@ -21,13 +21,17 @@ pub struct Prefix {
 }
 
 /// Forms accepted for a prefix, for error messages.
-pub const PREFIX_FORMS: &str =
-    "an IPv4 or IPv6 address with an optional /length, like 198.18.0.0/15, 198.18.0.1 or 2001:db8::/32";
+pub const PREFIX_FORMS: &str = "an IPv4 or IPv6 address with an optional /length, like 198.18.0.0/15, 198.18.0.1 or 2001:db8::/32";
 
 impl Prefix {
     /// Parses `198.18.0.0/15`, `2001:db8::/32`, or a bare address (a /32 or /128).
     pub fn parse(field: &str, s: &str) -> Result<Self> {
-        let bad = |why: String| Error::invalid(field, format!("invalid prefix {s:?}: {why}; expected {PREFIX_FORMS}"));
+        let bad = |why: String| {
+            Error::invalid(
+                field,
+                format!("invalid prefix {s:?}: {why}; expected {PREFIX_FORMS}"),
+            )
+        };
         let (addr, len) = match s.trim().split_once('/') {
             Some((a, l)) => (a, Some(l)),
             None => (s.trim(), None),
@@ -114,10 +118,16 @@ impl Limit {
     /// the limit came from, for errors.
     pub fn params(&self, field: &str) -> Result<gcra::Params> {
         if self.per_v4 > 32 {
-            return Err(Error::invalid(field, format!("per-v4 must be 0 to 32, not {}", self.per_v4)));
+            return Err(Error::invalid(
+                field,
+                format!("per-v4 must be 0 to 32, not {}", self.per_v4),
+            ));
         }
         if self.per_v6 > 128 {
-            return Err(Error::invalid(field, format!("per-v6 must be 0 to 128, not {}", self.per_v6)));
+            return Err(Error::invalid(
+                field,
+                format!("per-v6 must be 0 to 128, not {}", self.per_v6),
+            ));
         }
         gcra::Params::from_rate(self.rate.tokens, self.rate.period_ns, self.burst).map_err(|e| {
             Error::invalid(
@@ -299,7 +309,14 @@ mod tests {
         assert_eq!(Prefix::parse("cidr", "198.18.0.1").unwrap().len, 32);
         let (bits, addr) = Prefix::parse("cidr", "198.19.0.0/16").unwrap().lpm();
         assert_eq!(Prefix::from_lpm(bits, addr).to_string(), "198.19.0.0/16");
-        for bad in ["300.1.2.3/24", "2001:db8::/129", "198.18.0.0/33", "x", "198.18.0.0/-1", ""] {
+        for bad in [
+            "300.1.2.3/24",
+            "2001:db8::/129",
+            "198.18.0.0/33",
+            "x",
+            "198.18.0.0/-1",
+            "",
+        ] {
             let e = Prefix::parse("cidr", bad).expect_err(bad).to_string();
             assert!(e.starts_with("cidr: invalid prefix"), "{e}");
             assert!(e.contains("198.18.0.0/15"), "{e}");
@@ -310,12 +327,18 @@ mod tests {
     fn limits_are_validated_with_the_field_named() {
         let mut l = default_limit();
         l.per_v4 = 33;
-        let e = Action::Limit(l).to_kernel(1, "198.18.0.0/24").unwrap_err().to_string();
+        let e = Action::Limit(l)
+            .to_kernel(1, "198.18.0.0/24")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("198.18.0.0/24: per-v4"), "{e}");
         let mut l = default_limit();
         l.rate = crate::rate::parse_rate("--rate", "1/hour").unwrap();
         l.burst = 1000;
-        let e = Action::Limit(l).to_kernel(1, "default").unwrap_err().to_string();
+        let e = Action::Limit(l)
+            .to_kernel(1, "default")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("6.5 days"), "{e}");
     }
 }

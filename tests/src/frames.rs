@@ -62,7 +62,7 @@ impl Udp {
         match (self.src, self.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 f.extend_from_slice(&0x0800u16.to_be_bytes());
-                assert!(self.ipv4_options % 4 == 0 && self.ipv4_options <= 40);
+                assert!(self.ipv4_options.is_multiple_of(4) && self.ipv4_options <= 40);
                 let ihl = 5 + self.ipv4_options / 4;
                 let total = ihl * 4 + udp.len();
                 let mut ip = vec![

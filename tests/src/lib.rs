@@ -107,7 +107,9 @@ impl ChildGuard {
         loop {
             match child.try_wait() {
                 Ok(Some(_)) => return child.wait_with_output().expect("output"),
-                Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) if start.elapsed() < timeout => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 _ => {
                     let _ = child.kill();
                     let out = child.wait_with_output().expect("output");
@@ -147,7 +149,12 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `ratelimit run --iface IFACE ARGS` in `netns` and waits until its
     /// control socket answers.
-    pub fn start(netns: &net::NetNs, iface: &str, run_dir: &std::path::Path, args: &[&str]) -> Self {
+    pub fn start(
+        netns: &net::NetNs,
+        iface: &str,
+        run_dir: &std::path::Path,
+        args: &[&str],
+    ) -> Self {
         let mut cmd = netns.command(ratelimit_bin());
         cmd.args(["run", "--iface", iface])
             .args(args)
@@ -206,7 +213,8 @@ impl Daemon {
         let mut a = args.to_vec();
         a.push("--json");
         let out = self.cli_ok(&a);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{}` printed bad JSON ({e}): {out}", a.join(" ")))
+        serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("`{}` printed bad JSON ({e}): {out}", a.join(" ")))
     }
 }
 

@@ -49,7 +49,8 @@ impl NetNs {
     /// /sys/fs/bpf stays the host's and pins survive across processes).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", self.name)).arg(program);
+        cmd.arg(format!("--net=/run/netns/{}", self.name))
+            .arg(program);
         cmd
     }
 
@@ -64,7 +65,9 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
@@ -95,7 +98,10 @@ fn mac_of(ns: &str, ifname: &str) -> [u8; 6] {
         .output()
         .expect("ip link show");
     let text = String::from_utf8_lossy(&out.stdout);
-    let mac = text.split_whitespace().nth(2).expect("a MAC in ip -br link");
+    let mac = text
+        .split_whitespace()
+        .nth(2)
+        .expect("a MAC in ip -br link");
     let mut m = [0u8; 6];
     for (i, part) in mac.split(':').enumerate() {
         m[i] = u8::from_str_radix(part, 16).expect("hex MAC");
@@ -104,7 +110,10 @@ fn mac_of(ns: &str, ifname: &str) -> [u8; 6] {
 }
 
 fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 impl Pair {
@@ -135,8 +144,17 @@ impl Pair {
         ] {
             for addr in peer {
                 ip(&[
-                    "-n", &ns.name, "neigh", "replace", addr, "lladdr", &fmt_mac(&mac), "dev", ifn,
-                    "nud", "permanent",
+                    "-n",
+                    &ns.name,
+                    "neigh",
+                    "replace",
+                    addr,
+                    "lladdr",
+                    &fmt_mac(&mac),
+                    "dev",
+                    ifn,
+                    "nud",
+                    "permanent",
                 ]);
             }
         }
@@ -163,7 +181,11 @@ impl Pair {
 
     /// A UDP frame spec from `src` to the receiver, with the right MACs.
     pub fn udp(&self, src: IpAddr, dport: u16) -> crate::frames::Udp {
-        let dst = if src.is_ipv4() { self.rx_v4 } else { self.rx_v6 };
+        let dst = if src.is_ipv4() {
+            self.rx_v4
+        } else {
+            self.rx_v6
+        };
         let mut u = crate::frames::Udp::new(src, dst);
         u.src_mac = self.tx_mac;
         u.dst_mac = self.rx_mac;
@@ -192,7 +214,11 @@ fn packet_socket(ifname: &str) -> i32 {
     // SAFETY: plain socket calls with valid arguments.
     unsafe {
         let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto));
-        assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+        assert!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
         let mut sll: libc::sockaddr_ll = std::mem::zeroed();
         sll.sll_family = libc::AF_PACKET as u16;
         sll.sll_protocol = proto;
@@ -235,10 +261,7 @@ pub fn send(ns: &NetNs, ifname: &str, flows: &[Flow], duration: Duration) -> Vec
     let ifname = ifname.to_string();
     let flows = flows.to_vec();
     std::thread::spawn(move || {
-        NetNs {
-            name: name.clone(),
-        }
-        .enter_and_forget();
+        NetNs { name: name.clone() }.enter_and_forget();
         let fd = packet_socket(&ifname);
         let start = Instant::now();
         let mut next: Vec<Duration> = vec![Duration::ZERO; flows.len()];
@@ -356,13 +379,13 @@ impl Receiver {
                     )
                 };
                 if n > 0 {
-                    if sll.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+                    if sll.sll_pkttype == libc::PACKET_OUTGOING {
                         continue;
                     }
-                    if let Some((src, dport)) = crate::frames::parse_udp_source(&buf[..n as usize]) {
-                        if dport == port {
-                            *counts.entry(src).or_default() += 1;
-                        }
+                    if let Some((src, dport)) = crate::frames::parse_udp_source(&buf[..n as usize])
+                        && dport == port
+                    {
+                        *counts.entry(src).or_default() += 1;
                     }
                 }
             }

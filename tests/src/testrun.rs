@@ -121,6 +121,11 @@ pub fn pin_to_cpu(cpu: usize) {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(rc, 0, "sched_setaffinity({cpu}): {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "sched_setaffinity({cpu}): {}",
+            std::io::Error::last_os_error()
+        );
     }
 }

@@ -49,7 +49,11 @@ fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
     let pair = Pair::new();
     let run = TempDir::new("attach");
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "10k/s"]);
-    assert!(pair.rx_has_xdp(), "no XDP program on {} after start", pair.rx_if);
+    assert!(
+        pair.rx_has_xdp(),
+        "no XDP program on {} after start",
+        pair.rx_if
+    );
 
     let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
     let flows = [Flow {
@@ -73,10 +77,20 @@ fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
 
     d.child.signal(libc::SIGINT);
     let out = d.child.wait(Duration::from_secs(10));
-    assert!(out.status.success(), "daemon exit on SIGINT: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
-    assert!(!pair.rx_has_xdp(), "the XDP program is still attached after SIGINT");
     assert!(
-        !std::path::Path::new("/sys/fs/bpf/ratelimit").join(&pair.rx_if).exists(),
+        out.status.success(),
+        "daemon exit on SIGINT: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !pair.rx_has_xdp(),
+        "the XDP program is still attached after SIGINT"
+    );
+    assert!(
+        !std::path::Path::new("/sys/fs/bpf/ratelimit")
+            .join(&pair.rx_if)
+            .exists(),
         "pins left behind after SIGINT"
     );
 }
@@ -112,7 +126,12 @@ dry-run = true
 "#,
     )
     .expect("writing config");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", config.to_str().expect("utf-8")]);
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--config", config.to_str().expect("utf-8")],
+    );
 
     let limited_v4 = ip("198.18.0.10");
     let limited_v6 = ip("2001:db8::10");
@@ -123,25 +142,67 @@ dry-run = true
     let mut tagged = pair.udp(tagged_v4, PORT);
     tagged.vlans = vec![(TPID_8021Q, 100)];
     let flows = [
-        Flow { frame: pair.udp(limited_v4, PORT).build(), pps: 1000 },
-        Flow { frame: pair.udp(limited_v6, PORT).build(), pps: 1000 },
-        Flow { frame: tagged.build(), pps: 1000 },
-        Flow { frame: pair.udp(allowed, PORT).build(), pps: 500 },
-        Flow { frame: pair.udp(denied, PORT).build(), pps: 500 },
-        Flow { frame: pair.udp(dry, PORT).build(), pps: 500 },
+        Flow {
+            frame: pair.udp(limited_v4, PORT).build(),
+            pps: 1000,
+        },
+        Flow {
+            frame: pair.udp(limited_v6, PORT).build(),
+            pps: 1000,
+        },
+        Flow {
+            frame: tagged.build(),
+            pps: 1000,
+        },
+        Flow {
+            frame: pair.udp(allowed, PORT).build(),
+            pps: 500,
+        },
+        Flow {
+            frame: pair.udp(denied, PORT).build(),
+            pps: 500,
+        },
+        Flow {
+            frame: pair.udp(dry, PORT).build(),
+            pps: 500,
+        },
     ];
     let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
     let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_secs(3));
     let got: HashMap<IpAddr, u64> = rx.finish();
     let count = |a: &IpAddr| got.get(a).copied().unwrap_or(0);
 
-    within("IPv4 source at 5x", count(&limited_v4), expected(&sent[0], 200.0, 20.0), 0.02);
-    within("IPv6 source at 5x", count(&limited_v6), expected(&sent[1], 200.0, 20.0), 0.02);
-    within("VLAN-tagged IPv4 source at 5x", count(&tagged_v4), expected(&sent[2], 200.0, 20.0), 0.02);
-    assert_eq!(count(&allowed), sent[3].frames, "an allowed source lost frames");
+    within(
+        "IPv4 source at 5x",
+        count(&limited_v4),
+        expected(&sent[0], 200.0, 20.0),
+        0.02,
+    );
+    within(
+        "IPv6 source at 5x",
+        count(&limited_v6),
+        expected(&sent[1], 200.0, 20.0),
+        0.02,
+    );
+    within(
+        "VLAN-tagged IPv4 source at 5x",
+        count(&tagged_v4),
+        expected(&sent[2], 200.0, 20.0),
+        0.02,
+    );
+    assert_eq!(
+        count(&allowed),
+        sent[3].frames,
+        "an allowed source lost frames"
+    );
     assert_eq!(count(&denied), 0, "a denied source got frames through");
     assert_eq!(count(&dry), sent[5].frames, "a dry-run rule dropped frames");
     let would = stat(&d, "would_drop") as f64;
     let want = sent[5].frames as f64 - expected(&sent[5], 100.0, 10.0);
-    within("would-drop count of the dry-run rule", would as u64, want, 0.02);
+    within(
+        "would-drop count of the dry-run rule",
+        would as u64,
+        want,
+        0.02,
+    );
 }

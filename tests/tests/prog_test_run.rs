@@ -51,7 +51,12 @@ fn expect(l: &Loaded, what: &str, frame: &[u8], verdict: u32, reason: Reason) {
     for r in Reason::ALL {
         let d = after[r as usize].packets - before[r as usize].packets;
         let want = u64::from(r == reason);
-        assert_eq!(d, want, "{what}: counter {} moved by {d}, expected {want}", r.name());
+        assert_eq!(
+            d,
+            want,
+            "{what}: counter {} moved by {d}, expected {want}",
+            r.name()
+        );
     }
     let bytes = after[reason as usize].bytes - before[reason as usize].bytes;
     assert_eq!(bytes, frame.len() as u64, "{what}: bytes counted");
@@ -62,7 +67,10 @@ fn every_map_is_found_by_its_shared_name() {
     privileged!("every_map_is_found_by_its_shared_name");
     let l = Loaded::new(&RuleSet::default());
     for name in ratelimit_common::ALL_MAPS {
-        assert!(l.ebpf.map(name).is_none(), "{name} should have been taken by Maps");
+        assert!(
+            l.ebpf.map(name).is_none(),
+            "{name} should have been taken by Maps"
+        );
     }
     // Maps::from_ebpf took each map by its const name, or Loaded::new panicked.
 }
@@ -72,21 +80,45 @@ fn crafted_frames_get_the_right_verdict_and_counter() {
     privileged!("crafted_frames_get_the_right_verdict_and_counter");
     let l = Loaded::new(&rules(limit("1/hour", 100)));
 
-    expect(&l, "IPv4 IHL 5", &v4("198.18.1.1").build(), XDP_PASS, Reason::Passed);
+    expect(
+        &l,
+        "IPv4 IHL 5",
+        &v4("198.18.1.1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
     let mut opts = v4("198.18.1.2");
     opts.ipv4_options = 40;
     expect(&l, "IPv4 IHL 15", &opts.build(), XDP_PASS, Reason::Passed);
-    expect(&l, "IPv6", &v6("2001:db8:1::1").build(), XDP_PASS, Reason::Passed);
+    expect(
+        &l,
+        "IPv6",
+        &v6("2001:db8:1::1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
     let mut tagged = v4("198.18.1.3");
     tagged.vlans = vec![(TPID_8021Q, 100)];
-    expect(&l, "one VLAN tag", &tagged.build(), XDP_PASS, Reason::Passed);
+    expect(
+        &l,
+        "one VLAN tag",
+        &tagged.build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
     let mut qinq = v6("2001:db8:2::1");
     qinq.vlans = vec![(TPID_8021AD, 10), (TPID_8021Q, 20)];
     expect(&l, "QinQ", &qinq.build(), XDP_PASS, Reason::Passed);
     expect(&l, "ARP", &arp(), XDP_PASS, Reason::NotIp);
     let mut three = v4("198.18.1.4");
     three.vlans = vec![(TPID_8021AD, 1), (TPID_8021Q, 2), (TPID_8021Q, 3)];
-    expect(&l, "three VLAN tags (not parsed)", &three.build(), XDP_PASS, Reason::NotIp);
+    expect(
+        &l,
+        "three VLAN tags (not parsed)",
+        &three.build(),
+        XDP_PASS,
+        Reason::NotIp,
+    );
 
     // IHL below 5.
     let mut f = v4("198.18.1.5").build();
@@ -103,24 +135,54 @@ fn crafted_frames_get_the_right_verdict_and_counter() {
     // Wrong IP version in an IPv4 EtherType.
     let mut f = v4("198.18.1.5").build();
     f[14] = 0x65;
-    expect(&l, "version 6 under EtherType IPv4", &f, XDP_PASS, Reason::Malformed);
+    expect(
+        &l,
+        "version 6 under EtherType IPv4",
+        &f,
+        XDP_PASS,
+        Reason::Malformed,
+    );
     // IHL 15 with the options cut off.
     let mut f = opts.build();
     f.truncate(14 + 30);
-    expect(&l, "IHL 15 truncated in the options", &f, XDP_PASS, Reason::Malformed);
+    expect(
+        &l,
+        "IHL 15 truncated in the options",
+        &f,
+        XDP_PASS,
+        Reason::Malformed,
+    );
 
     // Truncated at every header boundary (XDP test runs need at least 14 bytes).
     let v4f = v4("198.18.1.6").build();
     for cut in [14, 15, 14 + 19] {
-        expect(&l, &format!("IPv4 cut at {cut}"), &v4f[..cut], XDP_PASS, Reason::Malformed);
+        expect(
+            &l,
+            &format!("IPv4 cut at {cut}"),
+            &v4f[..cut],
+            XDP_PASS,
+            Reason::Malformed,
+        );
     }
     let v6f = v6("2001:db8:1::6").build();
     for cut in [14, 14 + 39] {
-        expect(&l, &format!("IPv6 cut at {cut}"), &v6f[..cut], XDP_PASS, Reason::Malformed);
+        expect(
+            &l,
+            &format!("IPv6 cut at {cut}"),
+            &v6f[..cut],
+            XDP_PASS,
+            Reason::Malformed,
+        );
     }
     let qf = qinq.build();
     for cut in [14, 16, 18, 20, 22, 22 + 39] {
-        expect(&l, &format!("QinQ cut at {cut}"), &qf[..cut], XDP_PASS, Reason::Malformed);
+        expect(
+            &l,
+            &format!("QinQ cut at {cut}"),
+            &qf[..cut],
+            XDP_PASS,
+            Reason::Malformed,
+        );
     }
 }
 
@@ -132,7 +194,13 @@ fn malformed_frames_drop_when_the_policy_says_so() {
     let l = Loaded::new(&set);
     let f = v4("198.18.1.1").build();
     expect(&l, "IPv4 cut at 20", &f[..20], XDP_DROP, Reason::Malformed);
-    expect(&l, "ARP under drop-malformed", &arp(), XDP_PASS, Reason::NotIp);
+    expect(
+        &l,
+        "ARP under drop-malformed",
+        &arp(),
+        XDP_PASS,
+        Reason::NotIp,
+    );
     expect(&l, "IPv4 intact", &f, XDP_PASS, Reason::Passed);
 }
 
@@ -170,15 +238,57 @@ fn ipv6_sources_are_keyed_by_their_64_and_ipv4_by_the_rule_prefix() {
         }),
     );
     let l = Loaded::new(&set);
-    expect(&l, "2001:db8:a::1", &v6("2001:db8:a::1").build(), XDP_PASS, Reason::Passed);
-    expect(&l, "same /64", &v6("2001:db8:a::ffff:1").build(), XDP_DROP, Reason::Limited);
-    expect(&l, "next /64", &v6("2001:db8:a:1::1").build(), XDP_PASS, Reason::Passed);
+    expect(
+        &l,
+        "2001:db8:a::1",
+        &v6("2001:db8:a::1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
+    expect(
+        &l,
+        "same /64",
+        &v6("2001:db8:a::ffff:1").build(),
+        XDP_DROP,
+        Reason::Limited,
+    );
+    expect(
+        &l,
+        "next /64",
+        &v6("2001:db8:a:1::1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
     // Addresses that differ only in low bits that a 32-bit fold would collide on
     // are separate keys: the 128 bits are kept whole.
-    expect(&l, "2001:db8:b::1", &v6("2001:db8:b::1").build(), XDP_PASS, Reason::Passed);
-    expect(&l, "198.19.5.1", &v4("198.19.5.1").build(), XDP_PASS, Reason::Passed);
-    expect(&l, "same /24", &v4("198.19.5.200").build(), XDP_DROP, Reason::Limited);
-    expect(&l, "next /24", &v4("198.19.6.1").build(), XDP_PASS, Reason::Passed);
+    expect(
+        &l,
+        "2001:db8:b::1",
+        &v6("2001:db8:b::1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
+    expect(
+        &l,
+        "198.19.5.1",
+        &v4("198.19.5.1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
+    expect(
+        &l,
+        "same /24",
+        &v4("198.19.5.200").build(),
+        XDP_DROP,
+        Reason::Limited,
+    );
+    expect(
+        &l,
+        "next /24",
+        &v4("198.19.6.1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
 }
 
 #[test]
@@ -187,8 +297,10 @@ fn allow_deny_and_dry_run_rules() {
     let mut set = rules(limit("1/hour", 1));
     let p = |s| Prefix::parse("cidr", s).expect("prefix");
     set.rules.insert(p("198.18.10.0/24"), Action::Allow);
-    set.rules.insert(p("198.18.11.0/24"), Action::Deny { dry_run: false });
-    set.rules.insert(p("2001:db8:dead::/48"), Action::Deny { dry_run: true });
+    set.rules
+        .insert(p("198.18.11.0/24"), Action::Deny { dry_run: false });
+    set.rules
+        .insert(p("2001:db8:dead::/48"), Action::Deny { dry_run: true });
     set.rules.insert(
         p("198.18.12.0/24"),
         Action::Limit(Limit {
@@ -197,20 +309,69 @@ fn allow_deny_and_dry_run_rules() {
         }),
     );
     // A longer prefix inside an allowed one still applies.
-    set.rules.insert(p("198.18.10.128/25"), Action::Deny { dry_run: false });
+    set.rules
+        .insert(p("198.18.10.128/25"), Action::Deny { dry_run: false });
     let l = Loaded::new(&set);
     for i in 0..5 {
-        expect(&l, &format!("allowed #{i}"), &v4("198.18.10.1").build(), XDP_PASS, Reason::Allowed);
-        expect(&l, &format!("denied #{i}"), &v4("198.18.11.1").build(), XDP_DROP, Reason::Denied);
-        expect(&l, &format!("longest match #{i}"), &v4("198.18.10.200").build(), XDP_DROP, Reason::Denied);
-        expect(&l, &format!("deny dry run #{i}"), &v6("2001:db8:dead::1").build(), XDP_PASS, Reason::WouldDrop);
+        expect(
+            &l,
+            &format!("allowed #{i}"),
+            &v4("198.18.10.1").build(),
+            XDP_PASS,
+            Reason::Allowed,
+        );
+        expect(
+            &l,
+            &format!("denied #{i}"),
+            &v4("198.18.11.1").build(),
+            XDP_DROP,
+            Reason::Denied,
+        );
+        expect(
+            &l,
+            &format!("longest match #{i}"),
+            &v4("198.18.10.200").build(),
+            XDP_DROP,
+            Reason::Denied,
+        );
+        expect(
+            &l,
+            &format!("deny dry run #{i}"),
+            &v6("2001:db8:dead::1").build(),
+            XDP_PASS,
+            Reason::WouldDrop,
+        );
     }
-    expect(&l, "limit dry run, first", &v4("198.18.12.1").build(), XDP_PASS, Reason::Passed);
+    expect(
+        &l,
+        "limit dry run, first",
+        &v4("198.18.12.1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
     for i in 0..3 {
-        expect(&l, &format!("limit dry run #{i}"), &v4("198.18.12.1").build(), XDP_PASS, Reason::WouldDrop);
+        expect(
+            &l,
+            &format!("limit dry run #{i}"),
+            &v4("198.18.12.1").build(),
+            XDP_PASS,
+            Reason::WouldDrop,
+        );
     }
-    expect(&l, "default, first", &v4("198.18.13.1").build(), XDP_PASS, Reason::Passed);
-    expect(&l, "default, over", &v4("198.18.13.1").build(), XDP_DROP, Reason::Limited);
+    expect(
+        &l,
+        "default, first",
+        &v4("198.18.13.1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
+    expect(
+        &l,
+        "default, over",
+        &v4("198.18.13.1").build(),
+        XDP_DROP,
+        Reason::Limited,
+    );
 }
 
 #[test]
@@ -218,11 +379,32 @@ fn global_dry_run_never_drops() {
     privileged!("global_dry_run_never_drops");
     let mut set = rules(limit("1/hour", 1));
     set.dry_run = true;
-    set.rules.insert(Prefix::parse("c", "198.18.11.0/24").expect("p"), Action::Deny { dry_run: false });
+    set.rules.insert(
+        Prefix::parse("c", "198.18.11.0/24").expect("p"),
+        Action::Deny { dry_run: false },
+    );
     let l = Loaded::new(&set);
-    expect(&l, "first", &v4("198.18.1.1").build(), XDP_PASS, Reason::Passed);
-    expect(&l, "over", &v4("198.18.1.1").build(), XDP_PASS, Reason::WouldDrop);
-    expect(&l, "denied", &v4("198.18.11.1").build(), XDP_PASS, Reason::WouldDrop);
+    expect(
+        &l,
+        "first",
+        &v4("198.18.1.1").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
+    expect(
+        &l,
+        "over",
+        &v4("198.18.1.1").build(),
+        XDP_PASS,
+        Reason::WouldDrop,
+    );
+    expect(
+        &l,
+        "denied",
+        &v4("198.18.11.1").build(),
+        XDP_PASS,
+        Reason::WouldDrop,
+    );
 }
 
 #[test]
@@ -230,7 +412,13 @@ fn rate_zero_drops_everything_from_the_key() {
     privileged!("rate_zero_drops_everything_from_the_key");
     let l = Loaded::new(&rules(limit("0/s", 10)));
     for i in 0..3 {
-        expect(&l, &format!("#{i}"), &v4("198.18.3.1").build(), XDP_DROP, Reason::Limited);
+        expect(
+            &l,
+            &format!("#{i}"),
+            &v4("198.18.3.1").build(),
+            XDP_DROP,
+            Reason::Limited,
+        );
     }
 }
 
@@ -256,13 +444,25 @@ fn changing_a_rule_does_not_refill_existing_buckets() {
         assert_eq!(l.verdict(&f), XDP_PASS);
     }
     assert_eq!(l.verdict(&f), XDP_DROP);
-    // Raise the burst to 50: the source keeps its debt of 5 tokens, so it gets
-    // the 45 extra, not a full bucket of 50.
+    // Raise the burst to 50: the drained source keeps the tokens it had (none),
+    // not a full bucket of 50.
     l.maps.apply(&rules(limit("1/hour", 50))).expect("apply");
     let admitted = (0..60).filter(|_| l.verdict(&f) == XDP_PASS).count();
-    assert_eq!(admitted, 45, "raising the burst from 5 to 50 refilled a drained bucket");
-    // Lower it to 2: a drained source is empty under the new limit, not in debt
-    // for 48 tokens — it waits one interval at most (checked in the unit tests).
+    assert_eq!(
+        admitted, 0,
+        "raising the burst from 5 to 50 refilled a drained bucket"
+    );
+    // Lower the rate a thousandfold (1/s → 1/hour): a drained source stays empty.
+    let g = v4("198.18.5.3").build();
+    l.maps.apply(&rules(limit("1/s", 50))).expect("apply");
+    while l.verdict(&g) == XDP_PASS {}
+    l.maps.apply(&rules(limit("1/hour", 50))).expect("apply");
+    assert_eq!(
+        l.verdict(&g),
+        XDP_DROP,
+        "lowering the rate refilled a drained bucket"
+    );
+    // Lower the burst to 2: a drained source is empty under the new limit.
     l.maps.apply(&rules(limit("1/hour", 2))).expect("apply");
     assert_eq!(l.verdict(&f), XDP_DROP);
     // A new source gets the new burst.
@@ -276,7 +476,9 @@ fn changing_a_rule_does_not_refill_existing_buckets() {
 #[test]
 fn two_cpus_on_one_key_admit_exactly_the_burst() {
     privileged!("two_cpus_on_one_key_admit_exactly_the_burst");
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     assert!(cpus >= 2, "this test needs two CPUs, found {cpus}");
     const PER_THREAD: u32 = 20_000;
     const TRIALS: usize = 20;
@@ -315,6 +517,8 @@ fn two_cpus_on_one_key_admit_exactly_the_burst() {
                 2 * u64::from(PER_THREAD)
             );
         }
-        eprintln!("{rate} burst {burst}: {TRIALS} trials, {contended} frames ran out of compare-and-swap retries");
+        eprintln!(
+            "{rate} burst {burst}: {TRIALS} trials, {contended} frames ran out of compare-and-swap retries"
+        );
     }
 }

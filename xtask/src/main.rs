@@ -73,7 +73,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // Ctrl-C reaches the daemon (same process group), which detaches and
             // exits; we wait for it and pass its status on.
             ignore_sigint();
-            let status = cmd.status().with_context(|| format!("starting {}", bin.display()))?;
+            let status = cmd
+                .status()
+                .with_context(|| format!("starting {}", bin.display()))?;
             Ok(exit_code(status))
         }
         Task::Test => test(),
@@ -105,7 +107,14 @@ fn check(cmd: &mut Command, what: &str) -> Result<()> {
 /// Builds the `ratelimit` binary and returns its path, as cargo reports it.
 fn build_bin(release: bool) -> Result<PathBuf> {
     let mut cmd = cargo();
-    cmd.args(["build", "--package", "ratelimit-user", "--bin", "ratelimit", "--message-format=json-render-diagnostics"]);
+    cmd.args([
+        "build",
+        "--package",
+        "ratelimit-user",
+        "--bin",
+        "ratelimit",
+        "--message-format=json-render-diagnostics",
+    ]);
     if release {
         cmd.arg("--release");
     }
@@ -119,10 +128,11 @@ fn build_bin(release: bool) -> Result<PathBuf> {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "ratelimit" {
-            if let Some(exe) = msg["executable"].as_str() {
-                return Ok(PathBuf::from(exe));
-            }
+        if msg["reason"] == "compiler-artifact"
+            && msg["target"]["name"] == "ratelimit"
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            return Ok(PathBuf::from(exe));
         }
     }
     bail!("cargo build did not report the ratelimit binary")
@@ -159,7 +169,10 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
 
 fn test() -> Result<ExitCode> {
     setup::setup(false)?;
-    check(cargo().args(["fmt", "--all", "--check"]), "cargo fmt --check")?;
+    check(
+        cargo().args(["fmt", "--all", "--check"]),
+        "cargo fmt --check",
+    )?;
     check(
         cargo().args([
             "clippy",
@@ -197,16 +210,36 @@ fn test() -> Result<ExitCode> {
             .env_remove("RUSTC")
             .env_remove("RUSTC_WORKSPACE_WRAPPER")
             .env_remove("RUSTUP_TOOLCHAIN")
-            .env("CARGO_TARGET_DIR", workspace_root().join("target/ebpf-clippy")),
+            .env(
+                "CARGO_TARGET_DIR",
+                workspace_root().join("target/ebpf-clippy"),
+            ),
         "clippy (eBPF crate)",
     )?;
-    check(cargo().args(["test", "--workspace", "--exclude", "ratelimit-tests", "--exclude", "ratelimit-ebpf"]), "unit tests")?;
+    check(
+        cargo().args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "ratelimit-tests",
+            "--exclude",
+            "ratelimit-ebpf",
+        ]),
+        "unit tests",
+    )?;
 
     // The integration tests run the real daemon binary.
     let bin = build_bin(false)?;
     if !is_root() {
         let out = cargo()
-            .args(["test", "--package", "ratelimit-tests", "--", "--list", "--format=terse"])
+            .args([
+                "test",
+                "--package",
+                "ratelimit-tests",
+                "--",
+                "--list",
+                "--format=terse",
+            ])
             .output()
             .context("listing the privileged tests")?;
         let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
@@ -217,14 +250,26 @@ fn test() -> Result<ExitCode> {
             eprintln!("xtask: SKIPPED (needs root): {name}");
         }
         if env::var_os("CI").is_some() {
-            bail!("CI is set but this is not root: the {} privileged tests must run", names.len());
+            bail!(
+                "CI is set but this is not root: the {} privileged tests must run",
+                names.len()
+            );
         }
-        eprintln!("xtask: {} privileged tests SKIPPED: not root (run as root to run them)", names.len());
+        eprintln!(
+            "xtask: {} privileged tests SKIPPED: not root (run as root to run them)",
+            names.len()
+        );
         return Ok(ExitCode::SUCCESS);
     }
     check(
         cargo()
-            .args(["test", "--package", "ratelimit-tests", "--", "--test-threads=1"])
+            .args([
+                "test",
+                "--package",
+                "ratelimit-tests",
+                "--",
+                "--test-threads=1",
+            ])
             .env("RATELIMIT_BIN", &bin),
         "privileged integration tests (one at a time)",
     )?;

@@ -25,10 +25,14 @@ pub fn setup(verbose: bool) -> Result<()> {
         bail!("ratelimit runs on Linux only (XDP is a Linux kernel feature)");
     }
     if which::which("rustup").is_err() {
-        bail!("rustup not found on PATH: install it from your distribution or rustup.rs, then run `cargo xtask setup` again");
+        bail!(
+            "rustup not found on PATH: install it from your distribution or rustup.rs, then run `cargo xtask setup` again"
+        );
     }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
-        bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): ratelimit needs Linux 5.18 or later built with CONFIG_DEBUG_INFO_BTF=y");
+        bail!(
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): ratelimit needs Linux 5.18 or later built with CONFIG_DEBUG_INFO_BTF=y"
+        );
     }
     nightly(verbose)?;
     rust_src(verbose)?;
@@ -142,14 +146,18 @@ fn bpf_linker(verbose: bool) -> Result<()> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             name.starts_with("libLLVM") && name.contains(".so")
         })
         .max_by_key(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
         .with_context(|| format!("no libLLVM*.so* in {}", lib_dir.display()))?;
     let prefix = cargo_home()?.join("ratelimit-llvm").join(&major);
     let prefix_lib = prefix.join("lib");
-    fs::create_dir_all(&prefix_lib).with_context(|| format!("creating {}", prefix_lib.display()))?;
+    fs::create_dir_all(&prefix_lib)
+        .with_context(|| format!("creating {}", prefix_lib.display()))?;
     let own_name = libllvm.file_name().context("libLLVM has no file name")?;
     for name in [std::ffi::OsStr::new("libLLVM.so"), own_name] {
         let link = prefix_lib.join(name);

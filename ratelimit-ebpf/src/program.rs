@@ -181,7 +181,7 @@ fn count_drop(source: &Addr) {
         },
         None => {
             // A lost race with another CPU loses one count: fine for a ranking.
-            let _ = RL_DROPS.insert(source, &1, 0);
+            let _ = RL_DROPS.insert(source, 1, 0);
         }
     }
 }
@@ -189,10 +189,10 @@ fn count_drop(source: &Addr) {
 /// The rule for `addr`: the longest matching prefix, else the default rule.
 #[inline(always)]
 fn lookup_rule(addr: &Addr, config: &Config) -> Option<Rule> {
-    if config.rule_count != 0 {
-        if let Some(rule) = RL_RULES.get(Key::new(128, *addr)) {
-            return Some(*rule);
-        }
+    if config.rule_count != 0
+        && let Some(rule) = RL_RULES.get(Key::new(128, *addr))
+    {
+        return Some(*rule);
     }
     RL_DEFAULT.get(0).copied()
 }
@@ -209,7 +209,7 @@ fn limit(key: &FlowKey, params: &gcra::Params, now: u64, cost: u64) -> Reason {
         // A denied arrival stores nothing (cost above the burst, or rate 0).
         return Reason::Limited;
     }
-    match RL_STATE.insert(key, &fresh, u64::from(BPF_NOEXIST)) {
+    match RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)) {
         Ok(()) => Reason::Passed,
         // Another CPU created it first: decide against what it stored.
         Err(e) if e == -EEXIST => match RL_STATE.get_ptr_mut(key) {

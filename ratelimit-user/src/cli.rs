@@ -86,6 +86,9 @@ pub struct RunArgs {
     /// Ignore pinned state (buckets, rules) and start fresh.
     #[arg(long)]
     pub reset: bool,
+    /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9477.
+    #[arg(long)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Sources tracked at once (a load-time setting).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_CAPACITY)]
     pub max_sources: u32,
@@ -168,6 +171,12 @@ impl RunArgs {
         let mut limit = default_limit();
         if let Some(rate) = &self.rate {
             limit.rate = parse_rate("--rate", rate)?;
+            if limit.rate.tokens == 0 {
+                return Err(Error::invalid(
+                    "--rate",
+                    "0/s for the default rule would drop every source; to drop a network use `ratelimit deny CIDR`",
+                ));
+            }
             limit.burst = limit.rate.default_burst();
         }
         if let Some(burst) = &self.burst {
@@ -203,6 +212,7 @@ impl RunArgs {
             mode: self.mode,
             keep_attached: self.keep_attached,
             reset: self.reset,
+            metrics: self.metrics,
             load: LoadOptions {
                 state_capacity: self.max_sources,
                 ..LoadOptions::default()

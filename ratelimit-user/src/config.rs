@@ -139,6 +139,12 @@ impl RawLimit {
                         }
                     }
                 }
+                if rate.tokens == 0 && family_v4.is_none() {
+                    return Err(Error::invalid(
+                        rate_field,
+                        "0/s for the default rule would drop every source; to drop a network use `ratelimit deny CIDR` or rate 0/s on its CIDR",
+                    ));
+                }
                 let limit = Limit {
                     rate,
                     burst,
@@ -325,7 +331,8 @@ mod tests {
     fn bad_files_say_why() {
         for (text, needle) in [
             ("colour = 1", "unknown field `colour`"),
-            ("[default]\nrate = \"0/s\"\nburst = 0", "default.burst"),
+            ("[default]\nrate = \"10/s\"\nburst = 0", "default.burst"),
+            ("[default]\nrate = \"0/s\"", "would drop every source"),
             (
                 "[[rule]]\ncidr = \"300.1.2.3/24\"\naction = \"deny\"",
                 "rule[0].cidr",

@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub reset: bool,
     /// Load-time settings.
     pub load: LoadOptions,
+    /// Where to serve Prometheus metrics.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// How often counters are sampled for per-second rates.
@@ -68,7 +70,12 @@ struct Daemon {
     started: Instant,
     last: Sample,
     prev: Option<Sample>,
+    /// Tracked sources, counted at most every [`TRACKED_MAX_AGE`] (a full map walk).
+    tracked: Option<(Instant, usize)>,
 }
+
+/// How stale the tracked-sources gauge may be.
+const TRACKED_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// An exclusive lock on the interface, released on drop.
 struct Lock {
@@ -142,6 +149,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             counters,
         },
         prev: None,
+        tracked: None,
     };
     if let Err(e) = daemon.apply(rules) {
         daemon.shutdown(false);
@@ -163,6 +171,24 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     };
     let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600));
 
+    let (metrics_tx, mut metrics_rx) =
+        tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<String>>(8);
+    if let Some(addr) = daemon.opts.metrics {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                info!(%addr, "serving Prometheus metrics at /metrics");
+                tokio::spawn(crate::metrics::serve(l, metrics_tx));
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&sock);
+                daemon.shutdown(false);
+                return Err(Error::Io {
+                    what: format!("binding --metrics {addr}"),
+                    source: e,
+                });
+            }
+        }
+    }
     let mut hup = signal(SignalKind::hangup()).map_err(Error::io("installing SIGHUP handler"))?;
     let mut sample = tokio::time::interval(SAMPLE_EVERY);
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -174,6 +200,9 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             _ = hup.recv() => daemon.reload(),
             _ = sample.tick() => daemon.sample(),
             _ = sweep.tick() => daemon.sweep(),
+            Some(reply) = metrics_rx.recv() => {
+                let _ = reply.send(daemon.metrics());
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => daemon.serve(stream).await,
                 Err(e) => warn!(error = %e, "control socket accept failed"),
@@ -462,6 +491,24 @@ impl Daemon {
             })
             .collect();
         Ok(json!({ "iface": self.enforcer.iface(), "top": rows }))
+    }
+
+    /// The Prometheus text exposition.
+    fn metrics(&mut self) -> String {
+        let counters = self.enforcer.maps.counters().unwrap_or_default();
+        if self
+            .tracked
+            .is_none_or(|(at, _)| at.elapsed() > TRACKED_MAX_AGE)
+        {
+            self.tracked = Some((Instant::now(), self.enforcer.maps.states().count()));
+        }
+        crate::metrics::render(&crate::metrics::Snapshot {
+            iface: self.enforcer.iface(),
+            mode: self.enforcer.mode(),
+            counters: &counters,
+            tracked: self.tracked.map_or(0, |(_, n)| n),
+            rules: self.rules.rules.len(),
+        })
     }
 
     fn shutdown(self, keep: bool) {

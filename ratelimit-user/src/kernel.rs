@@ -374,7 +374,14 @@ impl Enforcer {
                     source,
                 })?;
             let mode = read_mode(iface);
-            (take_and_pin(program, id, &link_path)?, mode, true)
+            // Our fd now holds the link: replace the old pin with ours.
+            let link = program.take_link(id).map_err(|source| Error::Program {
+                op: "taking the XDP link",
+                source,
+            })?;
+            fs::remove_file(&link_path)
+                .map_err(Error::io(format!("replacing {}", link_path.display())))?;
+            (pin_link(link, &link_path)?, mode, true)
         } else {
             let (id, mode) = attach(program, iface, mode)?;
             (take_and_pin(program, id, &link_path)?, mode, false)
@@ -439,6 +446,10 @@ fn take_and_pin(
         op: "taking the XDP link",
         source,
     })?;
+    pin_link(link, path)
+}
+
+fn pin_link(link: XdpLink, path: &Path) -> Result<PinnedLink> {
     let fd_link = FdLink::try_from(link).map_err(|source| Error::Link {
         path: path.to_path_buf(),
         source,

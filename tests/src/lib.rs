@@ -94,6 +94,23 @@ impl ChildGuard {
         self.child.as_ref().expect("running").id() as i32
     }
 
+    /// The exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Whatever it wrote to stderr (after it exited).
+    pub fn take_output(&mut self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        if let Some(err) = self.child.as_mut().and_then(|c| c.stderr.as_mut()) {
+            use std::io::Read as _;
+            let _ = err.read_to_end(&mut buf);
+        }
+        buf
+    }
+
     /// Sends `sig`.
     pub fn signal(&self, sig: i32) {
         // SAFETY: a pid we own.
@@ -163,7 +180,7 @@ impl Daemon {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let child = ChildGuard::spawn(cmd, &format!("ratelimit run --iface {iface}"));
-        let d = Self {
+        let mut d = Self {
             child,
             iface: iface.to_string(),
             run_dir: run_dir.to_path_buf(),
@@ -173,9 +190,17 @@ impl Daemon {
         d
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20) {
+            if let Some(status) = self.child.exited() {
+                let out = self.child.take_output();
+                panic!(
+                    "the daemon on {} exited ({status}) before answering; stderr: {}",
+                    self.iface,
+                    String::from_utf8_lossy(&out)
+                );
+            }
             let out = self.cli(&["status", "--json"]);
             if out.status.success() {
                 return;

@@ -194,6 +194,14 @@ impl Pair {
     }
 }
 
+impl Drop for Pair {
+    /// A daemon killed with SIGKILL leaves its pins; they would keep the maps (and
+    /// their memory) alive after the interface is gone.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(Path::new("/sys/fs/bpf/ratelimit").join(&self.rx_if));
+    }
+}
+
 impl Default for Pair {
     fn default() -> Self {
         Self::new()
@@ -257,6 +265,18 @@ pub struct Sent {
 /// (bounded: at most `duration` and `pps × duration` frames per flow). Returns
 /// what was sent per flow.
 pub fn send(ns: &NetNs, ifname: &str, flows: &[Flow], duration: Duration) -> Vec<Sent> {
+    send_async(ns, ifname, flows, duration)
+        .join()
+        .expect("sender thread")
+}
+
+/// [`send`] in the background: join the handle for the result.
+pub fn send_async(
+    ns: &NetNs,
+    ifname: &str,
+    flows: &[Flow],
+    duration: Duration,
+) -> JoinHandle<Vec<Sent>> {
     let name = ns.name.clone();
     let ifname = ifname.to_string();
     let flows = flows.to_vec();
@@ -309,8 +329,6 @@ pub fn send(ns: &NetNs, ifname: &str, flows: &[Flow], duration: Duration) -> Vec
             .map(|s| s.expect("every flow sent at least one frame"))
             .collect()
     })
-    .join()
-    .expect("sender thread")
 }
 
 impl NetNs {
@@ -325,7 +343,29 @@ impl NetNs {
 /// receiving interface: it sees what the XDP program passed, and nothing else.
 pub struct Receiver {
     stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<HashMap<IpAddr, u64>>>,
+    handle: Option<JoinHandle<HashMap<IpAddr, Vec<Instant>>>>,
+}
+
+/// Arrival times by source.
+pub struct Arrivals(pub HashMap<IpAddr, Vec<Instant>>);
+
+impl Arrivals {
+    /// Frames from `src`.
+    pub fn count(&self, src: &IpAddr) -> u64 {
+        self.0.get(src).map_or(0, |v| v.len() as u64)
+    }
+
+    /// Frames from `src` that arrived in `[from, to)`.
+    pub fn between(&self, src: &IpAddr, from: Instant, to: Instant) -> u64 {
+        self.0.get(src).map_or(0, |v| {
+            v.iter().filter(|t| **t >= from && **t < to).count() as u64
+        })
+    }
+
+    /// Counts by source.
+    pub fn counts(&self) -> HashMap<IpAddr, u64> {
+        self.0.iter().map(|(k, v)| (*k, v.len() as u64)).collect()
+    }
 }
 
 impl Receiver {
@@ -362,7 +402,7 @@ impl Receiver {
                 );
             }
             let _ = ready_tx.send(());
-            let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+            let mut counts: HashMap<IpAddr, Vec<Instant>> = HashMap::new();
             let mut buf = vec![0u8; 2048];
             let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             while !s.load(Ordering::Relaxed) {
@@ -385,7 +425,7 @@ impl Receiver {
                     if let Some((src, dport)) = crate::frames::parse_udp_source(&buf[..n as usize])
                         && dport == port
                     {
-                        *counts.entry(src).or_default() += 1;
+                        counts.entry(src).or_default().push(Instant::now());
                     }
                 }
             }
@@ -403,14 +443,21 @@ impl Receiver {
     }
 
     /// Stops after the queue drains and returns the counts.
-    pub fn finish(mut self) -> HashMap<IpAddr, u64> {
+    pub fn finish(self) -> HashMap<IpAddr, u64> {
+        self.finish_timed().counts()
+    }
+
+    /// Stops after the queue drains and returns the arrival times.
+    pub fn finish_timed(mut self) -> Arrivals {
         std::thread::sleep(Duration::from_millis(200));
         self.stop.store(true, Ordering::Relaxed);
-        self.handle
-            .take()
-            .expect("running")
-            .join()
-            .expect("receiver thread")
+        Arrivals(
+            self.handle
+                .take()
+                .expect("running")
+                .join()
+                .expect("receiver thread"),
+        )
     }
 }
 

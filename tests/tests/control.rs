@@ -1,0 +1,626 @@
+//! The daemon's control under traffic: live limit changes, allow/deny/unset,
+//! restart after SIGKILL, SIGTERM, bad input, JSON output, metrics.
+
+use std::{
+    net::IpAddr,
+    path::Path,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use ratelimit_tests::{
+    Daemon, TempDir,
+    net::{Flow, Pair, Receiver, send_async},
+    privileged, ratelimit_bin,
+};
+
+const PORT: u16 = 5002;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+fn within(what: &str, got: u64, want: f64, tolerance: f64) {
+    let err = (got as f64 - want).abs() / want;
+    assert!(
+        err <= tolerance,
+        "{what}: received {got}, expected {want:.1} (off by {:.2} %, allowed {:.1} %)",
+        err * 100.0,
+        tolerance * 100.0
+    );
+}
+
+/// Sleeps until `start + at`.
+fn until(start: Instant, at: Duration) {
+    let t = start + at;
+    let now = Instant::now();
+    if t > now {
+        sleep(t - now);
+    }
+}
+
+fn counter(stats: &serde_json::Value, reason: &str) -> u64 {
+    stats["reasons"]
+        .as_array()
+        .expect("reasons")
+        .iter()
+        .find(|r| r["reason"] == reason)
+        .and_then(|r| r["packets"].as_u64())
+        .unwrap_or_else(|| panic!("no {reason} in {stats}"))
+}
+
+fn pins_exist(iface: &str) -> bool {
+    Path::new("/sys/fs/bpf/ratelimit").join(iface).exists()
+}
+
+#[test]
+fn set_lowers_and_raises_the_limit_under_traffic() {
+    privileged!("set_lowers_and_raises_the_limit_under_traffic");
+    let pair = Pair::new();
+    let run = TempDir::new("set");
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--rate", "200/s", "--burst", "20"],
+    );
+    let v4 = ip("198.18.0.30");
+    let v6 = ip("2001:db8::30");
+    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let flows = [
+        Flow {
+            frame: pair.udp(v4, PORT).build(),
+            pps: 2000,
+        },
+        Flow {
+            frame: pair.udp(v6, PORT).build(),
+            pps: 2000,
+        },
+    ];
+    let start = Instant::now();
+    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(5000));
+
+    until(start, Duration::from_millis(1000));
+    d.cli_ok(&["set", "default", "--rate", "400/s", "--burst", "20"]);
+    let raised = Instant::now();
+    until(start, Duration::from_millis(2600));
+    d.cli_ok(&["set", "default", "--rate", "100/s", "--burst", "20"]);
+    let lowered = Instant::now();
+    let sent = sender.join().expect("sender");
+    let got = rx.finish_timed();
+
+    for (i, src) in [v4, v6].iter().enumerate() {
+        let end = sent[i].last;
+        // No refill to a full bucket: right after each change, at most the new
+        // rate's share of 100 ms arrives (a refill would add the burst of 20).
+        let after_raise = got.between(src, raised, raised + Duration::from_millis(100));
+        assert!(
+            after_raise <= 40 + 4,
+            "{src}: {after_raise} frames in the 100 ms after raising to 400/s"
+        );
+        let after_lower = got.between(src, lowered, lowered + Duration::from_millis(100));
+        assert!(
+            after_lower <= 10 + 4,
+            "{src}: {after_lower} frames in the 100 ms after lowering to 100/s"
+        );
+        // From 100 ms after each command the receiver sees the new rate, ±2 %.
+        let from = raised + Duration::from_millis(100);
+        let secs = lowered.duration_since(from).as_secs_f64();
+        within(
+            &format!("{src} at 400/s"),
+            got.between(src, from, lowered),
+            400.0 * secs,
+            0.02,
+        );
+        let from = lowered + Duration::from_millis(100);
+        let secs = end.duration_since(from).as_secs_f64();
+        within(
+            &format!("{src} at 100/s"),
+            got.between(src, from, end + Duration::from_millis(1)),
+            100.0 * secs,
+            0.02,
+        );
+    }
+}
+
+#[test]
+fn allow_deny_unset_on_ipv4_and_ipv6_under_traffic() {
+    privileged!("allow_deny_unset_on_ipv4_and_ipv6_under_traffic");
+    let pair = Pair::new();
+    let run = TempDir::new("acl");
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--rate", "100/s", "--burst", "10"],
+    );
+    let a4 = ip("198.18.0.40");
+    let b6 = ip("2001:db8::40");
+    let c4 = ip("198.18.0.41");
+    let d6 = ip("2001:db8:0:1::41");
+    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let pps = 500;
+    let flows: Vec<Flow> = [a4, b6, c4, d6]
+        .iter()
+        .map(|s| Flow {
+            frame: pair.udp(*s, PORT).build(),
+            pps,
+        })
+        .collect();
+    let start = Instant::now();
+    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(4000));
+    until(start, Duration::from_millis(500));
+    d.cli_ok(&["allow", "198.18.0.40/32"]);
+    d.cli_ok(&["allow", "2001:db8::/64"]);
+    d.cli_ok(&["deny", "198.18.0.41"]);
+    d.cli_ok(&["deny", "2001:db8:0:1::/64"]);
+    let changed = Instant::now();
+    let list = d.json(&["list"]);
+    assert_eq!(list["rules"].as_array().map(Vec::len), Some(4), "{list}");
+    until(start, Duration::from_millis(2500));
+    let unset = Instant::now();
+    for cidr in [
+        "198.18.0.40/32",
+        "2001:db8::/64",
+        "198.18.0.41/32",
+        "2001:db8:0:1::/64",
+    ] {
+        d.cli_ok(&["unset", cidr]);
+    }
+    let all_unset = Instant::now();
+    let sent = sender.join().expect("sender");
+    let got = rx.finish_timed();
+
+    let from = changed + Duration::from_millis(100);
+    let secs = unset.duration_since(from).as_secs_f64();
+    for src in [a4, b6] {
+        within(
+            &format!("allowed {src}"),
+            got.between(&src, from, unset),
+            f64::from(pps) * secs,
+            0.02,
+        );
+    }
+    for src in [c4, d6] {
+        assert_eq!(
+            got.between(&src, from, unset),
+            0,
+            "denied {src} got frames through"
+        );
+    }
+    // Unset: back under the default limit (their buckets refilled while they were
+    // allowed or denied, so a burst of 10 comes first).
+    for (i, src) in [a4, b6, c4, d6].iter().enumerate() {
+        let from = all_unset + Duration::from_millis(100);
+        let end = sent[i].last + Duration::from_millis(1);
+        let secs = end.duration_since(from).as_secs_f64();
+        let n = got.between(src, from, end) as f64;
+        let base = 100.0 * secs;
+        assert!(
+            n >= base * 0.98 && n <= base * 1.02 + 10.0,
+            "{src} after unset: {n} frames in {secs:.2} s at 100/s (burst 10)"
+        );
+    }
+}
+
+#[test]
+fn sigkill_leaves_enforcing_and_a_restart_adopts_buckets_rules_and_counters() {
+    privileged!("sigkill_leaves_enforcing_and_a_restart_adopts_buckets_rules_and_counters");
+    let pair = Pair::new();
+    let run = TempDir::new("restart");
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--rate", "200/s", "--burst", "20"],
+    );
+    d.cli_ok(&["deny", "198.18.0.99/32"]);
+    let src = ip("198.18.0.50");
+    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let flows = [Flow {
+        frame: pair.udp(src, PORT).build(),
+        pps: 1000,
+    }];
+    let start = Instant::now();
+    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(4000));
+
+    until(start, Duration::from_millis(1000));
+    let before = d.json(&["stats"]);
+    d.child.signal(libc::SIGKILL);
+    let Daemon {
+        child,
+        iface,
+        run_dir,
+        netns,
+    } = d;
+    let _ = child.wait(Duration::from_secs(5));
+    assert!(pair.rx_has_xdp(), "SIGKILL took the program off {iface}");
+    until(start, Duration::from_millis(2000));
+    let d = Daemon::start(&pair.rx, &iface, &run_dir, &[]);
+    let _ = netns;
+    let sent = sender.join().expect("sender");
+    let got = rx.finish_timed();
+
+    let span = sent[0].last.duration_since(sent[0].first).as_secs_f64();
+    let allowed = 20.0 + 200.0 * span;
+    let n = got.count(&src);
+    assert!(
+        n as f64 <= allowed * 1.02,
+        "a source at 5x got {n} frames through a daemon restart; the limit allows {allowed:.0}"
+    );
+    within("source at 5x across the restart", n, allowed, 0.02);
+
+    let after = d.json(&["stats"]);
+    for reason in ["passed", "limited"] {
+        assert!(
+            counter(&after, reason) > counter(&before, reason),
+            "{reason} counter after restart ({}) is not above the one before ({})",
+            counter(&after, reason),
+            counter(&before, reason)
+        );
+    }
+    let list = d.json(&["list"]);
+    assert!(
+        list.to_string().contains("198.18.0.99/32"),
+        "rules lost across the restart: {list}"
+    );
+    let status = d.json(&["status"]);
+    assert_eq!(status["adopted"], true, "{status}");
+
+    // SIGTERM: detached and unpinned.
+    d.child.signal(libc::SIGTERM);
+    let out = d.child.wait(Duration::from_secs(10));
+    assert!(out.status.success(), "exit on SIGTERM: {:?}", out.status);
+    assert!(
+        !pair.rx_has_xdp(),
+        "the program is still attached after SIGTERM"
+    );
+    assert!(!pins_exist(&pair.rx_if), "pins are left after SIGTERM");
+}
+
+#[test]
+fn keep_attached_leaves_the_program_and_reset_starts_fresh() {
+    privileged!("keep_attached_leaves_the_program_and_reset_starts_fresh");
+    let pair = Pair::new();
+    let run = TempDir::new("keep");
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--keep-attached", "--rate", "50/s"],
+    );
+    d.child.signal(libc::SIGTERM);
+    let out = d.child.wait(Duration::from_secs(10));
+    assert!(out.status.success());
+    assert!(
+        pair.rx_has_xdp(),
+        "--keep-attached: the program should stay"
+    );
+    assert!(
+        pins_exist(&pair.rx_if),
+        "--keep-attached: the pins should stay"
+    );
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--reset"]);
+    let status = d.json(&["status"]);
+    assert_eq!(
+        status["adopted"], false,
+        "--reset adopted old state: {status}"
+    );
+    let list = d.json(&["list"]);
+    assert!(
+        list["default"].as_str().unwrap_or("").contains("1000/s"),
+        "--reset kept old rules: {list}"
+    );
+    d.child.signal(libc::SIGINT);
+    let _ = d.child.wait(Duration::from_secs(10));
+    assert!(!pair.rx_has_xdp());
+    assert!(!pins_exist(&pair.rx_if));
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_changes_nothing() {
+    privileged!("bad_input_gets_a_clear_error_and_changes_nothing");
+    let pair = Pair::new();
+    let run = TempDir::new("bad");
+    let bin = ratelimit_bin();
+    let run_cmd = |args: &[&str]| {
+        pair.rx
+            .command(&bin)
+            .arg("run")
+            .args(args)
+            .env("RATELIMIT_RUN_DIR", &run.0)
+            .output()
+            .expect("running ratelimit")
+    };
+    let fails = |out: std::process::Output, needle: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "expected failure mentioning {needle:?}; it succeeded"
+        );
+        assert!(
+            err.contains(needle),
+            "expected an error mentioning {needle:?}, got: {err}"
+        );
+    };
+
+    fails(
+        run_cmd(&["--iface", "nosuchif0"]),
+        "interface nosuchif0 not found",
+    );
+    let bad = run.0.join("bad.toml");
+    std::fs::write(&bad, "[default]\nrate = \"10/s\"\ncolour = \"red\"\n").expect("write");
+    fails(
+        run_cmd(&[
+            "--iface",
+            &pair.rx_if,
+            "--config",
+            bad.to_str().expect("utf-8"),
+        ]),
+        "unknown field `colour`",
+    );
+    fails(
+        run_cmd(&["--iface", &pair.rx_if, "--rate", "0/s"]),
+        "--rate: 0/s for the default rule",
+    );
+    fails(
+        run_cmd(&["--iface", &pair.rx_if, "--burst", "0"]),
+        "--burst: invalid burst \"0\"",
+    );
+    assert!(!pair.rx_has_xdp(), "a refused start attached the program");
+
+    // With no daemon on an interface, the CLI says so.
+    let out = pair
+        .rx
+        .command(&bin)
+        .args(["list", "--iface", &pair.rx_if])
+        .env("RATELIMIT_RUN_DIR", &run.0)
+        .output()
+        .expect("cli");
+    fails(out, &format!("no ratelimit daemon runs on {}", pair.rx_if));
+
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "100/s"]);
+    d.cli_ok(&["deny", "198.18.0.77/32"]);
+    let before = d.json(&["list"]);
+    for (args, needle) in [
+        (
+            vec!["set", "default", "--rate", "0/s"],
+            "0/s for the default rule",
+        ),
+        (
+            vec!["set", "default", "--rate", "10/s", "--burst", "0"],
+            "invalid burst \"0\"",
+        ),
+        (
+            vec!["set", "300.1.2.3/24", "--rate", "10/s"],
+            "invalid prefix \"300.1.2.3/24\"",
+        ),
+        (
+            vec!["deny", "2001:db8::/129"],
+            "invalid prefix \"2001:db8::/129\"",
+        ),
+        (
+            vec!["set", "198.18.0.0/24", "--rate", "10/fortnight"],
+            "invalid rate \"10/fortnight\"",
+        ),
+        (
+            vec![
+                "set",
+                "198.18.0.0/24",
+                "--rate",
+                "1/hour",
+                "--burst",
+                "1000",
+            ],
+            "6.5 days",
+        ),
+        (vec!["unset", "198.18.0.0/16"], "no rule for 198.18.0.0/16"),
+    ] {
+        fails(d.cli(&args), needle);
+    }
+    // A second daemon on the same interface.
+    fails(
+        run_cmd(&["--iface", &pair.rx_if]),
+        "another ratelimit daemon already runs",
+    );
+    assert_eq!(
+        d.json(&["list"]),
+        before,
+        "a refused request changed the rules"
+    );
+    assert!(pair.rx_has_xdp(), "the running daemon lost its program");
+}
+
+#[test]
+fn sighup_reloads_a_valid_config_and_refuses_a_bad_one_whole() {
+    privileged!("sighup_reloads_a_valid_config_and_refuses_a_bad_one_whole");
+    let pair = Pair::new();
+    let run = TempDir::new("hup");
+    let cfg = run.0.join("r.toml");
+    std::fs::write(
+        &cfg,
+        "[default]\nrate = \"100/s\"\n[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"\n",
+    )
+    .expect("write");
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--config", cfg.to_str().expect("utf-8")],
+    );
+    let first = d.json(&["list"]);
+    assert_eq!(first["rules"].as_array().map(Vec::len), Some(1), "{first}");
+    // Two valid rules then a bad one: nothing of it may be applied.
+    std::fs::write(
+        &cfg,
+        "[default]\nrate = \"5/s\"\n[[rule]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.2.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.300.0/24\"\naction = \"deny\"\n",
+    )
+    .expect("write");
+    d.child.signal(libc::SIGHUP);
+    sleep(Duration::from_millis(500));
+    assert_eq!(d.json(&["list"]), first, "a bad config was partly applied");
+    std::fs::write(
+        &cfg,
+        "[default]\nrate = \"5/s\"\n[[rule]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n",
+    )
+    .expect("write");
+    d.child.signal(libc::SIGHUP);
+    let start = Instant::now();
+    loop {
+        let now = d.json(&["list"]);
+        if now["rules"][0]["cidr"] == "198.18.1.0/24"
+            && now["default"].as_str().unwrap_or("").contains("5/s")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "SIGHUP did not reload: {now}"
+        );
+        sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn json_output_carries_the_same_numbers_as_text() {
+    privileged!("json_output_carries_the_same_numbers_as_text");
+    let pair = Pair::new();
+    let run = TempDir::new("json");
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--rate", "100/s", "--burst", "10"],
+    );
+    d.cli_ok(&["deny", "2001:db8:0:9::/64"]);
+    let flows = [
+        Flow {
+            frame: pair.udp(ip("198.18.0.60"), PORT).build(),
+            pps: 400,
+        },
+        Flow {
+            frame: pair.udp(ip("2001:db8:0:9::1"), PORT).build(),
+            pps: 200,
+        },
+    ];
+    send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(600))
+        .join()
+        .expect("sender");
+    sleep(Duration::from_millis(100));
+
+    let json = d.json(&["stats"]);
+    let text = d.cli_ok(&["stats"]);
+    for line in text.lines().skip(1) {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let (reason, packets, bytes) = (cols[0], cols[1], cols[2]);
+        let row = json["reasons"]
+            .as_array()
+            .expect("reasons")
+            .iter()
+            .find(|r| r["reason"] == reason)
+            .unwrap_or_else(|| panic!("{reason} missing from JSON"));
+        assert_eq!(row["packets"].to_string(), packets, "{reason} packets");
+        assert_eq!(row["bytes"].to_string(), bytes, "{reason} bytes");
+    }
+    assert!(
+        counter(&json, "limited") > 0 && counter(&json, "denied") > 0,
+        "{json}"
+    );
+
+    let json = d.json(&["list"]);
+    let text = d.cli_ok(&["list"]);
+    assert!(
+        text.contains(json["default"].as_str().expect("default")),
+        "{text} vs {json}"
+    );
+    for r in json["rules"].as_array().expect("rules") {
+        let line = format!(
+            "{:<18} {}",
+            r["cidr"].as_str().expect("cidr"),
+            r["rule"].as_str().expect("rule")
+        );
+        assert!(text.contains(&line), "{line:?} not in {text}");
+    }
+
+    let json = d.json(&["top"]);
+    let text = d.cli_ok(&["top"]);
+    let first = &json["top"][0];
+    assert_eq!(
+        first["source"], "198.18.0.60",
+        "the biggest dropper: {json}"
+    );
+    let row = text.lines().nth(1).expect("a row");
+    assert!(
+        row.starts_with("198.18.0.60") && row.contains(&first["dropped"].to_string()),
+        "{row} vs {first}"
+    );
+}
+
+#[test]
+fn prometheus_metrics_parse_and_match_the_counters() {
+    privileged!("prometheus_metrics_parse_and_match_the_counters");
+    let pair = Pair::new();
+    let run = TempDir::new("metrics");
+    let addr = "127.0.0.1:19477";
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--rate", "50/s", "--burst", "5", "--metrics", addr],
+    );
+    let flows = [Flow {
+        frame: pair.udp(ip("198.18.0.70"), PORT).build(),
+        pps: 300,
+    }];
+    send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500))
+        .join()
+        .expect("sender");
+    sleep(Duration::from_millis(100));
+    let stats = d.json(&["stats"]);
+    // Scrape from inside the daemon's namespace (its loopback).
+    let out = pair
+        .rx
+        .command("python3")
+        .args([
+            "-c",
+            &format!("import urllib.request;print(urllib.request.urlopen('http://{addr}/metrics').read().decode(),end='')"),
+        ])
+        .output()
+        .expect("scraping");
+    assert!(
+        out.status.success(),
+        "scrape failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
+    let value = |name: &str, label: (&str, &str)| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && s.labels.get(label.0) == Some(label.1))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .unwrap_or_else(|| panic!("{name}{{{}={}}} missing from:\n{body}", label.0, label.1))
+    };
+    // Only our flow is limited; the kernel's own IPv6 chatter may pass between
+    // the two reads, and may hold a bucket of its own.
+    let limited = value("ratelimit_packets_total", ("reason", "limited")) as u64;
+    assert_eq!(limited, counter(&stats, "limited"));
+    assert!(limited > 0);
+    let passed = value("ratelimit_packets_total", ("reason", "passed")) as u64;
+    let want = counter(&stats, "passed");
+    assert!(
+        (want..want + 5).contains(&passed),
+        "passed {passed}, stats said {want}"
+    );
+    let tracked = value("ratelimit_tracked_sources", ("iface", &pair.rx_if));
+    assert!((1.0..=3.0).contains(&tracked), "tracked sources {tracked}");
+    assert_eq!(value("ratelimit_rules", ("iface", &pair.rx_if)), 0.0);
+    assert_eq!(value("ratelimit_attach_mode", ("mode", "native")), 1.0);
+}

@@ -275,3 +275,16 @@ fn test() -> Result<ExitCode> {
     )?;
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::count_before;
+
+    #[test]
+    fn reads_cargo_test_result_lines() {
+        let ok = "ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s";
+        assert_eq!((count_before(ok, " passed"), count_before(ok, " failed")), (12, 0));
+        let bad = "FAILED. 7 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
+        assert_eq!((count_before(bad, " passed"), count_before(bad, " failed")), (7, 2));
+    }
+}

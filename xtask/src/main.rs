@@ -216,7 +216,8 @@ fn test() -> Result<ExitCode> {
             ),
         "clippy (eBPF crate)",
     )?;
-    check(
+    let mut tally = Tally::default();
+    tally.run(
         cargo().args([
             "test",
             "--workspace",
@@ -259,9 +260,15 @@ fn test() -> Result<ExitCode> {
             "xtask: {} privileged tests SKIPPED: not root (run as root to run them)",
             names.len()
         );
+        println!(
+            "summary: {} passed, {} failed, {} skipped",
+            tally.passed,
+            tally.failed,
+            names.len()
+        );
         return Ok(ExitCode::SUCCESS);
     }
-    check(
+    tally.run(
         cargo()
             .args([
                 "test",
@@ -273,7 +280,60 @@ fn test() -> Result<ExitCode> {
             .env("RATELIMIT_BIN", &bin),
         "privileged integration tests (one at a time)",
     )?;
+    tally.print();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Test counts over several `cargo test` runs, for one closing line.
+#[derive(Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+}
+
+impl Tally {
+    /// Runs `cmd`, echoing its output, and adds up its `test result:` lines.
+    fn run(&mut self, cmd: &mut Command, what: &str) -> Result<()> {
+        use std::io::{BufRead as _, BufReader};
+        eprintln!("xtask: {what}");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting: {what}"))?;
+        let stdout = child.stdout.take().context("piped stdout")?;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.context("reading test output")?;
+            println!("{line}");
+            if let Some(rest) = line.strip_prefix("test result: ") {
+                self.passed += count_before(rest, " passed");
+                self.failed += count_before(rest, " failed");
+            }
+        }
+        let status = child.wait().context("waiting for cargo test")?;
+        if !status.success() {
+            self.print();
+            bail!("{what} failed ({status})");
+        }
+        Ok(())
+    }
+
+    fn print(&self) {
+        println!("summary: {} passed, {} failed", self.passed, self.failed);
+    }
+}
+
+/// The number just before `word` in a `test result:` line
+/// ("ok. 12 passed; 0 failed; ...").
+fn count_before(text: &str, word: &str) -> u64 {
+    text.split(';')
+        .map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+        })
+        .find_map(|part| part.strip_suffix(word))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -282,9 +342,16 @@ mod tests {
 
     #[test]
     fn reads_cargo_test_result_lines() {
-        let ok = "ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s";
-        assert_eq!((count_before(ok, " passed"), count_before(ok, " failed")), (12, 0));
+        let ok =
+            "ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s";
+        assert_eq!(
+            (count_before(ok, " passed"), count_before(ok, " failed")),
+            (12, 0)
+        );
         let bad = "FAILED. 7 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
-        assert_eq!((count_before(bad, " passed"), count_before(bad, " failed")), (7, 2));
+        assert_eq!(
+            (count_before(bad, " passed"), count_before(bad, " failed")),
+            (7, 2)
+        );
     }
 }

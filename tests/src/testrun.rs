@@ -47,10 +47,15 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// Loads the embedded object and writes `rules`.
+    /// Loads the embedded object with room for 4096 sources and writes `rules`.
     pub fn new(rules: &RuleSet) -> Self {
+        Self::with_capacity(rules, 4096)
+    }
+
+    /// Loads the embedded object with room for `sources` and writes `rules`.
+    pub fn with_capacity(rules: &RuleSet, sources: u32) -> Self {
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries(ratelimit_common::MAP_STATE, 4096)
+            .map_max_entries(ratelimit_common::MAP_STATE, sources)
             .load(ratelimit_user::EBPF_OBJECT)
             .expect("loading the object");
         let mut maps = Maps::from_ebpf(&mut ebpf).expect("maps");
@@ -69,33 +74,31 @@ impl Loaded {
         }
     }
 
+    /// The program's fd.
+    pub fn prog_fd(&self) -> i32 {
+        self.prog_fd
+    }
+
     /// Runs `frame` through the program `repeat` times on this CPU; returns the
     /// last verdict and the mean ns per run the kernel measured.
     pub fn run(&self, frame: &[u8], repeat: u32) -> (u32, u32) {
-        let mut attr = TestRunAttr {
-            prog_fd: self.prog_fd as u32,
-            data_size_in: frame.len() as u32,
-            data_in: frame.as_ptr() as u64,
-            repeat,
-            ..Default::default()
-        };
-        // SAFETY: attr is a valid bpf_attr prefix and outlives the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_TEST_RUN,
-                &mut attr as *mut TestRunAttr,
-                std::mem::size_of::<TestRunAttr>(),
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "BPF_PROG_TEST_RUN on a {}-byte frame: {}",
-            frame.len(),
-            std::io::Error::last_os_error()
-        );
-        (attr.retval, attr.duration)
+        test_run(self.prog_fd, frame, repeat)
+    }
+
+    /// Instructions the verifier processed, and the program's size in
+    /// instructions after translation.
+    pub fn verifier_stats(&self) -> (Option<u32>, Option<u32>) {
+        let prog: &Xdp = self
+            .ebpf
+            .program(PROGRAM_NAME)
+            .expect("program")
+            .try_into()
+            .expect("xdp");
+        let info = prog.info().expect("program info");
+        (
+            info.verified_instruction_count(),
+            info.size_translated().map(|b| b / 8),
+        )
     }
 
     /// One run: the verdict.
@@ -112,6 +115,47 @@ impl Loaded {
     pub fn packets(&self, reason: Reason) -> u64 {
         self.counters()[reason as usize].packets
     }
+}
+
+/// Runs `frame` through the program `prog_fd` `repeat` times on this CPU; returns
+/// the last verdict and the mean ns per run the kernel measured.
+pub fn test_run(prog_fd: i32, frame: &[u8], repeat: u32) -> (u32, u32) {
+    let mut attr = TestRunAttr {
+        prog_fd: prog_fd as u32,
+        data_size_in: frame.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        repeat,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid bpf_attr prefix and outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "BPF_PROG_TEST_RUN on a {}-byte frame: {}",
+        frame.len(),
+        std::io::Error::last_os_error()
+    );
+    (attr.retval, attr.duration)
+}
+
+/// A program of an object loaded for BPF_PROG_TEST_RUN.
+pub fn load_xdp(ebpf: &mut Ebpf, name: &str) -> i32 {
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .unwrap_or_else(|| panic!("{name} not in the object"))
+        .try_into()
+        .expect("an XDP program");
+    prog.load()
+        .unwrap_or_else(|e| panic!("loading {name}: {e}"));
+    prog.fd().expect("fd").as_fd().as_raw_fd()
 }
 
 /// Pins the calling thread to `cpu`.

@@ -43,6 +43,12 @@ enum Task {
     },
     /// fmt, clippy, unit tests, then the privileged integration tests.
     Test,
+    /// Benchmarks: write bench/results.md and bench/results.json (as root).
+    Bench {
+        /// Short runs, for a smoke check.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -79,7 +85,47 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_code(status))
         }
         Task::Test => test(),
+        Task::Bench { quick } => bench(quick),
     }
+}
+
+fn bench(quick: bool) -> Result<ExitCode> {
+    setup::setup(false)?;
+    let bin = build_bin(true)?;
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "--package",
+        "ratelimit-tests",
+        "--bin",
+        "bench",
+        "--message-format=json-render-diagnostics",
+    ]);
+    eprintln!("xtask: building the benchmarks");
+    let out = build
+        .stdout(Stdio::piped())
+        .output()
+        .context("cargo build")?;
+    if !out.status.success() {
+        bail!("building the benchmarks failed ({})", out.status);
+    }
+    let bench = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "bench")
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .context("cargo did not report the bench binary")?;
+    let mut cmd = as_root(&bench);
+    cmd.arg("--out")
+        .arg(workspace_root().join("bench"))
+        .env("RATELIMIT_BIN", &bin)
+        .current_dir(workspace_root());
+    if quick {
+        cmd.arg("--quick");
+    }
+    let status = cmd.status().context("running the benchmarks")?;
+    Ok(exit_code(status))
 }
 
 fn workspace_root() -> PathBuf {

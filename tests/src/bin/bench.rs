@@ -1,0 +1,464 @@
+//! `cargo xtask bench`: measurements, not tests. Prints tables and writes
+//! `bench/results.md` and `bench/results.json`. Every figure is a median over
+//! repeated runs with its min–max, beside the floor measured in the same run, so
+//! ratios hold across machines.
+//!
+//! Sections: cost per packet (BPF_PROG_TEST_RUN), memory and scale, and the delay
+//! from `ratelimit set` to enforcement.
+
+use std::{
+    fmt::Write as _,
+    net::IpAddr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use aya::EbpfLoader;
+use ratelimit_common::Reason;
+use ratelimit_tests::{
+    Daemon, TempDir,
+    frames::{TPID_8021Q, Udp},
+    net::{Flow, Pair, Receiver, send_async},
+    testrun::{Loaded, XDP_DROP, XDP_PASS, load_xdp, pin_to_cpu, test_run},
+};
+use ratelimit_user::{
+    rate::parse_rate,
+    rules::{Action, Limit, Prefix, RuleSet, default_limit},
+};
+use serde_json::{Value, json};
+
+struct Opts {
+    quick: bool,
+    out: PathBuf,
+}
+
+fn main() {
+    let mut opts = Opts {
+        quick: false,
+        out: PathBuf::from("bench"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => opts.quick = true,
+            "--out" => opts.out = PathBuf::from(args.next().expect("--out DIR")),
+            other => panic!("unknown argument {other:?}; expected --quick or --out DIR"),
+        }
+    }
+    // SAFETY: no preconditions.
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the benchmarks need root (BPF, namespaces)"
+    );
+    pin_to_cpu(0);
+
+    let mut report = Report::default();
+    report.machine();
+    cost_per_packet(&opts, &mut report);
+    memory_and_scale(&opts, &mut report);
+    set_to_enforced(&opts, &mut report);
+    report.write(&opts.out);
+}
+
+#[derive(Default)]
+struct Report {
+    md: String,
+    json: serde_json::Map<String, Value>,
+}
+
+impl Report {
+    fn machine(&mut self) {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+            .unwrap_or_default();
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let date = std::process::Command::new("date")
+            .arg("-u")
+            .arg("+%Y-%m-%d %H:%M UTC")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let _ = writeln!(self.md, "# ratelimit benchmarks\n");
+        let _ = writeln!(
+            self.md,
+            "Run {date} on {cpu} ({cpus} CPUs), kernel {}. Reproduce with `cargo xtask bench` (as root). \
+             Figures drift ±20–30 % between runs on a shared machine: compare the ratios within one run.\n",
+            kernel.trim()
+        );
+        self.json.insert(
+            "machine".into(),
+            json!({"kernel": kernel.trim(), "cpu": cpu, "cpus": cpus, "date": date}),
+        );
+    }
+
+    fn section(&mut self, title: &str, intro: &str) {
+        let _ = writeln!(self.md, "## {title}\n\n{intro}\n");
+        println!("\n== {title}");
+    }
+
+    fn write(&self, dir: &std::path::Path) {
+        std::fs::create_dir_all(dir).expect("creating the output directory");
+        std::fs::write(dir.join("results.md"), &self.md).expect("writing results.md");
+        std::fs::write(
+            dir.join("results.json"),
+            serde_json::to_string_pretty(&Value::Object(self.json.clone())).expect("json"),
+        )
+        .expect("writing results.json");
+        println!(
+            "\nwrote {} and {}",
+            dir.join("results.md").display(),
+            dir.join("results.json").display()
+        );
+    }
+}
+
+/// Median, min and max.
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+fn v4(src: &str) -> Vec<u8> {
+    Udp::new(ip(src), ip("198.18.0.2")).build()
+}
+
+fn limit(rate: &str, burst: u64) -> Limit {
+    Limit {
+        rate: parse_rate("rate", rate).expect("rate"),
+        burst,
+        ..default_limit()
+    }
+}
+
+fn rules(l: Limit) -> RuleSet {
+    RuleSet {
+        default: Action::Limit(l),
+        ..RuleSet::default()
+    }
+}
+
+/// Cost per packet with BPF_PROG_TEST_RUN: mean ns per run over `repeat` runs,
+/// repeated `rounds` times.
+fn cost_per_packet(opts: &Opts, report: &mut Report) {
+    let repeat: u32 = 1_000_000;
+    let rounds = if opts.quick { 3 } else { 9 };
+    report.section(
+        "Cost per packet (BPF_PROG_TEST_RUN)",
+        &format!(
+            "Mean ns per frame over {repeat} runs of one frame, median of {rounds} rounds (min–max), one CPU. \
+             The floors: a program that only returns XDP_DROP, and one that only looks the IPv4 source up in an LRU hash and bumps it in place."
+        ),
+    );
+    let mut floors = EbpfLoader::new()
+        .load(ratelimit_user::FLOORS_OBJECT)
+        .expect("loading the floors");
+    let drop_fd = load_xdp(&mut floors, "floor_drop");
+    let lru_fd = load_xdp(&mut floors, "floor_lru");
+
+    let measure = |fd: i32, frame: &[u8], want: u32| -> (f64, f64, f64) {
+        let _ = test_run(fd, frame, 1000); // warm the key and the caches
+        stats(
+            (0..rounds)
+                .map(|_| {
+                    let (verdict, ns) = test_run(fd, frame, repeat);
+                    assert_eq!(verdict, want, "unexpected verdict while measuring");
+                    f64::from(ns)
+                })
+                .collect(),
+        )
+    };
+
+    // Within limit: 100 M/s with a large burst, so every run passes and writes.
+    let fast = limit("100M/s", 1 << 32);
+    let within = Loaded::with_capacity(&rules(fast), 1 << 20);
+    // Over limit: one per second, burst 1; every run after the first is denied.
+    let over = Loaded::with_capacity(&rules(limit("1/s", 1)), 1 << 20);
+    // With 1000 prefix rules in the trie (the source matches none of them).
+    let mut many = rules(fast);
+    for i in 0..1000u32 {
+        let p = Prefix::parse("bench", &format!("2001:db8:{:x}::/48", i + 1)).expect("prefix");
+        many.rules.insert(p, Action::Allow);
+    }
+    let with_rules = Loaded::with_capacity(&many, 1 << 20);
+
+    let frame4 = v4("198.18.7.1");
+    let frame6 = Udp::new(ip("2001:db8:7::1"), ip("2001:db8::2")).build();
+    let mut tagged = Udp::new(ip("198.18.7.2"), ip("198.18.0.2"));
+    tagged.vlans = vec![(TPID_8021Q, 100)];
+    let frame_vlan = tagged.build();
+
+    let drop = measure(drop_fd, &frame4, XDP_DROP);
+    let lru = measure(lru_fd, &frame4, XDP_DROP);
+    let rows: Vec<(&str, (f64, f64, f64))> = vec![
+        ("floor: XDP_DROP only", drop),
+        ("floor: LRU lookup + in-place update", lru),
+        (
+            "ratelimit, IPv4, known source, within limit",
+            measure(within.prog_fd(), &frame4, XDP_PASS),
+        ),
+        (
+            "ratelimit, IPv6, known source, within limit",
+            measure(within.prog_fd(), &frame6, XDP_PASS),
+        ),
+        (
+            "ratelimit, VLAN IPv4, known source, within limit",
+            measure(within.prog_fd(), &frame_vlan, XDP_PASS),
+        ),
+        (
+            "ratelimit, IPv4, known source, over limit (dropped)",
+            measure(over.prog_fd(), &frame4, XDP_DROP),
+        ),
+        (
+            "ratelimit, IPv4, 1000 rules in the trie",
+            measure(with_rules.prog_fd(), &frame4, XDP_PASS),
+        ),
+    ];
+    // New sources: one run per distinct source (the kernel still times the run).
+    let fresh = Loaded::with_capacity(&rules(fast), 1 << 20);
+    let n_new = if opts.quick { 20_000u32 } else { 200_000 };
+    let mut new_rounds = Vec::new();
+    for round in 0..3u32 {
+        let mut total = 0u64;
+        for i in 0..n_new {
+            let k = round * n_new + i;
+            let src = IpAddr::from([198, 18 + (k >> 16) as u8 % 2, (k >> 8) as u8, k as u8]);
+            let f = Udp::new(src, ip("198.18.0.2")).build();
+            total += u64::from(test_run(fresh.prog_fd(), &f, 1).1);
+        }
+        new_rounds.push(total as f64 / f64::from(n_new));
+    }
+    let new = stats(new_rounds);
+
+    let _ = writeln!(
+        report.md,
+        "| path | ns/frame (median) | min–max | × XDP_DROP | × LRU floor |\n|---|---:|---:|---:|---:|"
+    );
+    let mut json_rows = Vec::new();
+    let mut push = |name: &str, (m, lo, hi): (f64, f64, f64), report: &mut Report| {
+        let _ = writeln!(
+            report.md,
+            "| {name} | {m:.1} | {lo:.0}–{hi:.0} | {:.2} | {:.2} |",
+            m / drop.0,
+            m / lru.0
+        );
+        println!(
+            "{name:55} {m:7.1} ns  ({lo:.0}–{hi:.0})  {:.2}× drop  {:.2}× lru",
+            m / drop.0,
+            m / lru.0
+        );
+        json_rows.push(
+            json!({"path": name, "ns_median": m, "ns_min": lo, "ns_max": hi,
+            "x_drop_floor": m / drop.0, "x_lru_floor": m / lru.0}),
+        );
+    };
+    for (name, v) in &rows {
+        push(name, *v, report);
+    }
+    push(
+        &format!("ratelimit, IPv4, new source (1 run each, {n_new} sources)"),
+        new,
+        report,
+    );
+
+    let ipv4 = rows[2].1.0;
+    let p1 = ipv4 / lru.0;
+    let ipv6_x = rows[3].1.0 / ipv4;
+    let vlan_x = rows[4].1.0 / ipv4;
+    let (insns, xlated) = within.verifier_stats();
+    let _ = writeln!(
+        report.md,
+        "\nTargets: P1 known-source IPv4 ≤ 1.3× the LRU floor: **{p1:.2}×, {}**; IPv6 within +10 % of IPv4: **{:+.1} %, {}**; VLAN within +10 %: **{:+.1} %, {}**.\n",
+        met(p1 <= 1.3),
+        (ipv6_x - 1.0) * 100.0,
+        met(ipv6_x <= 1.1),
+        (vlan_x - 1.0) * 100.0,
+        met(vlan_x <= 1.1),
+    );
+    let _ = writeln!(
+        report.md,
+        "The verifier processed {} instructions; the program is {} instructions after translation.\n",
+        insns.map_or("?".into(), |n| n.to_string()),
+        xlated.map_or("?".into(), |n| n.to_string())
+    );
+    println!(
+        "P1 {p1:.2}× lru floor ({}); IPv6 {:+.1} %; VLAN {:+.1} %; verifier {insns:?} insns, {xlated:?} xlated",
+        met(p1 <= 1.3),
+        (ipv6_x - 1.0) * 100.0,
+        (vlan_x - 1.0) * 100.0
+    );
+    report.json.insert(
+        "cost_per_packet".into(),
+        json!({"repeat": repeat, "rounds": rounds, "rows": json_rows,
+            "p1_x_lru": p1, "ipv6_vs_ipv4": ipv6_x, "vlan_vs_ipv4": vlan_x,
+            "verified_insns": insns, "xlated_insns": xlated}),
+    );
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "missed" }
+}
+
+/// Kernel memory per tracked source, time to create 1 M sources, and the time
+/// the daemon's reads take over them.
+fn memory_and_scale(opts: &Opts, report: &mut Report) {
+    let n: u32 = if opts.quick { 100_000 } else { 1 << 20 };
+    report.section(
+        "Memory and scale",
+        &format!("{n} distinct IPv4 sources created through BPF_PROG_TEST_RUN (one run each), in a state map of {n} entries."),
+    );
+    let l = Loaded::with_capacity(&rules(limit("1000/s", 10)), n);
+    let memlock = state_map_memlock();
+    let start = Instant::now();
+    for k in 0..n {
+        let src = IpAddr::from([198, 18 + ((k >> 16) & 1) as u8, (k >> 8) as u8, k as u8]);
+        // 198.18.0.0/15 holds 131 072 sources; past that, one IPv6 /64 each.
+        let f = if k < (1 << 17) {
+            Udp::new(src, ip("198.18.0.2"))
+        } else {
+            let b = k.to_be_bytes();
+            Udp::new(
+                IpAddr::from([
+                    0x20, 0x01, 0x0d, 0xb8, b[0], b[1], b[2], b[3], 0, 0, 0, 0, 0, 0, 0, 1,
+                ]),
+                ip("2001:db8::2"),
+            )
+        }
+        .build();
+        let _ = test_run(l.prog_fd(), &f, 1);
+    }
+    let create = start.elapsed();
+    let tracked = l.maps.states().count();
+    let walk = {
+        let t = Instant::now();
+        let c = l.maps.states().count();
+        assert_eq!(c, tracked);
+        t.elapsed()
+    };
+    let counters = {
+        let t = Instant::now();
+        let _ = l.maps.counters().expect("counters");
+        t.elapsed()
+    };
+    let per_source = memlock.map(|b| b as f64 / f64::from(n));
+    let passed = l.packets(Reason::Passed);
+    let _ = writeln!(report.md, "| measure | value | target |\n|---|---:|---|");
+    let _ = writeln!(
+        report.md,
+        "| kernel memory per tracked source (state map's memlock ÷ capacity) | {} | ≤ 96 B: {} |",
+        per_source.map_or("?".into(), |b| format!("{b:.1} B")),
+        per_source.map_or("?", |b| met(b <= 96.0))
+    );
+    let _ = writeln!(
+        report.md,
+        "| sources tracked after {n} new ones | {tracked} | |"
+    );
+    let _ = writeln!(
+        report.md,
+        "| time to create them (syscall per frame included) | {:.2} s ({:.0} ns each) | |",
+        create.as_secs_f64(),
+        create.as_nanos() as f64 / f64::from(n)
+    );
+    let _ = writeln!(
+        report.md,
+        "| `status`: walk every tracked source | {:.3} s | ≤ 1 s: {} |",
+        walk.as_secs_f64(),
+        met(walk.as_secs_f64() <= 1.0)
+    );
+    let _ = writeln!(
+        report.md,
+        "| `stats`: read the counters | {:.3} ms | ≤ 1 s: {} |\n",
+        counters.as_secs_f64() * 1e3,
+        met(counters.as_secs_f64() <= 1.0)
+    );
+    println!(
+        "memory/source {per_source:?} B; created {n} in {:.2} s; tracked {tracked}; passed {passed}; walk {:.3} s; counters {:.3} ms",
+        create.as_secs_f64(),
+        walk.as_secs_f64(),
+        counters.as_secs_f64() * 1e3
+    );
+    report.json.insert(
+        "memory_and_scale".into(),
+        json!({"sources": n, "bytes_per_source": per_source, "create_s": create.as_secs_f64(),
+            "tracked": tracked, "walk_s": walk.as_secs_f64(), "counters_s": counters.as_secs_f64()}),
+    );
+}
+
+/// The state map's `memlock` from the kernel's own accounting (fdinfo).
+fn state_map_memlock() -> Option<u64> {
+    // The maps were taken by `Maps`; find the state map's fd through /proc.
+    let dir = std::fs::read_dir("/proc/self/fdinfo").ok()?;
+    let mut best = None;
+    for e in dir.flatten() {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        if !text.contains("map_type:\t9") {
+            continue; // BPF_MAP_TYPE_LRU_HASH
+        }
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if field("value_size:") == Some(8) && field("key_size:") == Some(20) {
+            best = field("memlock:");
+        }
+    }
+    best
+}
+
+/// From `ratelimit set` starting to the last frame the old limit let through.
+fn set_to_enforced(opts: &Opts, report: &mut Report) {
+    let trials = if opts.quick { 3 } else { 10 };
+    report.section(
+        "Set to enforced",
+        &format!(
+            "A daemon on a veth, a source sending 20 000 frames/s within a limit of 100 k/s; `ratelimit deny` on its /32; \
+             the time from starting the command to the last frame that arrived. Median of {trials} (min–max)."
+        ),
+    );
+    let pair = Pair::new();
+    let run = TempDir::new("bench-set");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "100k/s"]);
+    let src = ip("198.18.0.90");
+    let mut delays = Vec::new();
+    for _ in 0..trials {
+        let rx = Receiver::start(&pair.rx, &pair.rx_if, 6000);
+        let flows = [Flow {
+            frame: pair.udp(src, 6000).build(),
+            pps: 20_000,
+        }];
+        let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(800));
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        d.cli_ok(&["deny", "198.18.0.90/32"]);
+        let _ = sender.join();
+        let got = rx.finish_timed();
+        let last = got
+            .0
+            .get(&src)
+            .and_then(|v| v.iter().max().copied())
+            .unwrap_or(t0);
+        delays.push(last.saturating_duration_since(t0).as_secs_f64() * 1e3);
+        d.cli_ok(&["unset", "198.18.0.90/32"]);
+    }
+    let (m, lo, hi) = stats(delays);
+    let _ = writeln!(
+        report.md,
+        "Set to enforced: **{m:.1} ms** (min {lo:.1}, max {hi:.1}); target ≤ 100 ms: **{}**.\n",
+        met(m <= 100.0)
+    );
+    println!("set to enforced: {m:.1} ms ({lo:.1}–{hi:.1})");
+    report.json.insert(
+        "set_to_enforced_ms".into(),
+        json!({"median": m, "min": lo, "max": hi}),
+    );
+}

@@ -23,6 +23,7 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
+use aya_log_ebpf::warn;
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -159,7 +160,7 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
             };
             // SAFETY: a BPF helper with no preconditions.
             let now = unsafe { bpf_ktime_get_ns() };
-            limit(&key, &rule.gcra, now, cost)
+            limit(ctx, &key, &rule.gcra, now, cost)
         }
         action::DENY => Reason::Denied,
         _ => Reason::Allowed,
@@ -199,7 +200,7 @@ fn lookup_rule(addr: &Addr, config: &Config) -> Option<Rule> {
 
 /// Applies the token bucket to `key`: an exact compare-and-swap on the state word.
 #[inline(always)]
-fn limit(key: &FlowKey, params: &gcra::Params, now: u64, cost: u64) -> Reason {
+fn limit(ctx: &XdpContext, key: &FlowKey, params: &gcra::Params, now: u64, cost: u64) -> Reason {
     if let Some(state) = RL_STATE.get_ptr_mut(key) {
         return update(state.cast::<u64>(), params, now, cost);
     }
@@ -216,7 +217,14 @@ fn limit(key: &FlowKey, params: &gcra::Params, now: u64, cost: u64) -> Reason {
             Some(state) => update(state.cast::<u64>(), params, now, cost),
             None => Reason::StateFailed,
         },
-        Err(_) => Reason::StateFailed,
+        Err(e) => {
+            // Rare: an LRU map evicts rather than fail. Logged for the daemon.
+            warn!(
+                ctx,
+                "storing a new source's bucket failed (error {}); passed", e
+            );
+            Reason::StateFailed
+        }
     }
 }
 

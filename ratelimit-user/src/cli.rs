@@ -92,6 +92,9 @@ pub struct RunArgs {
     /// Sources tracked at once (a load-time setting).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_CAPACITY)]
     pub max_sources: u32,
+    /// Prefix rules at most (a load-time setting).
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_RULES_CAPACITY)]
+    pub max_rules: u32,
 }
 
 /// The daemon to talk to.
@@ -204,6 +207,9 @@ impl RunArgs {
         if self.max_sources == 0 {
             return Err(Error::invalid("--max-sources", "must be at least 1"));
         }
+        if self.max_rules == 0 {
+            return Err(Error::invalid("--max-rules", "must be at least 1"));
+        }
         Ok(RunOptions {
             iface: self.iface.clone(),
             config: self.config.clone(),
@@ -215,7 +221,7 @@ impl RunArgs {
             metrics: self.metrics,
             load: LoadOptions {
                 state_capacity: self.max_sources,
-                ..LoadOptions::default()
+                rules_capacity: self.max_rules,
             },
         })
     }

@@ -189,6 +189,9 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             }
         }
     }
+    if let Some(logger) = daemon.enforcer.take_logger() {
+        crate::logs::forward(logger);
+    }
     let mut hup = signal(SignalKind::hangup()).map_err(Error::io("installing SIGHUP handler"))?;
     let mut sample = tokio::time::interval(SAMPLE_EVERY);
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -219,6 +222,16 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
 impl Daemon {
     /// Applies a validated rule set whole, and remembers it for a restarted daemon.
     fn apply(&mut self, rules: RuleSet) -> Result<()> {
+        let capacity = self.opts.load.rules_capacity as usize;
+        if rules.rules.len() > capacity {
+            return Err(Error::invalid(
+                "rules",
+                format!(
+                    "{} rules do not fit in {capacity}; restart the daemon with a larger --max-rules",
+                    rules.rules.len()
+                ),
+            ));
+        }
         self.enforcer.maps.apply(&rules)?;
         self.rules = rules;
         let raw = RawConfig::from(&self.rules);

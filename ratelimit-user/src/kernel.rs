@@ -292,6 +292,8 @@ pub struct Enforcer {
     link: Option<PinnedLink>,
     /// Keeps the program's fd (and so the maps' fds) open.
     _ebpf: Ebpf,
+    /// Reads the program's aya-log records (see [`crate::logs`]).
+    logger: Option<aya_log::EbpfLogger<crate::logs::TracingLog>>,
     /// The maps.
     pub maps: Maps,
     /// Whether the program was adopted from a previous daemon's pins.
@@ -341,6 +343,14 @@ impl Enforcer {
         }
         let mut ebpf = loader.load(crate::EBPF_OBJECT).map_err(Error::Load)?;
         let maps = Maps::from_ebpf(&mut ebpf)?;
+        let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::logs::TracingLog)
+        {
+            Ok(l) => Some(l),
+            Err(e) => {
+                warn!(error = %e, "the XDP program's log records will not be forwarded");
+                None
+            }
+        };
         let program: &mut Xdp = ebpf
             .program_mut(PROGRAM_NAME)
             .ok_or_else(|| Error::Program {
@@ -392,11 +402,17 @@ impl Enforcer {
         Ok(Self {
             iface: iface.to_string(),
             mode,
+            logger,
             link: Some(link),
             _ebpf: ebpf,
             maps,
             adopted,
         })
+    }
+
+    /// Takes the program's log reader, to be polled by the daemon.
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<crate::logs::TracingLog>> {
+        self.logger.take()
     }
 
     /// The interface.

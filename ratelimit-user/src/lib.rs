@@ -9,6 +9,7 @@ pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod kernel;
+pub mod logs;
 pub mod metrics;
 pub mod rate;
 pub mod rules;

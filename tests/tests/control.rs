@@ -624,3 +624,46 @@ fn prometheus_metrics_parse_and_match_the_counters() {
     assert_eq!(value("ratelimit_rules", ("iface", &pair.rx_if)), 0.0);
     assert_eq!(value("ratelimit_attach_mode", ("mode", "native")), 1.0);
 }
+
+#[test]
+fn daemons_on_two_interfaces_do_not_disturb_each_other() {
+    privileged!("daemons_on_two_interfaces_do_not_disturb_each_other");
+    let one = Pair::new();
+    let two = Pair::new();
+    let run = TempDir::new("two");
+    let a = Daemon::start(&one.rx, &one.rx_if, &run.0, &["--rate", "100/s"]);
+    let b = Daemon::start(&two.rx, &two.rx_if, &run.0, &["--rate", "200/s"]);
+    a.cli_ok(&["deny", "198.18.0.0/24"]);
+    b.cli_ok(&["set", "default", "--rate", "300/s"]);
+    let la = a.json(&["list"]);
+    let lb = b.json(&["list"]);
+    assert!(
+        la["default"].as_str().unwrap_or("").contains("100/s"),
+        "{la}"
+    );
+    assert_eq!(la["rules"].as_array().map(Vec::len), Some(1), "{la}");
+    assert!(
+        lb["default"].as_str().unwrap_or("").contains("300/s"),
+        "{lb}"
+    );
+    assert_eq!(lb["rules"].as_array().map(Vec::len), Some(0), "{lb}");
+    // Without --iface, the CLI refuses to guess between two daemons.
+    let out = one
+        .rx
+        .command(ratelimit_bin())
+        .arg("list")
+        .env("RATELIMIT_RUN_DIR", &run.0)
+        .output()
+        .expect("cli");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("say which with --iface"),
+        "{err}"
+    );
+    // Stopping one leaves the other enforcing.
+    a.child.signal(libc::SIGTERM);
+    let _ = a.child.wait(Duration::from_secs(10));
+    assert!(!one.rx_has_xdp());
+    assert!(two.rx_has_xdp(), "stopping one daemon detached the other");
+    assert!(b.json(&["status"])["mode"] == "native");
+}

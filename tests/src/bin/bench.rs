@@ -165,19 +165,6 @@ fn cost_per_packet(opts: &Opts, report: &mut Report) {
     let drop_fd = load_xdp(&mut floors, "floor_drop");
     let lru_fd = load_xdp(&mut floors, "floor_lru");
 
-    let measure = |fd: i32, frame: &[u8], want: u32| -> (f64, f64, f64) {
-        let _ = test_run(fd, frame, 1000); // warm the key and the caches
-        stats(
-            (0..rounds)
-                .map(|_| {
-                    let (verdict, ns) = test_run(fd, frame, repeat);
-                    assert_eq!(verdict, want, "unexpected verdict while measuring");
-                    f64::from(ns)
-                })
-                .collect(),
-        )
-    };
-
     // Within limit: 100 M/s with a large burst, so every run passes and writes.
     let fast = limit("100M/s", 1 << 32);
     let within = Loaded::with_capacity(&rules(fast), 1 << 20);
@@ -197,32 +184,64 @@ fn cost_per_packet(opts: &Opts, report: &mut Report) {
     tagged.vlans = vec![(TPID_8021Q, 100)];
     let frame_vlan = tagged.build();
 
-    let drop = measure(drop_fd, &frame4, XDP_DROP);
-    let lru = measure(lru_fd, &frame4, XDP_DROP);
-    let rows: Vec<(&str, (f64, f64, f64))> = vec![
-        ("floor: XDP_DROP only", drop),
-        ("floor: LRU lookup + in-place update", lru),
+    let cases: Vec<(&str, i32, &[u8], u32)> = vec![
+        ("floor: XDP_DROP only", drop_fd, &frame4, XDP_DROP),
+        (
+            "floor: LRU lookup + in-place update",
+            lru_fd,
+            &frame4,
+            XDP_DROP,
+        ),
         (
             "ratelimit, IPv4, known source, within limit",
-            measure(within.prog_fd(), &frame4, XDP_PASS),
+            within.prog_fd(),
+            &frame4,
+            XDP_PASS,
         ),
         (
             "ratelimit, IPv6, known source, within limit",
-            measure(within.prog_fd(), &frame6, XDP_PASS),
+            within.prog_fd(),
+            &frame6,
+            XDP_PASS,
         ),
         (
             "ratelimit, VLAN IPv4, known source, within limit",
-            measure(within.prog_fd(), &frame_vlan, XDP_PASS),
+            within.prog_fd(),
+            &frame_vlan,
+            XDP_PASS,
         ),
         (
             "ratelimit, IPv4, known source, over limit (dropped)",
-            measure(over.prog_fd(), &frame4, XDP_DROP),
+            over.prog_fd(),
+            &frame4,
+            XDP_DROP,
         ),
         (
             "ratelimit, IPv4, 1000 rules in the trie",
-            measure(with_rules.prog_fd(), &frame4, XDP_PASS),
+            with_rules.prog_fd(),
+            &frame4,
+            XDP_PASS,
         ),
     ];
+    // Warm every key and cache, then measure round-robin so drift hits all alike.
+    for (_, fd, frame, _) in &cases {
+        let _ = test_run(*fd, frame, 1000);
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        for (i, (name, fd, frame, want)) in cases.iter().enumerate() {
+            let (verdict, ns) = test_run(*fd, frame, repeat);
+            assert_eq!(verdict, *want, "{name}: unexpected verdict while measuring");
+            samples[i].push(f64::from(ns));
+        }
+    }
+    let rows: Vec<(&str, (f64, f64, f64))> = cases
+        .iter()
+        .zip(samples)
+        .map(|((name, ..), v)| (*name, stats(v)))
+        .collect();
+    let drop = rows[0].1;
+    let lru = rows[1].1;
     // New sources: one run per distinct source (the kernel still times the run).
     let fresh = Loaded::with_capacity(&rules(fast), 1 << 20);
     let n_new = if opts.quick { 20_000u32 } else { 200_000 };

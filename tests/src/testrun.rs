@@ -173,3 +173,16 @@ pub fn pin_to_cpu(cpu: usize) {
         );
     }
 }
+
+/// Lets the calling thread run on every CPU again.
+pub fn unpin() {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET within CPU_SETSIZE is in bounds.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let n = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).clamp(1, 1024) as usize;
+        for cpu in 0..n {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}

@@ -19,7 +19,7 @@ use ratelimit_tests::{
     Daemon, TempDir,
     frames::{TPID_8021Q, Udp},
     net::{Flow, Pair, Receiver, send_async},
-    testrun::{Loaded, XDP_DROP, XDP_PASS, load_xdp, pin_to_cpu, test_run},
+    testrun::{Loaded, XDP_DROP, XDP_PASS, load_xdp, pin_to_cpu, test_run, unpin},
 };
 use ratelimit_user::{
     rate::parse_rate,
@@ -50,11 +50,13 @@ fn main() {
         unsafe { libc::geteuid() } == 0,
         "the benchmarks need root (BPF, namespaces)"
     );
-    pin_to_cpu(0);
-
     let mut report = Report::default();
     report.machine();
+    // One CPU for the cost measurements; the traffic sections start threads of
+    // their own.
+    pin_to_cpu(0);
     cost_per_packet(&opts, &mut report);
+    unpin();
     memory_and_scale(&opts, &mut report);
     set_to_enforced(&opts, &mut report);
     report.write(&opts.out);
@@ -77,7 +79,8 @@ impl Report {
                     .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
             })
             .unwrap_or_default();
-        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        // SAFETY: no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
         let date = std::process::Command::new("date")
             .arg("-u")
             .arg("+%Y-%m-%d %H:%M UTC")

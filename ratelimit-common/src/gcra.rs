@@ -42,6 +42,7 @@
 //! idle sweep deletes states idle for more than `TAU_MAX` long before that.
 
 use crate::clock::{ns_to_ticks, ticks_to_ns_ceil};
+pub use crate::decision::Decision;
 
 /// The largest `tau` (capacity × interval) a rule may have: `2^62` ticks, about
 /// 6.5 days of refill. Keeps `tat − now` well inside the signed range.
@@ -103,19 +104,6 @@ pub struct Params {
     pub prev_capacity: u64,
 }
 const _: () = assert!(core::mem::size_of::<Params>() == 48);
-
-/// The answer to one arrival.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the arrival is admitted.
-    pub allowed: bool,
-    /// Whole tokens left after this decision.
-    pub remaining: u64,
-    /// When denied: ns until this same arrival would be admitted if nothing else
-    /// came; `u64::MAX` if it never will (cost above the burst, or rate 0). 0 when
-    /// admitted.
-    pub retry_after_ns: u64,
-}
 
 /// Why a set of parameters was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

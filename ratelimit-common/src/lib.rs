@@ -4,12 +4,48 @@
 //!
 //! `#![no_std]`: the same code is compiled into the kernel program and into the host
 //! crates, where it is tested against a fake clock.
+//!
+//! | module | algorithm | state per key |
+//! |---|---|---|
+//! | [`gcra`] | token bucket, greedy refill, as GCRA (the default) | 8 B |
+//! | [`interval`] | token bucket, interval refill | 24 B |
+//! | [`fixed_window`] | fixed window counter | 8 B |
+//! | [`sliding_log`] | sliding window log | 8 B + 8 B per unit of the limit |
+//! | [`sliding_window`] | sliding window counter | 16 B |
+//! | [`rolling_quota`] | rolling-window quota with a rate cap | 8 B + 4 B per period |
 #![no_std]
 
 pub mod clock;
+pub mod decision;
+pub mod fixed_window;
 pub mod gcra;
+pub mod interval;
 pub mod maps;
+pub mod rolling_quota;
+pub mod sliding_log;
+pub mod sliding_window;
 
 pub use clock::{TICK_SHIFT, TICKS_PER_NS, ns_to_ticks, ticks_to_ns_ceil};
-pub use gcra::Decision;
+pub use decision::{Decision, NEVER};
 pub use maps::*;
+
+/// Why a set of parameters was refused: which parameter, and what is accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamError {
+    /// The parameter, as the CLI names it (`--window`, `--limit`, ...).
+    pub param: &'static str,
+    /// What is accepted.
+    pub accepted: &'static str,
+}
+
+impl core::fmt::Display for ParamError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} {}", self.param, self.accepted)
+    }
+}
+
+/// `a / b` without a panic path (the kernel program may have none): 0 when `b` is 0.
+#[inline(always)]
+pub(crate) fn div(a: u64, b: u64) -> u64 {
+    a.checked_div(b).unwrap_or_default()
+}

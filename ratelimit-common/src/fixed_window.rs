@@ -1,0 +1,100 @@
+//! Fixed window counter (seed 003): windows are the multiples of `window_ns` on
+//! the clock; an arrival is admitted iff `count + cost ≤ limit` in its window.
+//! Denied arrivals are not counted.
+//!
+//! Guarantee: at most `limit` per aligned window, but up to `2·limit` in a span of
+//! `window_ns` that straddles a boundary. The state is one word (window index
+//! modulo 2^32, count), so the kernel updates it with compare-and-swap: exact
+//! across CPUs. A key idle for exactly a multiple of 2^32 windows (49 days at
+//! 1 ms windows) would be misread; the idle sweep removes it first.
+
+use crate::{Decision, NEVER, ParamError, div};
+
+/// Parameters, validated on the host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Params {
+    /// Window length, ns (`--window`).
+    pub window_ns: u64,
+    /// Admitted cost per window (`--limit`).
+    pub limit: u64,
+}
+
+/// Per-key state: one word.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct State {
+    /// Index of the window counted (`now / window_ns`, modulo 2^32).
+    pub window: u32,
+    /// Cost admitted in that window.
+    pub count: u32,
+}
+const _: () = assert!(core::mem::size_of::<State>() == 8);
+
+impl Params {
+    /// Checks and builds parameters.
+    pub const fn new(window_ns: u64, limit: u64) -> Result<Self, ParamError> {
+        if window_ns == 0 {
+            return Err(ParamError {
+                param: "--window",
+                accepted: "must be longer than 0, like 1s or 1min",
+            });
+        }
+        if limit == 0 || limit > u32::MAX as u64 {
+            return Err(ParamError {
+                param: "--limit",
+                accepted: "must be 1 to 4294967295",
+            });
+        }
+        Ok(Self { window_ns, limit })
+    }
+}
+
+/// Decides one arrival of `cost` at `now_ns`; only an admission changes `state`.
+#[inline(always)]
+pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
+    let index = div(now_ns, params.window_ns);
+    let window = index as u32;
+    let count = if state.window == window {
+        u64::from(state.count)
+    } else {
+        0
+    };
+    if cost > params.limit {
+        return Decision::deny(params.limit - count, NEVER);
+    }
+    if count + cost <= params.limit {
+        *state = State {
+            window,
+            count: (count + cost) as u32,
+        };
+        return Decision::allow(params.limit - count - cost);
+    }
+    let next = (index + 1).saturating_mul(params.window_ns);
+    Decision::deny(params.limit - count, next - now_ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn issue_vector_w1000_l3() {
+        let p = Params::new(1000 * MS, 3).unwrap();
+        let mut s = State::default();
+        let got = [100, 200, 300, 400, 1000].map(|t| decide(&mut s, &p, t * MS, 1).allowed);
+        assert_eq!(got, [true, true, true, false, true]);
+    }
+
+    #[test]
+    fn retry_after_is_the_next_window() {
+        let p = Params::new(1000 * MS, 1).unwrap();
+        let mut s = State::default();
+        assert!(decide(&mut s, &p, 250 * MS, 1).allowed);
+        let d = decide(&mut s, &p, 400 * MS, 1);
+        assert_eq!((d.allowed, d.retry_after_ns), (false, 600 * MS));
+        assert_eq!(decide(&mut s, &p, 0, 2).retry_after_ns, NEVER);
+    }
+}

@@ -1,0 +1,209 @@
+//! Rolling-window quota with a rate cap (seed 000): time is cut into periods of
+//! `period_ns` (multiples of it on the clock) and a window is the last
+//! `periods = window / period` of them, the current one included. An arrival of
+//! cost `n` is admitted iff this period's count + n ≤ `rate_cap` and the window's
+//! total + n ≤ `quota`. E.g. 10 000 per rolling day, at most 1 000 per hour.
+//!
+//! Guarantee: at most `rate_cap` per period and `quota` per aligned window of
+//! `periods` periods; a span of `window` that is not aligned can hold up to
+//! `quota + rate_cap`.
+
+use crate::{Decision, NEVER, ParamError, div};
+
+/// Most periods in a window.
+pub const MAX_PERIODS: u64 = 64;
+
+/// Parameters, validated on the host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Params {
+    /// Period, ns (`--period`).
+    pub period_ns: u64,
+    /// Periods per window (`--window` / `--period`).
+    pub periods: u64,
+    /// Cost admitted per window (`--quota`).
+    pub quota: u64,
+    /// Cost admitted per period (`--rate-cap`).
+    pub rate_cap: u64,
+}
+
+/// Per-key state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    /// Index of the newest period counted (`now / period_ns`).
+    pub period: u64,
+    /// Counts per period, a ring indexed by period modulo [`MAX_PERIODS`].
+    pub counts: [u32; MAX_PERIODS as usize],
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            period: 0,
+            counts: [0; MAX_PERIODS as usize],
+        }
+    }
+}
+
+impl Params {
+    /// Checks and builds parameters from the window and period lengths.
+    pub const fn new(
+        window_ns: u64,
+        period_ns: u64,
+        quota: u64,
+        rate_cap: u64,
+    ) -> Result<Self, ParamError> {
+        if period_ns == 0 {
+            return Err(ParamError {
+                param: "--period",
+                accepted: "must be longer than 0, like 1h",
+            });
+        }
+        if window_ns == 0 || !window_ns.is_multiple_of(period_ns) {
+            return Err(ParamError {
+                param: "--window",
+                accepted: "must be a whole number of periods, like 24h for --period 1h",
+            });
+        }
+        let periods = window_ns / period_ns;
+        if periods > MAX_PERIODS {
+            return Err(ParamError {
+                param: "--window",
+                accepted: "must be at most 64 periods (make --period longer)",
+            });
+        }
+        if quota == 0 || quota > u32::MAX as u64 {
+            return Err(ParamError {
+                param: "--quota",
+                accepted: "must be 1 to 4294967295",
+            });
+        }
+        if rate_cap == 0 || rate_cap > quota {
+            return Err(ParamError {
+                param: "--rate-cap",
+                accepted: "must be 1 to --quota",
+            });
+        }
+        Ok(Self {
+            period_ns,
+            periods,
+            quota,
+            rate_cap,
+        })
+    }
+}
+
+const MASK: u64 = MAX_PERIODS - 1;
+const _: () = assert!(MAX_PERIODS.is_power_of_two());
+
+/// The count of period `q` in `state`: kept for the last `periods` periods up to
+/// the state's newest, zero before that.
+#[inline(always)]
+fn count(state: &State, params: &Params, q: u64) -> u64 {
+    if q <= state.period && state.period - q < params.periods {
+        u64::from(state.counts[(q & MASK) as usize])
+    } else {
+        0
+    }
+}
+
+/// Decides one arrival of `cost` at `now_ns`; only an admission changes `state`
+/// (periods that left the window are cleared then).
+#[inline(always)]
+pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
+    // A clock behind the state's newest period is judged in that period.
+    let now_period = div(now_ns, params.period_ns).max(state.period);
+    let current = count(state, params, now_period);
+    let mut total = 0u64;
+    let mut i = 0;
+    while i < MAX_PERIODS && i < params.periods && i <= now_period {
+        total += count(state, params, now_period - i);
+        i += 1;
+    }
+    let room = params
+        .quota
+        .saturating_sub(total)
+        .min(params.rate_cap.saturating_sub(current));
+    if cost > params.rate_cap {
+        return Decision::deny(room, NEVER);
+    }
+    if current + cost <= params.rate_cap && total + cost <= params.quota {
+        // Clear the ring slots of the periods after the state's newest.
+        let mut q = state.period + 1;
+        let mut n = 0;
+        while n < MAX_PERIODS && q <= now_period {
+            state.counts[(q & MASK) as usize] = 0;
+            q += 1;
+            n += 1;
+        }
+        state.period = now_period;
+        state.counts[(now_period & MASK) as usize] = (current + cost) as u32;
+        return Decision::allow(room - cost);
+    }
+    // From the next period on the period cap is free (cost ≤ rate_cap); the
+    // quota frees as old periods leave the window, one per period.
+    let mut remaining = total;
+    let mut k = 1;
+    while k < MAX_PERIODS && k < params.periods {
+        let leaving = now_period + k;
+        if leaving >= params.periods {
+            remaining -= count(state, params, leaving - params.periods).min(remaining);
+        }
+        if remaining + cost <= params.quota {
+            break;
+        }
+        k += 1;
+    }
+    let ready = (now_period + k).saturating_mul(params.period_ns);
+    Decision::deny(room, ready.saturating_sub(now_ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn issue_vector_q5_per_4s_p1s_r2() {
+        let p = Params::new(4000 * MS, 1000 * MS, 5, 2).unwrap();
+        let mut s = State::default();
+        let got = [0, 100, 200, 1000, 1500, 2000, 2100, 3500, 4000]
+            .map(|t| decide(&mut s, &p, t * MS, 1).allowed);
+        assert_eq!(
+            got,
+            [true, true, false, true, true, true, false, false, true]
+        );
+    }
+
+    #[test]
+    fn retry_after_waits_for_the_quota_to_roll() {
+        let p = Params::new(4000 * MS, 1000 * MS, 5, 2).unwrap();
+        let mut s = State::default();
+        for t in [0, 0, 1000, 1000, 2000] {
+            assert!(decide(&mut s, &p, t * MS, 1).allowed);
+        }
+        // Quota full at 2100: the two from period 0 leave at 4000.
+        let d = decide(&mut s, &p, 2100 * MS, 1);
+        assert_eq!((d.allowed, d.retry_after_ns), (false, 1900 * MS));
+        assert!(!decide(&mut s, &p, 3999 * MS, 1).allowed);
+        assert!(decide(&mut s, &p, 4000 * MS, 1).allowed);
+    }
+
+    #[test]
+    fn refused_params() {
+        assert_eq!(
+            Params::new(3500 * MS, 1000 * MS, 5, 2).unwrap_err().param,
+            "--window"
+        );
+        assert_eq!(
+            Params::new(65 * MS, MS, 5, 2).unwrap_err().param,
+            "--window"
+        );
+        assert_eq!(
+            Params::new(4 * MS, MS, 5, 6).unwrap_err().param,
+            "--rate-cap"
+        );
+    }
+}

@@ -1,0 +1,196 @@
+//! Every algorithm against a plain reference model over random arrival
+//! sequences: identical decisions, and in every window the admitted cost stays
+//! within the documented bound.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use ratelimit_common::{fixed_window, gcra, interval, rolling_quota, sliding_log, sliding_window};
+
+/// Arrivals: non-decreasing times (ns) with costs 1..=3.
+fn arrivals(max_gap: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+    prop::collection::vec((0..max_gap, 1u64..=3), 1..200).prop_map(|v| {
+        let mut t = 0;
+        v.into_iter()
+            .map(|(gap, cost)| {
+                t += gap;
+                (t, cost)
+            })
+            .collect()
+    })
+}
+
+/// The most cost admitted in any span `[t, t + span)` that starts at an admission.
+fn max_in_any_window(admitted: &[(u64, u64)], span: u64) -> u64 {
+    admitted
+        .iter()
+        .map(|&(start, _)| {
+            admitted
+                .iter()
+                .filter(|&&(t, _)| t >= start && t < start + span)
+                .map(|&(_, c)| c)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// GCRA against a bucket holding `level` ticks of tokens, refilled one tick
+    /// per tick up to `tau`.
+    #[test]
+    fn gcra_matches_a_token_bucket(seq in arrivals(3_000), interval_ns in 1u64..500, cap in 1u64..8) {
+        let p = gcra::Params::from_rate(1, interval_ns, cap).unwrap();
+        let mut s = gcra::State::full(seq[0].0, &p);
+        let tau = i128::from(p.tau);
+        let i = i128::from(p.interval);
+        let mut level = tau;
+        let mut last = i128::from(seq[0].0) * 8192;
+        let mut admitted = Vec::new();
+        for &(t, n) in &seq {
+            let now = i128::from(t) * 8192;
+            level = (level + (now - last)).min(tau);
+            last = now;
+            let want = n <= cap && i128::from(n) * i <= level;
+            if want {
+                level -= i128::from(n) * i;
+            }
+            let got = gcra::decide(&mut s, &p, t, n).allowed;
+            prop_assert_eq!(got, want, "at {} cost {}", t, n);
+            if got {
+                admitted.push((t, n));
+            }
+        }
+        // In any span of 10 intervals: at most the burst plus 10.
+        prop_assert!(max_in_any_window(&admitted, 10 * interval_ns) <= cap + 10);
+    }
+
+    #[test]
+    fn interval_refill_matches_explicit_refills(seq in arrivals(300), every in 1u64..400, amount in 1u64..4, cap in 1u64..8) {
+        let p = interval::Params::new(every, amount, cap).unwrap();
+        let mut s = interval::State::default();
+        // Refills count from the first admitted arrival: a denied one stores nothing.
+        let mut first: Option<u64> = None;
+        let mut tokens = cap;
+        let mut steps_done = 0u64;
+        let mut admitted = Vec::new();
+        for &(t, n) in &seq {
+            if let Some(first) = first {
+                let steps = (t - first) / every;
+                tokens = (tokens + (steps - steps_done) * amount).min(cap);
+                steps_done = steps;
+            }
+            let want = n <= tokens;
+            if want {
+                tokens -= n;
+                first.get_or_insert(t);
+            }
+            let got = interval::decide(&mut s, &p, t, n).allowed;
+            prop_assert_eq!(got, want, "at {} cost {}", t, n);
+            if got {
+                admitted.push((t, n));
+            }
+        }
+        prop_assert!(max_in_any_window(&admitted, 5 * every) <= cap + amount * (5 + 1));
+    }
+
+    #[test]
+    fn fixed_window_matches_a_count_per_window(seq in arrivals(300), window in 1u64..2_000, limit in 1u64..10) {
+        let p = fixed_window::Params::new(window, limit).unwrap();
+        let mut s = fixed_window::State::default();
+        let mut counts: HashMap<u64, u64> = HashMap::new();
+        let mut admitted = Vec::new();
+        for &(t, n) in &seq {
+            let c = counts.entry(t / window).or_default();
+            let want = *c + n <= limit;
+            if want {
+                *c += n;
+            }
+            let got = fixed_window::decide(&mut s, &p, t, n).allowed;
+            prop_assert_eq!(got, want, "at {} cost {}", t, n);
+            if got {
+                admitted.push((t, n));
+            }
+        }
+        prop_assert!(counts.values().all(|&c| c <= limit));
+        prop_assert!(max_in_any_window(&admitted, window) <= 2 * limit);
+    }
+
+    #[test]
+    fn sliding_log_matches_a_full_log(seq in arrivals(300), window in 1u64..2_000, limit in 1u64..=64) {
+        let p = sliding_log::Params::new(window, limit).unwrap();
+        let mut s = sliding_log::State::default();
+        let mut log: Vec<u64> = Vec::new();
+        let mut admitted = Vec::new();
+        for &(t, n) in &seq {
+            let live = log.iter().filter(|&&x| t < window || x > t - window).count() as u64;
+            let want = live + n <= limit;
+            if want {
+                log.extend(std::iter::repeat_n(t, n as usize));
+            }
+            let got = sliding_log::decide(&mut s, &p, t, n).allowed;
+            prop_assert_eq!(got, want, "at {} cost {}", t, n);
+            if got {
+                admitted.push((t, n));
+            }
+        }
+        // Exact: at most `limit` in every window.
+        prop_assert!(max_in_any_window(&admitted, window) <= limit);
+    }
+
+    #[test]
+    fn sliding_window_matches_the_weighted_formula(seq in arrivals(300), window in 1u64..2_000, limit in 1u64..10) {
+        let p = sliding_window::Params::new(window, limit).unwrap();
+        let mut s = sliding_window::State::default();
+        let mut counts: HashMap<u64, u64> = HashMap::new();
+        let mut admitted = Vec::new();
+        for &(t, n) in &seq {
+            let w = t / window;
+            let e = t - w * window;
+            let prev = if w == 0 { 0 } else { counts.get(&(w - 1)).copied().unwrap_or(0) };
+            let cur = counts.get(&w).copied().unwrap_or(0);
+            let want = u128::from(prev) * u128::from(window - e) + u128::from(cur + n) * u128::from(window)
+                <= u128::from(limit) * u128::from(window);
+            if want {
+                *counts.entry(w).or_default() += n;
+            }
+            let got = sliding_window::decide(&mut s, &p, t, n).allowed;
+            prop_assert_eq!(got, want, "at {} cost {}", t, n);
+            if got {
+                admitted.push((t, n));
+            }
+        }
+        prop_assert!(counts.values().all(|&c| c <= limit));
+        prop_assert!(max_in_any_window(&admitted, window) < 2 * limit);
+    }
+
+    #[test]
+    fn rolling_quota_matches_counts_per_period(seq in arrivals(300), period in 1u64..300, periods in 1u64..8, quota in 1u64..12, cap_quarters in 1u64..=4) {
+        let rate_cap = (quota * cap_quarters / 4).max(1);
+        let p = rolling_quota::Params::new(period * periods, period, quota, rate_cap).unwrap();
+        let mut s = rolling_quota::State::default();
+        let mut counts: HashMap<u64, u64> = HashMap::new();
+        let mut admitted = Vec::new();
+        for &(t, n) in &seq {
+            let q = t / period;
+            let cur = counts.get(&q).copied().unwrap_or(0);
+            let total: u64 = (0..periods)
+                .filter(|i| *i <= q)
+                .map(|i| counts.get(&(q - i)).copied().unwrap_or(0))
+                .sum();
+            let want = cur + n <= rate_cap && total + n <= quota;
+            if want {
+                *counts.entry(q).or_default() += n;
+            }
+            let got = rolling_quota::decide(&mut s, &p, t, n).allowed;
+            prop_assert_eq!(got, want, "at {} cost {}", t, n);
+            if got {
+                admitted.push((t, n));
+            }
+        }
+        prop_assert!(counts.values().all(|&c| c <= rate_cap));
+        prop_assert!(max_in_any_window(&admitted, period * periods) <= quota + rate_cap);
+    }
+}

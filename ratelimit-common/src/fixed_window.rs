@@ -74,6 +74,16 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(params.limit - count, next - now_ns)
 }
 
+/// Returns `cost` unused units to the current window's count.
+#[inline(always)]
+pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
+    if state.window == div(now_ns, params.window_ns) as u32 {
+        state.count = state
+            .count
+            .saturating_sub(cost.min(u64::from(u32::MAX)) as u32);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -320,6 +320,22 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     }
 }
 
+/// Returns `cost` unused units to the bucket (seed 002's "refill"): the TAT moves
+/// back by `cost` intervals, but never behind `now` — a bucket never holds more
+/// than its capacity.
+#[inline(always)]
+pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
+    let generation = params.generation & GENERATION_MASK;
+    if state.tat & GENERATION_MASK != generation {
+        return;
+    }
+    let now_t = ns_to_ticks(now_ns);
+    let (ahead, _) = owed(state.tat & !GENERATION_MASK, now_t, params.tau);
+    let back = cost.saturating_mul(params.interval);
+    let ahead = ahead.saturating_sub(back);
+    state.tat = stored(now_t.wrapping_add(ahead), generation);
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;

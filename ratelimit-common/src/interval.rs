@@ -105,6 +105,14 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(tokens, ready.saturating_sub(now_ns))
 }
 
+/// Returns `cost` unused tokens, never above capacity.
+#[inline(always)]
+pub fn refund(state: &mut State, params: &Params, _now_ns: u64, cost: u64) {
+    if state.started != 0 {
+        state.tokens = state.tokens.saturating_add(cost).min(params.capacity);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

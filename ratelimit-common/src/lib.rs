@@ -15,6 +15,9 @@
 //! | [`rolling_quota`] | rolling-window quota with a rate cap | 8 B + 4 B per period |
 #![no_std]
 
+#[cfg(feature = "std")]
+pub mod keyed;
+
 pub mod clock;
 pub mod decision;
 pub mod fixed_window;

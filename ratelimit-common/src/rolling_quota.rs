@@ -159,6 +159,16 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(room, ready.saturating_sub(now_ns))
 }
 
+/// Returns `cost` unused units to the current period's count (and so the window's).
+#[inline(always)]
+pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
+    let now_period = div(now_ns, params.period_ns);
+    if now_period == state.period {
+        let slot = &mut state.counts[(now_period & MASK) as usize];
+        *slot = slot.saturating_sub(cost.min(u64::from(u32::MAX)) as u32);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -106,6 +106,13 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(params.limit - live, ready.saturating_sub(now_ns).max(1))
 }
 
+/// Returns `cost` unused units: the newest entries are removed from the log.
+#[inline(always)]
+pub fn refund(state: &mut State, _params: &Params, _now_ns: u64, cost: u64) {
+    let n = cost.min(u64::from(state.len)) as u32;
+    state.len -= n;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,7 +73,13 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     } else {
         // A clock slightly behind the anchor counts no step.
         let steps = div(now_ns.saturating_sub(state.anchor_ns), params.every_ns);
-        let added = steps.saturating_mul(params.amount);
+        // steps < capacity ≤ 2^32 and amount ≤ 2^32: no overflow (and no 128-bit
+        // multiply, which the BPF target lacks).
+        let added = if steps >= params.capacity {
+            params.capacity
+        } else {
+            steps * params.amount
+        };
         let tokens = state.tokens.saturating_add(added);
         let tokens = if tokens > params.capacity {
             params.capacity

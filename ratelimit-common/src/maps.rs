@@ -6,7 +6,7 @@
 //! IPv4-mapped (`::ffff:a.b.c.d`), so one key type and one LPM trie serve both
 //! families and an IPv4 prefix `/n` is the 128-bit prefix `/(96 + n)`.
 
-use crate::gcra;
+use crate::{fixed_window, gcra, interval, rolling_quota, sliding_log, sliding_window};
 
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "ratelimit";
@@ -27,13 +27,15 @@ pub const MAP_CONFIG: &str = "RL_CONFIG";
 pub const MAP_DROPS: &str = "RL_DROPS";
 
 /// Every map, for tests and pinning.
-pub const ALL_MAPS: [&str; 6] = [
+pub const ALL_MAPS: [&str; 8] = [
     MAP_RULES,
     MAP_DEFAULT,
     MAP_STATE,
     MAP_STATS,
     MAP_CONFIG,
     MAP_DROPS,
+    MAP_WIDE,
+    MAP_WIDE_ZERO,
 ];
 
 /// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
@@ -113,12 +115,127 @@ pub mod rule_flags {
     pub const DRY_RUN: u8 = 1 << 1;
 }
 
+/// Which algorithm a limit rule uses: [`Rule::algorithm`].
+pub mod algorithm {
+    /// Token bucket, greedy refill, as GCRA ([`crate::gcra`]); state in [`super::MAP_STATE`].
+    pub const GCRA: u8 = 0;
+    /// Token bucket, interval refill ([`crate::interval`]); state in [`super::MAP_WIDE`].
+    pub const INTERVAL: u8 = 1;
+    /// Fixed window counter ([`crate::fixed_window`]); state in [`super::MAP_WIDE`].
+    pub const FIXED_WINDOW: u8 = 2;
+    /// Sliding window log ([`crate::sliding_log`]); state in [`super::MAP_WIDE`].
+    pub const SLIDING_LOG: u8 = 3;
+    /// Sliding window counter ([`crate::sliding_window`]); state in [`super::MAP_WIDE`].
+    pub const SLIDING_WINDOW: u8 = 4;
+    /// Rolling-window quota with a rate cap ([`crate::rolling_quota`]); state in [`super::MAP_WIDE`].
+    pub const ROLLING_QUOTA: u8 = 5;
+}
+
+/// The parameters of a rule's algorithm ([`Rule::algorithm`] says which member).
+/// Every member is plain integers, so every bit pattern is valid for each.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union AlgoParams {
+    /// [`algorithm::GCRA`].
+    pub gcra: gcra::Params,
+    /// [`algorithm::INTERVAL`].
+    pub interval: interval::Params,
+    /// [`algorithm::FIXED_WINDOW`].
+    pub fixed_window: fixed_window::Params,
+    /// [`algorithm::SLIDING_LOG`].
+    pub sliding_log: sliding_log::Params,
+    /// [`algorithm::SLIDING_WINDOW`].
+    pub sliding_window: sliding_window::Params,
+    /// [`algorithm::ROLLING_QUOTA`].
+    pub rolling_quota: rolling_quota::Params,
+    /// The raw words.
+    pub raw: [u64; 6],
+}
+const _: () = assert!(core::mem::size_of::<AlgoParams>() == 48);
+
+impl AlgoParams {
+    /// The raw words.
+    #[inline(always)]
+    pub fn words(&self) -> [u64; 6] {
+        // SAFETY: every member is plain integers filling at most these 48 bytes,
+        // and values are built zeroed first (see the constructors).
+        unsafe { self.raw }
+    }
+
+    fn zeroed() -> Self {
+        Self { raw: [0; 6] }
+    }
+
+    /// Token bucket parameters.
+    pub fn from_gcra(p: gcra::Params) -> Self {
+        let mut v = Self::zeroed();
+        v.gcra = p;
+        v
+    }
+
+    /// Interval refill parameters.
+    pub fn from_interval(p: interval::Params) -> Self {
+        let mut v = Self::zeroed();
+        v.interval = p;
+        v
+    }
+
+    /// Fixed window parameters.
+    pub fn from_fixed_window(p: fixed_window::Params) -> Self {
+        let mut v = Self::zeroed();
+        v.fixed_window = p;
+        v
+    }
+
+    /// Sliding log parameters.
+    pub fn from_sliding_log(p: sliding_log::Params) -> Self {
+        let mut v = Self::zeroed();
+        v.sliding_log = p;
+        v
+    }
+
+    /// Sliding window counter parameters.
+    pub fn from_sliding_window(p: sliding_window::Params) -> Self {
+        let mut v = Self::zeroed();
+        v.sliding_window = p;
+        v
+    }
+
+    /// Rolling quota parameters.
+    pub fn from_rolling_quota(p: rolling_quota::Params) -> Self {
+        let mut v = Self::zeroed();
+        v.rolling_quota = p;
+        v
+    }
+}
+
+impl Default for AlgoParams {
+    fn default() -> Self {
+        Self::zeroed()
+    }
+}
+
+impl PartialEq for AlgoParams {
+    fn eq(&self, other: &Self) -> bool {
+        self.words() == other.words()
+    }
+}
+
+impl Eq for AlgoParams {}
+
+impl core::fmt::Debug for AlgoParams {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("AlgoParams").field(&self.words()).finish()
+    }
+}
+
 /// Value of [`MAP_RULES`] and [`MAP_DEFAULT`]. Built and validated by the daemon.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Rule {
     /// The rule's identity in [`FlowKey`]. Kept when a rule's limit changes, so
-    /// existing buckets carry over; new for a new prefix. 0 is the default rule.
+    /// existing buckets carry over; new for a new prefix or a new algorithm. 0 is
+    /// the default rule.
     pub id: u32,
     /// One of [`action`].
     pub action: u8,
@@ -128,10 +245,63 @@ pub struct Rule {
     pub key_prefix_v4: u8,
     /// Bits of an IPv6 source kept in the key (0..=128): 64 is per /64.
     pub key_prefix_v6: u8,
-    /// Token bucket parameters (for [`action::LIMIT`]).
-    pub gcra: gcra::Params,
+    /// One of [`algorithm`] (for [`action::LIMIT`]).
+    pub algorithm: u8,
+    /// Zero.
+    pub _pad: [u8; 7],
+    /// The algorithm's parameters.
+    pub params: AlgoParams,
 }
-const _: () = assert!(core::mem::size_of::<Rule>() == 56);
+const _: () = assert!(core::mem::size_of::<Rule>() == 64);
+
+impl Rule {
+    /// The token bucket parameters, for a [`algorithm::GCRA`] rule.
+    #[inline(always)]
+    pub fn gcra(&self) -> gcra::Params {
+        // SAFETY: plain integers; see AlgoParams.
+        unsafe { self.params.gcra }
+    }
+}
+
+/// `LruHash<FlowKey, WideState>`: the state of keys under the algorithms whose
+/// state is wider than one word. Written by the program under [`WideState::lock`].
+pub const MAP_WIDE: &str = "RL_WIDE";
+/// Default capacity of [`MAP_WIDE`] (about 540 bytes each: 8.8 MiB).
+pub const DEFAULT_WIDE_CAPACITY: u32 = 16 * 1024;
+
+/// Words of [`WideState::body`]: room for the largest state (the sliding log).
+pub const WIDE_WORDS: usize = 66;
+
+/// Value of [`MAP_WIDE`]: a lock word and the algorithm's state. `bpf_spin_lock`
+/// is refused in LRU maps, so the program takes `lock` with compare-and-swap
+/// (0 → 1, bounded retries) and releases it with an atomic exchange; every
+/// decision on a key is thus serialized across CPUs: exact.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WideState {
+    /// 0 free, 1 held.
+    pub lock: u64,
+    /// The algorithm's `State`, from the first byte.
+    pub body: [u64; WIDE_WORDS],
+}
+const _: () = assert!(core::mem::size_of::<sliding_log::State>() <= WIDE_WORDS * 8);
+const _: () = assert!(core::mem::size_of::<rolling_quota::State>() <= WIDE_WORDS * 8);
+const _: () = assert!(core::mem::size_of::<interval::State>() <= WIDE_WORDS * 8);
+const _: () = assert!(core::mem::size_of::<sliding_window::State>() <= WIDE_WORDS * 8);
+const _: () = assert!(core::mem::size_of::<fixed_window::State>() <= WIDE_WORDS * 8);
+
+impl Default for WideState {
+    fn default() -> Self {
+        Self {
+            lock: 0,
+            body: [0; WIDE_WORDS],
+        }
+    }
+}
+
+/// `PerCpuArray<WideState>` of one zeroed entry: what a new wide state is copied
+/// from (it is too big for the BPF stack).
+pub const MAP_WIDE_ZERO: &str = "RL_WIDE_ZERO";
 
 /// Bits of [`Config::flags`].
 pub mod config_flags {
@@ -232,6 +402,11 @@ impl Reason {
 /// updated the same key in between.
 pub const CAS_RETRIES: u32 = 16;
 
+/// How many times the program tries to take a wide state's lock word before
+/// giving up ([`Reason::Contended`]). The holder runs with preemption off and
+/// releases within a microsecond or so.
+pub const LOCK_RETRIES: u32 = 128;
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all are `#[repr(C)]`, `Copy`, and have no padding (sizes asserted above).
@@ -240,6 +415,7 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for crate::gcra::State {}
+    unsafe impl aya::Pod for super::WideState {}
 }
 
 #[cfg(test)]

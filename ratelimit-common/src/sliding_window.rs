@@ -84,7 +84,7 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     };
     let index = index.max(state.window);
     let into = div(
-        now_ns.saturating_sub(index.saturating_mul(params.window_ns)),
+        now_ns.saturating_sub(index.wrapping_mul(params.window_ns)),
         params.unit_ns,
     );
     let into = into.min(params.window_units);

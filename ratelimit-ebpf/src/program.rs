@@ -11,7 +11,7 @@
 //!   what would have been is counted as `would_drop`.
 
 use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg},
     mem::size_of,
     ptr::read_volatile,
 };
@@ -34,6 +34,10 @@ use ratelimit_common::{
     DROPS_CAPACITY, FlowKey, REASON_COUNT, Reason, Rule, V4_MAPPED_BITS, action, config_flags,
     gcra, is_v4_mapped, map_v4, mask_addr, rule_flags,
 };
+use ratelimit_common::{
+    DEFAULT_WIDE_CAPACITY, LOCK_RETRIES, WideState, algorithm, fixed_window, interval,
+    rolling_quota, sliding_log, sliding_window,
+};
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
 #[map(name = "RL_RULES")]
@@ -51,6 +55,13 @@ static RL_STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(REASON_COU
 
 #[map(name = "RL_CONFIG")]
 static RL_CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+#[map(name = "RL_WIDE")]
+static RL_WIDE: LruHashMap<FlowKey, WideState> =
+    LruHashMap::with_max_entries(DEFAULT_WIDE_CAPACITY, 0);
+
+#[map(name = "RL_WIDE_ZERO")]
+static RL_WIDE_ZERO: PerCpuArray<WideState> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "RL_DROPS")]
 static RL_DROPS: LruHashMap<Addr, u64> = LruHashMap::with_max_entries(DROPS_CAPACITY, 0);
@@ -160,7 +171,11 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
             };
             // SAFETY: a BPF helper with no preconditions.
             let now = unsafe { bpf_ktime_get_ns() };
-            limit(ctx, &key, &rule.gcra, now, cost)
+            if rule.algorithm == algorithm::GCRA {
+                limit(ctx, &key, &rule.gcra(), now, cost)
+            } else {
+                limit_wide(&key, &rule, now, cost)
+            }
         }
         action::DENY => Reason::Denied,
         _ => Reason::Allowed,
@@ -258,6 +273,74 @@ fn update(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) -> Reason 
         seen = found;
     }
     Reason::Contended
+}
+
+/// Applies a wide-state algorithm to `key`, under the state's lock word.
+#[inline(always)]
+fn limit_wide(key: &FlowKey, rule: &Rule, now: u64, cost: u64) -> Reason {
+    let wide = match RL_WIDE.get_ptr_mut(key) {
+        Some(p) => p,
+        None => {
+            // A new key: a zeroed state is a fresh one for every wide algorithm.
+            let Some(zero) = RL_WIDE_ZERO.get_ptr(0) else {
+                return Reason::StateFailed;
+            };
+            // By reference: a 536-byte value would not fit on the 512-byte BPF stack.
+            // SAFETY: a valid map value of the same type, read by the helper.
+            let zero: &WideState = unsafe { &*zero };
+            let _ = RL_WIDE.insert(key, zero, u64::from(BPF_NOEXIST));
+            match RL_WIDE.get_ptr_mut(key) {
+                Some(p) => p,
+                None => return Reason::StateFailed,
+            }
+        }
+    };
+    // SAFETY: `wide` is a map value valid for this run; its lock word is only
+    // touched atomically, its body only while the lock is held.
+    unsafe {
+        let lock = &raw mut (*wide).lock;
+        let mut held = false;
+        for _ in 0..LOCK_RETRIES {
+            if atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                lock, 0, 1,
+            )
+            .1
+            {
+                held = true;
+                break;
+            }
+        }
+        if !held {
+            return Reason::Contended;
+        }
+        let body = (&raw mut (*wide).body).cast::<u8>();
+        let params = &rule.params;
+        let allowed = match rule.algorithm {
+            algorithm::INTERVAL => {
+                interval::decide(&mut *body.cast(), &params.interval, now, cost).allowed
+            }
+            algorithm::FIXED_WINDOW => {
+                fixed_window::decide(&mut *body.cast(), &params.fixed_window, now, cost).allowed
+            }
+            algorithm::SLIDING_LOG => {
+                sliding_log::decide(&mut *body.cast(), &params.sliding_log, now, cost).allowed
+            }
+            algorithm::SLIDING_WINDOW => {
+                sliding_window::decide(&mut *body.cast(), &params.sliding_window, now, cost).allowed
+            }
+            algorithm::ROLLING_QUOTA => {
+                rolling_quota::decide(&mut *body.cast(), &params.rolling_quota, now, cost).allowed
+            }
+            // An algorithm this program does not know: fail open.
+            _ => true,
+        };
+        atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(lock, 0);
+        if allowed {
+            Reason::Passed
+        } else {
+            Reason::Limited
+        }
+    }
 }
 
 #[inline(always)]

@@ -95,6 +95,10 @@ pub struct RunArgs {
     /// Prefix rules at most (a load-time setting).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_RULES_CAPACITY)]
     pub max_rules: u32,
+    /// Sources tracked at once under the algorithms other than gcra (a load-time
+    /// setting; about 540 bytes each).
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_WIDE_CAPACITY)]
+    pub max_wide_sources: u32,
 }
 
 /// The daemon to talk to.
@@ -110,9 +114,37 @@ pub struct Target {
 pub struct SetArgs {
     /// `default` or a CIDR such as 198.18.0.0/15 or 2001:db8::/32.
     pub target: String,
-    /// Rate, e.g. 500/s, 30/min, 10k/s, 100Mbit/s.
+    /// Rate, e.g. 500/s, 30/min, 10k/s, 100Mbit/s (gcra).
     #[arg(long)]
-    pub rate: String,
+    pub rate: Option<String>,
+    /// Algorithm: gcra (default), token-bucket-interval, fixed-window,
+    /// sliding-log, sliding-window, rolling-quota.
+    #[arg(long)]
+    pub algorithm: Option<String>,
+    /// Packets per window (fixed-window, sliding-log, sliding-window).
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Window, e.g. 1s, 1min, 24h (windows, rolling-quota).
+    #[arg(long)]
+    pub window: Option<String>,
+    /// Refill period, e.g. 1s (token-bucket-interval).
+    #[arg(long)]
+    pub refill_every: Option<String>,
+    /// Tokens per refill (token-bucket-interval).
+    #[arg(long)]
+    pub refill_amount: Option<u64>,
+    /// Bucket size (token-bucket-interval).
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    /// Packets per window (rolling-quota).
+    #[arg(long)]
+    pub quota: Option<u64>,
+    /// Period, e.g. 1h (rolling-quota).
+    #[arg(long)]
+    pub period: Option<String>,
+    /// Packets per period (rolling-quota).
+    #[arg(long)]
+    pub rate_cap: Option<u64>,
     /// Burst: a count, or a size for byte rates.
     #[arg(long)]
     pub burst: Option<String>,
@@ -210,6 +242,9 @@ impl RunArgs {
         if self.max_rules == 0 {
             return Err(Error::invalid("--max-rules", "must be at least 1"));
         }
+        if self.max_wide_sources == 0 {
+            return Err(Error::invalid("--max-wide-sources", "must be at least 1"));
+        }
         Ok(RunOptions {
             iface: self.iface.clone(),
             config: self.config.clone(),
@@ -222,6 +257,7 @@ impl RunArgs {
             load: LoadOptions {
                 state_capacity: self.max_sources,
                 rules_capacity: self.max_rules,
+                wide_capacity: self.max_wide_sources,
             },
         })
     }
@@ -243,14 +279,27 @@ pub async fn main(cli: Cli) -> Result<()> {
         }
         Command::Set(args) => {
             let mut rate = args.rate.clone();
-            if args.bytes && !rate.contains('B') && !rate.contains("bit") {
+            if let Some(r) = &rate
+                && args.bytes
+                && !r.contains('B')
+                && !r.contains("bit")
+            {
                 // `--bytes` with a plain count: the count is bytes.
-                let (amount, per) = rate.split_once('/').unwrap_or((&rate, "s"));
-                rate = format!("{amount}B/{per}");
+                let (amount, per) = r.split_once('/').unwrap_or((r, "s"));
+                rate = Some(format!("{amount}B/{per}"));
             }
             let limit = RawLimit {
                 action: Some("limit".into()),
-                rate: Some(rate),
+                rate,
+                algorithm: args.algorithm.clone(),
+                limit: args.limit,
+                window: args.window.clone(),
+                refill_every: args.refill_every.clone(),
+                refill_amount: args.refill_amount,
+                capacity: args.capacity,
+                quota: args.quota,
+                period: args.period.clone(),
+                rate_cap: args.rate_cap,
                 burst: args.burst.clone().map(RawBurst::Text),
                 per: if args.target == "default" {
                     None
@@ -272,7 +321,7 @@ pub async fn main(cli: Cli) -> Result<()> {
                 &iface,
                 &Request::Set {
                     target: args.target,
-                    limit,
+                    limit: Box::new(limit),
                 },
             )
             .await?;

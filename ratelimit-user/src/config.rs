@@ -7,8 +7,11 @@ use serde::Deserialize;
 
 use crate::{
     error::{Error, Result},
-    rate::{Unit, parse_burst, parse_rate},
-    rules::{Action, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, Prefix, RuleSet},
+    rate::{Unit, parse_burst, parse_duration, parse_rate},
+    rules::{
+        Action, Algo, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, Prefix, RuleSet,
+        default_limit,
+    },
 };
 
 /// A burst as written: a number or a string with a unit.
@@ -46,7 +49,38 @@ pub struct RawLimit {
     /// Count would-drops instead of dropping.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
+    /// `gcra` (default), `token-bucket-interval`, `fixed-window`, `sliding-log`,
+    /// `sliding-window`, `rolling-quota`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    /// Packets per window (windows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// Window length, e.g. `"1min"` (windows, rolling quota).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    /// Refill period (interval refill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refill_every: Option<String>,
+    /// Tokens per refill (interval refill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refill_amount: Option<u64>,
+    /// Bucket size (interval refill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// Packets per window (rolling quota).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<u64>,
+    /// Period length (rolling quota).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+    /// Packets per period (rolling quota).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_cap: Option<u64>,
 }
+
+/// What each algorithm takes, for errors.
+const ALGO_PARAMS: &str = "gcra takes rate and burst; token-bucket-interval takes refill-every, refill-amount and capacity; fixed-window, sliding-log and sliding-window take limit and window; rolling-quota takes quota, window, period and rate-cap";
 
 /// A `[[rule]]` table.
 #[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
@@ -85,10 +119,19 @@ impl RawLimit {
                 || self.per.is_some()
                 || self.per_v4.is_some()
                 || self.per_v6.is_some()
+                || self.algorithm.is_some()
+                || self.limit.is_some()
+                || self.window.is_some()
+                || self.refill_every.is_some()
+                || self.refill_amount.is_some()
+                || self.capacity.is_some()
+                || self.quota.is_some()
+                || self.period.is_some()
+                || self.rate_cap.is_some()
             {
                 return Err(Error::invalid(
                     field,
-                    format!("an {name} rule takes no rate, burst or per"),
+                    format!("an {name} rule takes no rate, burst, per or algorithm"),
                 ));
             }
             Ok(())
@@ -108,21 +151,6 @@ impl RawLimit {
                 })
             }
             "limit" => {
-                let rate_field = format!("{field}.rate");
-                let rate = parse_rate(
-                    &rate_field,
-                    self.rate.as_deref().ok_or_else(|| {
-                        Error::invalid(&rate_field, "missing; a limit needs a rate like 500/s")
-                    })?,
-                )?;
-                let burst_field = format!("{field}.burst");
-                let burst = match &self.burst {
-                    None => rate.default_burst(),
-                    Some(RawBurst::Count(n)) => {
-                        parse_burst(&burst_field, &n.to_string(), rate.unit)?
-                    }
-                    Some(RawBurst::Text(s)) => parse_burst(&burst_field, s, rate.unit)?,
-                };
                 let (mut per_v4, mut per_v6) = (
                     self.per_v4.unwrap_or(DEFAULT_PER_V4),
                     self.per_v6.unwrap_or(DEFAULT_PER_V6),
@@ -139,13 +167,14 @@ impl RawLimit {
                         }
                     }
                 }
-                if rate.tokens == 0 && family_v4.is_none() {
-                    return Err(Error::invalid(
-                        rate_field,
-                        "0/s for the default rule would drop every source; to drop a network use `ratelimit deny CIDR` or rate 0/s on its CIDR",
-                    ));
-                }
+                let algo = self.algo(field)?;
+                let (rate, burst) = if algo == Algo::Gcra {
+                    self.rate_and_burst(field, family_v4)?
+                } else {
+                    (default_limit().rate, 1)
+                };
                 let limit = Limit {
+                    algo,
                     rate,
                     burst,
                     per_v4,
@@ -153,7 +182,7 @@ impl RawLimit {
                     dry_run: self.dry_run.unwrap_or(false),
                 };
                 Action::Limit(limit).to_kernel(0, field)?;
-                if rate.unit == Unit::Bytes && burst < 1514 {
+                if algo == Algo::Gcra && rate.unit == Unit::Bytes && burst < 1514 {
                     tracing::warn!(
                         field,
                         burst,
@@ -170,6 +199,114 @@ impl RawLimit {
     }
 }
 
+impl RawLimit {
+    fn rate_and_burst(
+        &self,
+        field: &str,
+        family_v4: Option<bool>,
+    ) -> Result<(crate::rate::Rate, u64)> {
+        let rate_field = format!("{field}.rate");
+        let rate = parse_rate(
+            &rate_field,
+            self.rate.as_deref().ok_or_else(|| {
+                Error::invalid(&rate_field, "missing; a limit needs a rate like 500/s")
+            })?,
+        )?;
+        let burst_field = format!("{field}.burst");
+        let burst = match &self.burst {
+            None => rate.default_burst(),
+            Some(RawBurst::Count(n)) => parse_burst(&burst_field, &n.to_string(), rate.unit)?,
+            Some(RawBurst::Text(s)) => parse_burst(&burst_field, s, rate.unit)?,
+        };
+        if rate.tokens == 0 && family_v4.is_none() {
+            return Err(Error::invalid(
+                rate_field,
+                "0/s for the default rule would drop every source; to drop a network use `ratelimit deny CIDR` or rate 0/s on its CIDR",
+            ));
+        }
+        Ok((rate, burst))
+    }
+
+    /// The algorithm and its parameters; every parameter it does not take is an
+    /// error that lists what each algorithm takes.
+    fn algo(&self, field: &str) -> Result<Algo> {
+        let name = self.algorithm.as_deref().unwrap_or("gcra");
+        let given: [(&str, bool); 11] = [
+            ("rate", self.rate.is_some()),
+            ("burst", self.burst.is_some()),
+            ("limit", self.limit.is_some()),
+            ("window", self.window.is_some()),
+            ("refill-every", self.refill_every.is_some()),
+            ("refill-amount", self.refill_amount.is_some()),
+            ("capacity", self.capacity.is_some()),
+            ("quota", self.quota.is_some()),
+            ("period", self.period.is_some()),
+            ("rate-cap", self.rate_cap.is_some()),
+            ("(unused)", false),
+        ];
+        let takes: &[&str] = match name {
+            "gcra" => &["rate", "burst"],
+            "token-bucket-interval" => &["refill-every", "refill-amount", "capacity"],
+            "fixed-window" | "sliding-log" | "sliding-window" => &["limit", "window"],
+            "rolling-quota" => &["quota", "window", "period", "rate-cap"],
+            other => {
+                return Err(Error::invalid(
+                    format!("{field}.algorithm"),
+                    format!("unknown algorithm {other:?}; expected {}", Algo::NAMES),
+                ));
+            }
+        };
+        for (param, set) in given {
+            if set && !takes.contains(&param) {
+                return Err(Error::invalid(
+                    format!("{field}.{param}"),
+                    format!("{name} takes no {param}; {ALGO_PARAMS}"),
+                ));
+            }
+        }
+        for param in takes {
+            let set = given.iter().any(|(p, s)| p == param && *s);
+            let optional = name == "gcra" && *param == "burst";
+            if !(set || optional) {
+                return Err(Error::invalid(
+                    format!("{field}.{param}"),
+                    format!("{name} needs {param}; {ALGO_PARAMS}"),
+                ));
+            }
+        }
+        let dur = |param: &str, v: &Option<String>| -> Result<u64> {
+            parse_duration(&format!("{field}.{param}"), v.as_deref().unwrap_or(""))
+        };
+        let n = |v: Option<u64>| v.unwrap_or(0);
+        Ok(match name {
+            "gcra" => Algo::Gcra,
+            "token-bucket-interval" => Algo::Interval {
+                every_ns: dur("refill-every", &self.refill_every)?,
+                amount: n(self.refill_amount),
+                capacity: n(self.capacity),
+            },
+            "fixed-window" => Algo::FixedWindow {
+                window_ns: dur("window", &self.window)?,
+                limit: n(self.limit),
+            },
+            "sliding-log" => Algo::SlidingLog {
+                window_ns: dur("window", &self.window)?,
+                limit: n(self.limit),
+            },
+            "sliding-window" => Algo::SlidingWindow {
+                window_ns: dur("window", &self.window)?,
+                limit: n(self.limit),
+            },
+            _ => Algo::RollingQuota {
+                window_ns: dur("window", &self.window)?,
+                period_ns: dur("period", &self.period)?,
+                quota: n(self.quota),
+                rate_cap: n(self.rate_cap),
+            },
+        })
+    }
+}
+
 impl From<&Action> for RawLimit {
     fn from(a: &Action) -> Self {
         match a {
@@ -182,15 +319,50 @@ impl From<&Action> for RawLimit {
                 dry_run: Some(*dry_run),
                 ..Default::default()
             },
-            Action::Limit(l) => RawLimit {
-                action: Some("limit".into()),
-                rate: Some(l.rate.exact()),
-                burst: Some(RawBurst::Count(l.burst)),
-                per_v4: Some(l.per_v4),
-                per_v6: Some(l.per_v6),
-                per: None,
-                dry_run: Some(l.dry_run),
-            },
+            Action::Limit(l) => {
+                let ns = |v: u64| Some(format!("{v}ns"));
+                let mut raw = RawLimit {
+                    action: Some("limit".into()),
+                    algorithm: Some(l.algo.name().into()),
+                    per_v4: Some(l.per_v4),
+                    per_v6: Some(l.per_v6),
+                    dry_run: Some(l.dry_run),
+                    ..Default::default()
+                };
+                match l.algo {
+                    Algo::Gcra => {
+                        raw.rate = Some(l.rate.exact());
+                        raw.burst = Some(RawBurst::Count(l.burst));
+                    }
+                    Algo::Interval {
+                        every_ns,
+                        amount,
+                        capacity,
+                    } => {
+                        raw.refill_every = ns(every_ns);
+                        raw.refill_amount = Some(amount);
+                        raw.capacity = Some(capacity);
+                    }
+                    Algo::FixedWindow { window_ns, limit }
+                    | Algo::SlidingLog { window_ns, limit }
+                    | Algo::SlidingWindow { window_ns, limit } => {
+                        raw.window = ns(window_ns);
+                        raw.limit = Some(limit);
+                    }
+                    Algo::RollingQuota {
+                        window_ns,
+                        period_ns,
+                        quota,
+                        rate_cap,
+                    } => {
+                        raw.window = ns(window_ns);
+                        raw.period = ns(period_ns);
+                        raw.quota = Some(quota);
+                        raw.rate_cap = Some(rate_cap);
+                    }
+                }
+                raw
+            }
         }
     }
 }
@@ -267,6 +439,7 @@ impl RawConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::Algo;
 
     fn parse(s: &str) -> Result<RuleSet> {
         RawConfig::parse(Path::new("t.toml"), s)?.validate(&RuleSet::default())
@@ -325,6 +498,89 @@ mod tests {
         let set = parse(include_str!("../../examples/ratelimit.toml")).unwrap();
         let text = toml::to_string(&RawConfig::from(&set)).unwrap();
         assert_eq!(parse(&text).unwrap(), set, "{text}");
+    }
+
+    #[test]
+    fn algorithms_and_their_parameters() {
+        let set = parse(
+            r#"
+            [[rule]]
+            cidr = "198.18.1.0/24"
+            algorithm = "sliding-log"
+            limit = 10
+            window = "1s"
+            [[rule]]
+            cidr = "198.18.2.0/24"
+            algorithm = "rolling-quota"
+            quota = 10000
+            window = "24h"
+            period = "1h"
+            rate-cap = 1000
+            [[rule]]
+            cidr = "198.18.3.0/24"
+            algorithm = "token-bucket-interval"
+            refill-every = "60s"
+            refill-amount = 60
+            capacity = 60
+            "#,
+        )
+        .unwrap();
+        let p = |s| Prefix::parse("x", s).unwrap();
+        let Action::Limit(l) = set.rules[&p("198.18.1.0/24")] else {
+            panic!()
+        };
+        assert_eq!(
+            l.algo,
+            Algo::SlidingLog {
+                window_ns: 1_000_000_000,
+                limit: 10
+            }
+        );
+        let Action::Limit(l) = set.rules[&p("198.18.2.0/24")] else {
+            panic!()
+        };
+        assert!(matches!(
+            l.algo,
+            Algo::RollingQuota {
+                quota: 10000,
+                rate_cap: 1000,
+                ..
+            }
+        ));
+        assert_eq!(
+            l.to_string(),
+            "rolling-quota 10000 per 1d at most 1000 per 1h per /32 (IPv4) /64 (IPv6)"
+        );
+        // The saved form reads back to the same set.
+        let text = toml::to_string(&RawConfig::from(&set)).unwrap();
+        assert_eq!(parse(&text).unwrap(), set, "{text}");
+        for (text, needle) in [
+            (
+                "algorithm = \"sliding-log\"\nlimit = 100\nwindow = \"1s\"",
+                "use --algorithm sliding-window",
+            ),
+            (
+                "algorithm = \"fixed-window\"\nlimit = 10",
+                "fixed-window needs window",
+            ),
+            (
+                "algorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nrate = \"5/s\"",
+                "fixed-window takes no rate",
+            ),
+            ("algorithm = \"leaky\"", "unknown algorithm \"leaky\""),
+            (
+                "algorithm = \"rolling-quota\"\nquota = 5\nwindow = \"90min\"\nperiod = \"1h\"\nrate-cap = 2",
+                "whole number of periods",
+            ),
+            (
+                "algorithm = \"fixed-window\"\nlimit = 10\nwindow = \"10 fortnights\"",
+                "invalid duration",
+            ),
+        ] {
+            let file = format!("[[rule]]\ncidr = \"198.18.0.0/24\"\n{text}");
+            let e = parse(&file).expect_err(text).to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub enum Request {
         /// `default` or a CIDR.
         target: String,
         /// The limit, as the CLI wrote it.
-        limit: RawLimit,
+        limit: Box<RawLimit>,
     },
     /// Exempt a CIDR.
     Allow {

@@ -361,6 +361,12 @@ impl Daemon {
         match request {
             Request::Set { target, limit } => {
                 if target == "default" {
+                    // Keep the daemon's key prefixes unless the request sets them.
+                    let mut limit = *limit;
+                    if let Action::Limit(current) = self.rules.default {
+                        limit.per_v4 = limit.per_v4.or(Some(current.per_v4));
+                        limit.per_v6 = limit.per_v6.or(Some(current.per_v6));
+                    }
                     let action = limit.validate("default", None)?;
                     self.change(|r| {
                         r.default = action;

@@ -73,6 +73,8 @@ pub struct LoadOptions {
     pub state_capacity: u32,
     /// Rules at most.
     pub rules_capacity: u32,
+    /// Sources tracked at once under the wide-state algorithms.
+    pub wide_capacity: u32,
 }
 
 impl Default for LoadOptions {
@@ -80,6 +82,7 @@ impl Default for LoadOptions {
         Self {
             state_capacity: common::DEFAULT_STATE_CAPACITY,
             rules_capacity: common::DEFAULT_RULES_CAPACITY,
+            wide_capacity: common::DEFAULT_WIDE_CAPACITY,
         }
     }
 }
@@ -92,6 +95,7 @@ pub struct Maps {
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
     drops: HashMap<MapData, Addr, u64>,
+    wide: HashMap<MapData, FlowKey, common::WideState>,
 }
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
@@ -116,7 +120,8 @@ impl Maps {
         let stats = take(MAP_STATS)?;
         let config = take(MAP_CONFIG)?;
         let drops = take(MAP_DROPS)?;
-        Self::from_maps([rules, default, state, stats, config, drops])
+        let wide = take(common::MAP_WIDE)?;
+        Self::from_maps([rules, default, state, stats, config, drops, wide])
     }
 
     /// Opens the maps a daemon pinned for `iface`.
@@ -134,11 +139,13 @@ impl Maps {
             open(MAP_STATS)?,
             open(MAP_CONFIG)?,
             open(MAP_DROPS)?,
+            open(common::MAP_WIDE)?,
         ])
     }
 
-    fn from_maps([rules, default, state, stats, config, drops]: [Map; 6]) -> Result<Self> {
+    fn from_maps([rules, default, state, stats, config, drops, wide]: [Map; 7]) -> Result<Self> {
         Ok(Self {
+            wide: HashMap::try_from(wide).map_err(map_err("typing", common::MAP_WIDE))?,
             drops: HashMap::try_from(drops).map_err(map_err("typing", MAP_DROPS))?,
             rules: LpmTrie::try_from(rules).map_err(map_err("typing", MAP_RULES))?,
             default: Array::try_from(default).map_err(map_err("typing", MAP_DEFAULT))?,
@@ -176,26 +183,34 @@ impl Maps {
     /// write. Prefixes that stay keep their rule id, so their buckets carry over.
     pub fn apply(&mut self, set: &RuleSet) -> Result<()> {
         let old = self.rules()?;
-        let mut next_id = old.values().map(|r| r.id).max().unwrap_or(0);
+        let old_default = self.default_rule()?;
+        let mut next_id = old
+            .values()
+            .map(|r| r.id)
+            .chain([old_default.id])
+            .max()
+            .unwrap_or(0);
+        let mut fresh_id = || {
+            next_id = next_id.checked_add(1).ok_or_else(|| {
+                Error::invalid("rules", "rule ids exhausted; restart with --reset")
+            })?;
+            Ok::<u32, Error>(next_id)
+        };
         let mut values = Vec::with_capacity(set.rules.len());
         for (prefix, action) in &set.rules {
-            let id = match old.get(prefix) {
-                Some(rule) => rule.id,
-                None => {
-                    next_id = next_id.checked_add(1).ok_or_else(|| {
-                        Error::invalid("rules", "rule ids exhausted; restart with --reset")
-                    })?;
-                    next_id
-                }
+            let mut rule = action.to_kernel(0, &prefix.to_string())?;
+            rule.id = match old.get(prefix) {
+                Some(previous) if carry_over(previous, &mut rule) => previous.id,
+                _ => fresh_id()?,
             };
-            let mut rule = action.to_kernel(id, &prefix.to_string())?;
-            if let Some(previous) = old.get(prefix) {
-                rule.gcra = rule.gcra.succeeding(&previous.gcra);
-            }
             values.push((*prefix, rule));
         }
         let mut default = set.default.to_kernel(0, "default")?;
-        default.gcra = default.gcra.succeeding(&self.default_rule()?.gcra);
+        default.id = if carry_over(&old_default, &mut default) {
+            old_default.id
+        } else {
+            fresh_id()?
+        };
         let config = set.kernel_config();
 
         // Keep the trie lookup on while rules change, then set the final config.
@@ -276,12 +291,39 @@ impl Maps {
         self.state.get(key, 0).ok()
     }
 
+    /// Deletes the wide state of `key` (tests).
+    pub fn remove_wide_state(&mut self, key: &FlowKey) -> Result<()> {
+        self.wide
+            .remove(key)
+            .map_err(map_err("removing", common::MAP_WIDE))
+    }
+
     /// Deletes the state of `key` (the idle sweep).
     pub fn remove_state(&mut self, key: &FlowKey) -> Result<()> {
         self.state
             .remove(key)
             .map_err(map_err("removing", MAP_STATE))
     }
+}
+
+/// Makes `rule` the next generation of `previous` (same prefix) and returns
+/// true, when the keys' states can carry over: both are limits with the same
+/// algorithm. Otherwise returns false and the caller gives the rule a new id, so
+/// its keys start fresh (another algorithm keeps its state in another form).
+fn carry_over(previous: &common::Rule, rule: &mut common::Rule) -> bool {
+    use common::action::LIMIT;
+    if rule.action != LIMIT {
+        // Allow and deny keep no state: the id may stay.
+        return true;
+    }
+    if previous.action != LIMIT || previous.algorithm != rule.algorithm {
+        return false;
+    }
+    if rule.algorithm == common::algorithm::GCRA {
+        let gcra = rule.gcra().succeeding(&previous.gcra());
+        rule.params = common::AlgoParams::from_gcra(gcra);
+    }
+    true
 }
 
 /// The program loaded, attached and pinned for one interface.
@@ -337,7 +379,8 @@ impl Enforcer {
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(MAP_STATE, opts.state_capacity)
-            .map_max_entries(MAP_RULES, opts.rules_capacity);
+            .map_max_entries(MAP_RULES, opts.rules_capacity)
+            .map_max_entries(common::MAP_WIDE, opts.wide_capacity);
         for (name, path) in &map_paths {
             loader.map_pin_path(name, path.as_path());
         }

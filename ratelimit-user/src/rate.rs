@@ -16,8 +16,9 @@ pub enum Unit {
     Bytes,
 }
 
-/// A rate: `tokens` per `period_ns`, exact (no floating point).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A rate: `tokens` per `period_ns`, exact (no floating point). Equal rates
+/// compare equal whatever their form (`500/s` = `1/2ms`).
+#[derive(Clone, Copy, Debug)]
 pub struct Rate {
     /// Tokens per period. 0 is a rate of 0 (nothing admitted).
     pub tokens: u64,
@@ -26,6 +27,16 @@ pub struct Rate {
     /// What a token is.
     pub unit: Unit,
 }
+
+impl PartialEq for Rate {
+    fn eq(&self, other: &Self) -> bool {
+        self.unit == other.unit
+            && u128::from(self.tokens) * u128::from(other.period_ns)
+                == u128::from(other.tokens) * u128::from(self.period_ns)
+    }
+}
+
+impl Eq for Rate {}
 
 /// Forms accepted for a rate, for error messages.
 pub const RATE_FORMS: &str = "a count per period like 500/s, 30/min, 1/hour, 10k/s, 2.5M/s or 10/second, or a byte rate like 100Mbit/s, 1Gbit/s, 10MB/s or 64KiB/s";
@@ -208,6 +219,42 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
     a
 }
 
+/// Forms accepted for a duration, for error messages.
+pub const DURATION_FORMS: &str = "a number and a unit like 500ms, 1s, 1.5s, 30min, 1h or 1d";
+
+/// Parses a duration (`500ms`, `1s`, `1.5s`, `30min`, `1h`, `1d`, `250ns`) into ns.
+pub fn parse_duration(field: &str, s: &str) -> Result<u64> {
+    let bad = |why: &str| {
+        Error::invalid(
+            field,
+            format!("invalid duration {s:?}: {why}; expected {DURATION_FORMS}"),
+        )
+    };
+    let (number, unit) = split_number(s.trim());
+    let (mantissa, scale) = parse_decimal(number).ok_or_else(|| bad("not a number"))?;
+    let unit_ns: u64 = match unit {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" | "sec" | "second" | "seconds" => NS_PER_S,
+        "m" | "min" | "minute" | "minutes" => 60 * NS_PER_S,
+        "h" | "hour" | "hours" => 3600 * NS_PER_S,
+        "d" | "day" | "days" => 86_400 * NS_PER_S,
+        "" => return Err(bad("no unit")),
+        _ => return Err(bad("unknown unit")),
+    };
+    let ns = u128::from(mantissa) * u128::from(unit_ns);
+    let den = u128::from(10u64.pow(scale));
+    if ns % den != 0 {
+        return Err(bad("not a whole number of nanoseconds"));
+    }
+    let ns = u64::try_from(ns / den).map_err(|_| bad("too long"))?;
+    if ns == 0 {
+        return Err(bad("must be longer than 0"));
+    }
+    Ok(ns)
+}
+
 /// Parses a burst for a rate counting `unit`. `field` names the option in errors.
 pub fn parse_burst(field: &str, s: &str, unit: Unit) -> Result<u64> {
     let bad = |why: &str| {
@@ -322,6 +369,19 @@ mod tests {
             assert!(e.starts_with("--rate: invalid rate"), "{e}");
             assert!(e.contains(&format!("{bad:?}")), "{e}");
             assert!(e.contains("500/s"), "{e}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("w", "500ms").unwrap(), 500_000_000);
+        assert_eq!(parse_duration("w", "1.5s").unwrap(), 1_500_000_000);
+        assert_eq!(parse_duration("w", "24h").unwrap(), 86_400 * NS_PER_S);
+        assert_eq!(parse_duration("w", "30min").unwrap(), 1800 * NS_PER_S);
+        assert_eq!(parse_duration("w", "7ns").unwrap(), 7);
+        for bad in ["", "5", "0s", "1fortnight", "x"] {
+            let e = parse_duration("--window", bad).expect_err(bad).to_string();
+            assert!(e.starts_with("--window: invalid duration"), "{e}");
         }
     }
 

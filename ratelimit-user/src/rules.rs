@@ -4,7 +4,10 @@
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-use ratelimit_common::{self as common, V4_MAPPED_BITS, action, gcra, map_v4, rule_flags};
+use ratelimit_common::{
+    self as common, AlgoParams, V4_MAPPED_BITS, action, algorithm, fixed_window, gcra, interval,
+    map_v4, rolling_quota, rule_flags, sliding_log, sliding_window,
+};
 
 use crate::{
     error::{Error, Result},
@@ -93,13 +96,138 @@ impl fmt::Display for Prefix {
     }
 }
 
+/// The algorithm of a limit, with the parameters that are not `rate`/`burst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Algo {
+    /// Token bucket with greedy refill (GCRA): `rate` and `burst`.
+    #[default]
+    Gcra,
+    /// Token bucket with interval refill.
+    Interval {
+        /// Refill period, ns.
+        every_ns: u64,
+        /// Tokens per refill.
+        amount: u64,
+        /// Bucket size.
+        capacity: u64,
+    },
+    /// Fixed window counter.
+    FixedWindow {
+        /// Window, ns.
+        window_ns: u64,
+        /// Packets per window.
+        limit: u64,
+    },
+    /// Sliding window log.
+    SlidingLog {
+        /// Window, ns.
+        window_ns: u64,
+        /// Packets per window (at most 64).
+        limit: u64,
+    },
+    /// Sliding window counter.
+    SlidingWindow {
+        /// Window, ns.
+        window_ns: u64,
+        /// Packets per window.
+        limit: u64,
+    },
+    /// Rolling-window quota with a rate cap.
+    RollingQuota {
+        /// Window, ns.
+        window_ns: u64,
+        /// Period, ns.
+        period_ns: u64,
+        /// Packets per window.
+        quota: u64,
+        /// Packets per period.
+        rate_cap: u64,
+    },
+}
+
+impl Algo {
+    /// The name used by `--algorithm` and the config file.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Algo::Gcra => "gcra",
+            Algo::Interval { .. } => "token-bucket-interval",
+            Algo::FixedWindow { .. } => "fixed-window",
+            Algo::SlidingLog { .. } => "sliding-log",
+            Algo::SlidingWindow { .. } => "sliding-window",
+            Algo::RollingQuota { .. } => "rolling-quota",
+        }
+    }
+
+    /// Every name, for error messages.
+    pub const NAMES: &'static str =
+        "gcra, token-bucket-interval, fixed-window, sliding-log, sliding-window or rolling-quota";
+
+    /// The kernel's algorithm code and parameters (not for GCRA).
+    fn kernel(&self) -> std::result::Result<(u8, AlgoParams), common::ParamError> {
+        Ok(match *self {
+            Algo::Gcra => unreachable!("GCRA parameters come from rate and burst"),
+            Algo::Interval {
+                every_ns,
+                amount,
+                capacity,
+            } => (
+                algorithm::INTERVAL,
+                AlgoParams::from_interval(interval::Params::new(every_ns, amount, capacity)?),
+            ),
+            Algo::FixedWindow { window_ns, limit } => (
+                algorithm::FIXED_WINDOW,
+                AlgoParams::from_fixed_window(fixed_window::Params::new(window_ns, limit)?),
+            ),
+            Algo::SlidingLog { window_ns, limit } => (
+                algorithm::SLIDING_LOG,
+                AlgoParams::from_sliding_log(sliding_log::Params::new(window_ns, limit)?),
+            ),
+            Algo::SlidingWindow { window_ns, limit } => (
+                algorithm::SLIDING_WINDOW,
+                AlgoParams::from_sliding_window(sliding_window::Params::new(window_ns, limit)?),
+            ),
+            Algo::RollingQuota {
+                window_ns,
+                period_ns,
+                quota,
+                rate_cap,
+            } => (
+                algorithm::ROLLING_QUOTA,
+                AlgoParams::from_rolling_quota(rolling_quota::Params::new(
+                    window_ns, period_ns, quota, rate_cap,
+                )?),
+            ),
+        })
+    }
+}
+
+/// Formats ns as the shortest exact duration: `1h`, `1500ms`, `7ns`.
+pub fn fmt_duration(ns: u64) -> String {
+    for (unit, size) in [
+        ("d", 86_400_000_000_000u64),
+        ("h", 3_600_000_000_000),
+        ("min", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
+        if ns >= size && ns.is_multiple_of(size) {
+            return format!("{}{unit}", ns / size);
+        }
+    }
+    format!("{ns}ns")
+}
+
 /// A validated limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit {
-    /// The sustained rate.
+    /// The sustained rate (GCRA).
     pub rate: Rate,
-    /// The bucket's capacity, in the rate's unit.
+    /// The bucket's capacity, in the rate's unit (GCRA).
     pub burst: u64,
+    /// The algorithm; for all but GCRA, the parameters live here and the cost
+    /// is one per packet.
+    pub algo: Algo,
     /// Bits of an IPv4 source that make one key (32: per address).
     pub per_v4: u8,
     /// Bits of an IPv6 source that make one key (64: per /64).
@@ -129,6 +257,9 @@ impl Limit {
                 format!("per-v6 must be 0 to 128, not {}", self.per_v6),
             ));
         }
+        if self.algo != Algo::Gcra {
+            return Ok(gcra::Params::DENY_ALL);
+        }
         gcra::Params::from_rate(self.rate.tokens, self.rate.period_ns, self.burst).map_err(|e| {
             Error::invalid(
                 field,
@@ -144,11 +275,40 @@ impl fmt::Display for Limit {
             Unit::Packets => "",
             Unit::Bytes => " bytes",
         };
-        write!(
-            f,
-            "limit {} burst {}{unit} per /{} (IPv4) /{} (IPv6)",
-            self.rate, self.burst, self.per_v4, self.per_v6
-        )?;
+        let d = fmt_duration;
+        match self.algo {
+            Algo::Gcra => write!(f, "limit {} burst {}{unit}", self.rate, self.burst)?,
+            Algo::Interval {
+                every_ns,
+                amount,
+                capacity,
+            } => write!(
+                f,
+                "token-bucket-interval +{amount} every {} capacity {capacity}",
+                d(every_ns)
+            )?,
+            Algo::FixedWindow { window_ns, limit } => {
+                write!(f, "fixed-window {limit} per {}", d(window_ns))?
+            }
+            Algo::SlidingLog { window_ns, limit } => {
+                write!(f, "sliding-log {limit} per {}", d(window_ns))?
+            }
+            Algo::SlidingWindow { window_ns, limit } => {
+                write!(f, "sliding-window {limit} per {}", d(window_ns))?
+            }
+            Algo::RollingQuota {
+                window_ns,
+                period_ns,
+                quota,
+                rate_cap,
+            } => write!(
+                f,
+                "rolling-quota {quota} per {} at most {rate_cap} per {}",
+                d(window_ns),
+                d(period_ns)
+            )?,
+        }
+        write!(f, " per /{} (IPv4) /{} (IPv6)", self.per_v4, self.per_v6)?;
         if self.dry_run {
             f.write_str(" [dry run]")?;
         }
@@ -198,19 +358,28 @@ impl Action {
             },
             Action::Limit(l) => {
                 let mut flags = 0;
-                if l.rate.unit == Unit::Bytes {
+                if l.rate.unit == Unit::Bytes && l.algo == Algo::Gcra {
                     flags |= rule_flags::BYTES;
                 }
                 if l.dry_run {
                     flags |= rule_flags::DRY_RUN;
                 }
+                let gcra = l.params(field)?;
+                let (algorithm, params) = match l.algo {
+                    Algo::Gcra => (algorithm::GCRA, AlgoParams::from_gcra(gcra)),
+                    other => other
+                        .kernel()
+                        .map_err(|e| Error::invalid(field, format!("{}: {e}", other.name())))?,
+                };
                 common::Rule {
                     id,
                     action: action::LIMIT,
                     flags,
                     key_prefix_v4: l.per_v4,
                     key_prefix_v6: l.per_v6,
-                    gcra: l.params(field)?,
+                    algorithm,
+                    params,
+                    ..Default::default()
                 }
             }
         })
@@ -251,6 +420,7 @@ pub fn default_limit() -> Limit {
             unit: Unit::Packets,
         },
         burst: 1000,
+        algo: Algo::Gcra,
         per_v4: DEFAULT_PER_V4,
         per_v6: DEFAULT_PER_V6,
         dry_run: false,

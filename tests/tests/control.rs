@@ -415,9 +415,60 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
             "6.5 days",
         ),
         (vec!["unset", "198.18.0.0/16"], "no rule for 198.18.0.0/16"),
+        (
+            vec![
+                "set",
+                "198.18.0.0/24",
+                "--algorithm",
+                "sliding-log",
+                "--limit",
+                "100",
+                "--window",
+                "1s",
+            ],
+            "use --algorithm sliding-window",
+        ),
+        (
+            vec![
+                "set",
+                "198.18.0.0/24",
+                "--algorithm",
+                "fixed-window",
+                "--limit",
+                "10",
+            ],
+            "fixed-window needs window",
+        ),
+        (
+            vec![
+                "set",
+                "198.18.0.0/24",
+                "--algorithm",
+                "fixed-window",
+                "--rate",
+                "5/s",
+            ],
+            "fixed-window takes no rate",
+        ),
     ] {
         fails(d.cli(&args), needle);
     }
+    // A valid algorithm change goes through.
+    let out = d.cli_ok(&[
+        "set",
+        "198.18.5.0/24",
+        "--algorithm",
+        "fixed-window",
+        "--limit",
+        "10",
+        "--window",
+        "1s",
+    ]);
+    assert!(
+        out.contains("198.18.5.0/24      fixed-window 10 per 1s"),
+        "{out}"
+    );
+    d.cli_ok(&["unset", "198.18.5.0/24"]);
     // A second daemon on the same interface.
     fails(
         run_cmd(&["--iface", &pair.rx_if]),

@@ -65,14 +65,23 @@ fn expect(l: &Loaded, what: &str, frame: &[u8], verdict: u32, reason: Reason) {
 #[test]
 fn every_map_is_found_by_its_shared_name() {
     privileged!("every_map_is_found_by_its_shared_name");
-    let l = Loaded::new(&RuleSet::default());
+    let ebpf = aya::EbpfLoader::new()
+        .map_max_entries(ratelimit_common::MAP_STATE, 1024)
+        .load(ratelimit_user::EBPF_OBJECT)
+        .expect("loading the object");
     for name in ratelimit_common::ALL_MAPS {
         assert!(
-            l.ebpf.map(name).is_none(),
-            "{name} should have been taken by Maps"
+            ebpf.map(name).is_some(),
+            "map {name} (a const of ratelimit-common) is not in the object"
         );
     }
-    // Maps::from_ebpf took each map by its const name, or Loaded::new panicked.
+    let names: Vec<&str> = ebpf.maps().map(|(n, _)| n).collect();
+    for n in &names {
+        assert!(
+            ratelimit_common::ALL_MAPS.contains(n) || n.starts_with("AYA_") || n.starts_with('.'),
+            "map {n} in the object has no const in ratelimit-common (data sections and aya-log aside)"
+        );
+    }
 }
 
 #[test]
@@ -483,14 +492,14 @@ fn two_cpus_on_one_key_admit_exactly_the_burst() {
     const PER_THREAD: u32 = 20_000;
     const TRIALS: usize = 20;
     let frame = v4("198.18.6.1").build();
-    let key = FlowKey {
-        addr: map_v4([198, 18, 6, 1]),
-        rule_id: 0,
-    };
     // One per hour allows a burst of at most 156 (6.5 days of refill); one per
     // minute a larger one: neither refills during a trial of a few ms.
     for (rate, burst) in [("1/hour", 150u64), ("1/min", 5000)] {
         let mut l = Loaded::new(&rules(limit(rate, burst)));
+        let key = FlowKey {
+            addr: map_v4([198, 18, 6, 1]),
+            rule_id: l.maps.default_rule().expect("default rule").id,
+        };
         let mut contended = 0;
         for trial in 0..TRIALS {
             let _ = l.maps.remove_state(&key);

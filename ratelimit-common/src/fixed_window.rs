@@ -3,10 +3,7 @@
 //! Denied arrivals are not counted.
 //!
 //! Guarantee: at most `limit` per aligned window, but up to `2·limit` in a span of
-//! `window_ns` that straddles a boundary. The state is one word (window index
-//! modulo 2^32, count), so the kernel updates it with compare-and-swap: exact
-//! across CPUs. A key idle for exactly a multiple of 2^32 windows (49 days at
-//! 1 ms windows) would be misread; the idle sweep removes it first.
+//! `window_ns` that straddles a boundary.
 
 use crate::{Decision, NEVER, ParamError, div};
 
@@ -20,16 +17,15 @@ pub struct Params {
     pub limit: u64,
 }
 
-/// Per-key state: one word.
+/// Per-key state.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct State {
-    /// Index of the window counted (`now / window_ns`, modulo 2^32).
-    pub window: u32,
+    /// Index of the window counted (`now / window_ns`).
+    pub window: u64,
     /// Cost admitted in that window.
-    pub count: u32,
+    pub count: u64,
 }
-const _: () = assert!(core::mem::size_of::<State>() == 8);
 
 impl Params {
     /// Checks and builds parameters.
@@ -54,9 +50,8 @@ impl Params {
 #[inline(always)]
 pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
     let index = div(now_ns, params.window_ns);
-    let window = index as u32;
-    let count = if state.window == window {
-        u64::from(state.count)
+    let count = if state.window == index {
+        state.count
     } else {
         0
     };
@@ -65,8 +60,8 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     }
     if count + cost <= params.limit {
         *state = State {
-            window,
-            count: (count + cost) as u32,
+            window: index,
+            count: count + cost,
         };
         return Decision::allow(params.limit - count - cost);
     }
@@ -77,10 +72,8 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
 /// Returns `cost` unused units to the current window's count.
 #[inline(always)]
 pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
-    if state.window == div(now_ns, params.window_ns) as u32 {
-        state.count = state
-            .count
-            .saturating_sub(cost.min(u64::from(u32::MAX)) as u32);
+    if state.window == div(now_ns, params.window_ns) {
+        state.count = state.count.saturating_sub(cost);
     }
 }
 

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | [`gcra`] | token bucket, greedy refill, as GCRA (the default) | 8 B |
 //! | [`interval`] | token bucket, interval refill | 24 B |
-//! | [`fixed_window`] | fixed window counter | 8 B |
+//! | [`fixed_window`] | fixed window counter | 16 B |
 //! | [`sliding_log`] | sliding window log | 8 B + 8 B per unit of the limit |
 //! | [`sliding_window`] | sliding window counter | 16 B |
 //! | [`rolling_quota`] | rolling-window quota with a rate cap | 8 B + 4 B per period |

@@ -146,6 +146,53 @@ pub fn test_run(prog_fd: i32, frame: &[u8], repeat: u32) -> (u32, u32) {
     (attr.retval, attr.duration)
 }
 
+/// `struct xdp_md`, the context of an XDP test run.
+#[repr(C)]
+#[derive(Default)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+/// `BPF_F_TEST_XDP_LIVE_FRAMES`: frames the program returns XDP_TX for really
+/// leave through `ingress_ifindex`.
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+
+/// Runs `prog_fd` in live-frames mode `frames` times on `frame`, arriving on
+/// `ifindex` (of the calling thread's namespace): a traffic generator.
+pub fn test_run_live(prog_fd: i32, frame: &[u8], ifindex: u32, frames: u32) {
+    let ctx = XdpMd {
+        data_end: frame.len() as u32,
+        ingress_ifindex: ifindex,
+        ..Default::default()
+    };
+    let mut attr = TestRunAttr {
+        prog_fd: prog_fd as u32,
+        data_size_in: frame.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        repeat: frames,
+        ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
+        ctx_in: &ctx as *const XdpMd as u64,
+        flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+        batch_size: 64,
+        ..Default::default()
+    };
+    // SAFETY: attr and ctx are valid and outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    assert_eq!(rc, 0, "BPF_PROG_TEST_RUN in live-frames mode: {}", std::io::Error::last_os_error());
+}
+
 /// A program of an object loaded for BPF_PROG_TEST_RUN.
 pub fn load_xdp(ebpf: &mut Ebpf, name: &str) -> i32 {
     let prog: &mut Xdp = ebpf

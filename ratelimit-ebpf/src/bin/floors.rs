@@ -3,7 +3,13 @@
 //! - `floor_drop`: XDP_DROP and nothing else — the cost of running any program;
 //! - `floor_lru`: reads the IPv4 source at a fixed offset, looks it up in an LRU
 //!   hash and bumps the value in place (inserting on a miss) — the floor for any
-//!   stateful per-source limiter.
+//!   stateful per-source limiter;
+//! - `floor_count`: XDP_DROP after counting the frame in a per-CPU array — the
+//!   drop-throughput floor, which must count what it received;
+//! - `gen_tx`: the traffic generator, run with BPF_PROG_RUN in live-frames mode:
+//!   gives each frame a source from a counter (IPv4: base + n mod count; IPv6:
+//!   the /64 from the counter), fixes the IPv4 checksum, and sends it out with
+//!   XDP_TX.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -12,10 +18,84 @@ mod floors {
     use aya_ebpf::{
         bindings::xdp_action,
         macros::{map, xdp},
-        maps::LruHashMap,
+        maps::{Array, LruHashMap, PerCpuArray},
         programs::XdpContext,
     };
-    use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+    use network_types::{
+        eth::{EthHdr, EtherType},
+        ip::{Ipv4Hdr, Ipv6Hdr},
+    };
+
+    /// Frames counted by `floor_count`.
+    #[map(name = "FLOOR_COUNT")]
+    static FLOOR_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+    /// The generator's per-CPU frame counter.
+    #[map(name = "GEN_SEQ")]
+    static GEN_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+    /// The generator's setting: the mask applied to the frame counter to pick a
+    /// source (the number of sources − 1, a power of two minus one).
+    #[map(name = "GEN_CFG")]
+    static GEN_CFG: Array<u64> = Array::with_max_entries(1, 0);
+
+    #[xdp]
+    pub fn floor_count(_ctx: XdpContext) -> u32 {
+        if let Some(n) = FLOOR_COUNT.get_ptr_mut(0) {
+            // SAFETY: a per-CPU slot.
+            unsafe { *n += 1 };
+        }
+        xdp_action::XDP_DROP
+    }
+
+    #[xdp]
+    pub fn gen_tx(ctx: XdpContext) -> u32 {
+        let start = ctx.data();
+        let end = ctx.data_end();
+        if start + EthHdr::LEN > end {
+            return xdp_action::XDP_ABORTED;
+        }
+        let mask = GEN_CFG.get(0).copied().unwrap_or(0);
+        let seq = match GEN_SEQ.get_ptr_mut(0) {
+            // SAFETY: a per-CPU slot.
+            Some(p) => unsafe {
+                *p += 1;
+                *p
+            },
+            None => 0,
+        };
+        let n = seq & mask;
+        // SAFETY: bounds checked above.
+        let ether_type = unsafe { (*(start as *const EthHdr)).ether_type };
+        if ether_type == EtherType::Ipv4 as u16 {
+            if start + EthHdr::LEN + Ipv4Hdr::LEN > end {
+                return xdp_action::XDP_ABORTED;
+            }
+            // SAFETY: bounds checked above.
+            let ip = unsafe { &mut *((start + EthHdr::LEN) as *mut Ipv4Hdr) };
+            // 198.18.0.0/15: the low 17 bits from the counter.
+            let addr = 0xc612_0000u32 | (n as u32 & 0x1_ffff);
+            ip.src_addr = addr.to_be_bytes();
+            ip.check = [0, 0];
+            let words = unsafe { &*((start + EthHdr::LEN) as *const [u16; 10]) };
+            let mut sum = 0u32;
+            for w in words {
+                sum += u32::from(u16::from_be(*w));
+            }
+            sum = (sum & 0xffff) + (sum >> 16);
+            sum = (sum & 0xffff) + (sum >> 16);
+            ip.check = (!(sum as u16)).to_be_bytes();
+        } else if ether_type == EtherType::Ipv6 as u16 {
+            if start + EthHdr::LEN + Ipv6Hdr::LEN > end {
+                return xdp_action::XDP_ABORTED;
+            }
+            // SAFETY: bounds checked above.
+            let ip = unsafe { &mut *((start + EthHdr::LEN) as *mut Ipv6Hdr) };
+            // 2001:db8::/32, the next 32 bits (the /64) from the counter.
+            ip.src_addr[4..8].copy_from_slice(&(n as u32).to_be_bytes());
+        }
+        xdp_action::XDP_TX
+    }
 
     #[map(name = "FLOOR_LRU")]
     static FLOOR_LRU: LruHashMap<[u8; 4], u64> =

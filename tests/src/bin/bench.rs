@@ -18,8 +18,10 @@ use ratelimit_common::Reason;
 use ratelimit_tests::{
     Daemon, TempDir,
     frames::{TPID_8021Q, Udp},
-    net::{Flow, Pair, Receiver, send_async},
-    testrun::{Loaded, XDP_DROP, XDP_PASS, load_xdp, pin_to_cpu, test_run, unpin},
+    net::{Flow, NetNs, Pair, Receiver, send_async},
+    testrun::{
+        Loaded, XDP_DROP, XDP_PASS, load_xdp, pin_to_cpu, test_run, test_run_live, unpin,
+    },
 };
 use ratelimit_user::{
     rate::parse_rate,
@@ -30,19 +32,31 @@ use serde_json::{Value, json};
 struct Opts {
     quick: bool,
     out: PathBuf,
+    /// Run one section only (cost, throughput, memory, set).
+    only: Option<String>,
+}
+
+impl Opts {
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == section)
+    }
 }
 
 fn main() {
     let mut opts = Opts {
         quick: false,
         out: PathBuf::from("bench"),
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => opts.quick = true,
             "--out" => opts.out = PathBuf::from(args.next().expect("--out DIR")),
-            other => panic!("unknown argument {other:?}; expected --quick or --out DIR"),
+            "--only" => opts.only = Some(args.next().expect("--only SECTION")),
+            other => panic!(
+                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|throughput|memory|set"
+            ),
         }
     }
     // SAFETY: no preconditions.
@@ -54,11 +68,20 @@ fn main() {
     report.machine();
     // One CPU for the cost measurements; the traffic sections start threads of
     // their own.
-    pin_to_cpu(0);
-    cost_per_packet(&opts, &mut report);
-    unpin();
-    memory_and_scale(&opts, &mut report);
-    set_to_enforced(&opts, &mut report);
+    if opts.runs("cost") {
+        pin_to_cpu(0);
+        cost_per_packet(&opts, &mut report);
+        unpin();
+    }
+    if opts.runs("throughput") {
+        drop_throughput(&opts, &mut report);
+    }
+    if opts.runs("memory") {
+        memory_and_scale(&opts, &mut report);
+    }
+    if opts.runs("set") {
+        set_to_enforced(&opts, &mut report);
+    }
     report.write(&opts.out);
 }
 
@@ -483,4 +506,247 @@ fn set_to_enforced(opts: &Opts, report: &mut Report) {
         "set_to_enforced_ms".into(),
         json!({"median": m, "min": lo, "max": hi}),
     );
+}
+
+/// Runs `f` on a thread inside `ns`.
+fn in_ns<T: Send>(ns: &NetNs, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            ns.enter();
+            f()
+        })
+        .join()
+        .expect("thread in a namespace")
+    })
+}
+
+fn sh(ns: &NetNs, cmd: &str) -> String {
+    let out = ns.command("sh").arg("-c").arg(cmd).output().expect("sh");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Softirq time of all CPUs, ns (from /proc/stat, in clock ticks).
+fn softirq_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or_default();
+    // cpu user nice system idle iowait irq softirq
+    let ticks: u64 = cpu
+        .split_whitespace()
+        .nth(7)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000_000 / hz
+}
+
+fn ensure_netfilter_tools() -> Result<(), String> {
+    let have = |t: &str| std::process::Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().map(|o| o.status.success()).unwrap_or(false);
+    if have("nft") && have("iptables") && have("ip6tables") && have("ethtool") {
+        return Ok(());
+    }
+    println!("installing nftables, iptables and ethtool from the distribution's packages");
+    let ok = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iptables ethtool")
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if ok { Ok(()) } else { Err("could not install nftables, iptables and ethtool with apt-get".into()) }
+}
+
+/// What receives the flood.
+#[derive(Clone, Copy, PartialEq)]
+enum Receiver_ {
+    Floor,
+    Ratelimit { generic: bool },
+    Nft,
+    Iptables,
+}
+
+impl Receiver_ {
+    fn name(self) -> &'static str {
+        match self {
+            Receiver_::Floor => "XDP_DROP floor (counting)",
+            Receiver_::Ratelimit { generic: false } => "ratelimit (native)",
+            Receiver_::Ratelimit { generic: true } => "ratelimit (generic)",
+            Receiver_::Nft => "nftables meter",
+            Receiver_::Iptables => "iptables hashlimit",
+        }
+    }
+}
+
+/// Drop throughput on a veth: a generator (BPF_PROG_RUN, live frames, XDP_TX)
+/// floods the receiving side; each receiver counts what reached it.
+fn drop_throughput(opts: &Opts, report: &mut Report) {
+    let secs = if opts.quick { 1.0 } else { 4.0 };
+    let rounds = if opts.quick { 1 } else { 3 };
+    report.section(
+        "Drop throughput on a veth",
+        &format!(
+            "A generator in one namespace (an XDP program run with BPF_PROG_RUN in live-frames mode, XDP_TX out of its veth, \
+             a new source per frame where asked) floods the other for {secs} s; frames received and dropped per second at the receiver, \
+             counted by the receiver itself (the floor's and ratelimit's counters, nftables' and iptables' rule counters), \
+             median of {rounds}; and softirq CPU time per frame on the machine. Limit: 1000/s per source, burst 1000 (netfilter: the same rate and burst)."
+        ),
+    );
+    let netfilter = ensure_netfilter_tools();
+    let mut gen_obj = EbpfLoader::new().load(ratelimit_user::FLOORS_OBJECT).expect("floors object");
+    let gen_fd = load_xdp(&mut gen_obj, "gen_tx");
+    let mut rows = Vec::new();
+    let mut by = std::collections::HashMap::new();
+    for (scenario, sources_log2, v6) in [("one source at >100x its limit", 0u32, false), ("1 M spoofed IPv6 sources", 20, true)] {
+        let mut receivers = vec![Receiver_::Floor, Receiver_::Ratelimit { generic: false }, Receiver_::Ratelimit { generic: true }];
+        if netfilter.is_ok() {
+            receivers.extend([Receiver_::Nft, Receiver_::Iptables]);
+        }
+        for recv in receivers {
+            let pair = Pair::new();
+            let run = TempDir::new("bench-tput");
+            // The receiver.
+            let mut floor_obj = None;
+            let mut daemon = None;
+            match recv {
+                Receiver_::Floor => {
+                    let mut obj = EbpfLoader::new().load(ratelimit_user::FLOORS_OBJECT).expect("floors");
+                    let prog: &mut aya::programs::Xdp = obj.program_mut("floor_count").expect("floor_count").try_into().expect("xdp");
+                    prog.load().expect("load floor_count");
+                    let rx_if = pair.rx_if.clone();
+                    in_ns(&pair.rx, || {
+                        prog.attach(&rx_if, aya::programs::XdpMode::Driver).expect("attach floor_count")
+                    });
+                    floor_obj = Some(obj);
+                }
+                Receiver_::Ratelimit { generic } => {
+                    if generic {
+                        // Without a native XDP program the veth takes frames only with GRO on.
+                        sh(&pair.rx, &format!("ethtool -K {} gro on >/dev/null", pair.rx_if));
+                    }
+                    let mut args = vec!["--rate", "1000/s", "--burst", "1000", "--mode", if generic { "generic" } else { "native" }];
+                    if v6 {
+                        args.extend(["--max-sources", "1048576"]);
+                    }
+                    daemon = Some(Daemon::start(&pair.rx, &pair.rx_if, &run.0, &args));
+                }
+                Receiver_::Nft => {
+                    sh(&pair.rx, &format!("ethtool -K {} gro on >/dev/null", pair.rx_if));
+                    let (fam, addr) = if v6 { ("ip6", "ip6 saddr") } else { ("ip", "ip saddr") };
+                    sh(&pair.rx, &format!(
+                        "nft add table {fam} rl && nft add chain {fam} rl pre '{{ type filter hook prerouting priority -300; policy accept; }}' && \
+                         nft add rule {fam} rl pre counter && \
+                         nft add rule {fam} rl pre meter m size 1048576 '{{ {addr} limit rate over 1000/second burst 1000 packets }}' drop"
+                    ));
+                }
+                Receiver_::Iptables => {
+                    sh(&pair.rx, &format!("ethtool -K {} gro on >/dev/null", pair.rx_if));
+                    let ipt = if v6 { "ip6tables" } else { "iptables" };
+                    sh(&pair.rx, &format!(
+                        "{ipt} -t raw -A PREROUTING && {ipt} -t raw -A PREROUTING -m hashlimit --hashlimit-above 1000/sec --hashlimit-burst 1000 \
+                         --hashlimit-mode srcip --hashlimit-name rl --hashlimit-htable-size 1048576 --hashlimit-htable-max 1048576 -j DROP"
+                    ));
+                }
+            }
+            let frame = if v6 {
+                pair.udp(ip("2001:db8::1"), 7000).build()
+            } else {
+                pair.udp(ip("198.18.0.1"), 7000).build()
+            };
+            let count = |pair: &Pair| -> u64 {
+                match recv {
+                    Receiver_::Floor => {
+                        let obj = floor_obj.as_ref().expect("floor");
+                        let m: aya::maps::PerCpuArray<&aya::maps::MapData, u64> =
+                            aya::maps::PerCpuArray::try_from(obj.map("FLOOR_COUNT").expect("map")).expect("percpu");
+                        m.get(&0, 0).expect("read").iter().sum()
+                    }
+                    Receiver_::Ratelimit { .. } => {
+                        let v = daemon.as_ref().expect("daemon").json(&["stats"]);
+                        v["reasons"].as_array().expect("reasons").iter().filter_map(|r| r["packets"].as_u64()).sum()
+                    }
+                    Receiver_::Nft => {
+                        let fam = if v6 { "ip6" } else { "ip" };
+                        let out = sh(&pair.rx, &format!("nft list chain {fam} rl pre"));
+                        out.split("packets ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+                    }
+                    Receiver_::Iptables => {
+                        let ipt = if v6 { "ip6tables" } else { "iptables" };
+                        let out = sh(&pair.rx, &format!("{ipt} -t raw -L PREROUTING -v -x -n"));
+                        out.lines().nth(2).and_then(|l| l.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+                    }
+                }
+            };
+            let mask = (1u64 << sources_log2) - 1;
+            {
+                let map = gen_obj.map_mut("GEN_CFG").expect("GEN_CFG");
+                let mut cfg: aya::maps::Array<&mut aya::maps::MapData, u64> = aya::maps::Array::try_from(map).expect("array");
+                cfg.set(0, mask, 0).expect("set GEN_CFG");
+            }
+            let tx_if = pair.tx_if.clone();
+            let mut rates = Vec::new();
+            let mut cpu = Vec::new();
+            for _ in 0..rounds {
+                let before = count(&pair);
+                let sirq = softirq_ns();
+                let t0 = Instant::now();
+                in_ns(&pair.tx, || {
+                    pin_to_cpu(0);
+                    let c = std::ffi::CString::new(tx_if.as_str()).expect("name");
+                    // SAFETY: a valid C string.
+                    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+                    assert!(ifindex != 0, "no {tx_if} in the sending namespace");
+                    while t0.elapsed().as_secs_f64() < secs {
+                        test_run_live(gen_fd, &frame, ifindex, 200_000);
+                    }
+                });
+                let elapsed = t0.elapsed().as_secs_f64();
+                std::thread::sleep(Duration::from_millis(100));
+                let got = count(&pair) - before;
+                let sirq = softirq_ns() - sirq;
+                rates.push(got as f64 / elapsed);
+                cpu.push(if got > 0 { sirq as f64 / got as f64 } else { f64::NAN });
+            }
+            let (m, lo, hi) = stats(rates);
+            let (c, _, _) = stats(cpu);
+            println!("{scenario:32} {:24} {:>10.0} frames/s ({lo:.0}–{hi:.0})  {c:.0} ns softirq/frame", recv.name(), m);
+            by.insert((scenario, recv.name()), m);
+            rows.push((scenario, recv.name(), m, lo, hi, c));
+            if recv == Receiver_::Nft {
+                let fam = if v6 { "ip6" } else { "ip" };
+                let _ = pair.rx.command("nft").args(["delete", "table", fam, "rl"]).status();
+            }
+            drop(daemon);
+            drop(floor_obj);
+        }
+    }
+    let _ = writeln!(report.md, "| flood | receiver | frames/s (median) | min–max | × floor | softirq ns/frame |\n|---|---|---:|---:|---:|---:|");
+    let mut json_rows = Vec::new();
+    for (scenario, name, m, lo, hi, c) in &rows {
+        let floor = by.get(&(*scenario, "XDP_DROP floor (counting)")).copied().unwrap_or(f64::NAN);
+        let _ = writeln!(report.md, "| {scenario} | {name} | {m:.0} | {lo:.0}–{hi:.0} | {:.2} | {c:.0} |", m / floor);
+        json_rows.push(json!({"flood": scenario, "receiver": name, "fps_median": m, "fps_min": lo, "fps_max": hi, "x_floor": m / floor, "softirq_ns_per_frame": c}));
+    }
+    let get = |s: &str, r: &str| by.get(&(s, r)).copied().unwrap_or(f64::NAN);
+    let one = "one source at >100x its limit";
+    let many = "1 M spoofed IPv6 sources";
+    let rl1 = get(one, "ratelimit (native)");
+    let p2_floor = rl1 / get(one, "XDP_DROP floor (counting)");
+    let p2_nft = rl1 / get(one, "nftables meter");
+    let p2_ipt = rl1 / get(one, "iptables hashlimit");
+    let rl2 = get(many, "ratelimit (native)");
+    let p3_nft = rl2 / get(many, "nftables meter");
+    let p3_ipt = rl2 / get(many, "iptables hashlimit");
+    let _ = writeln!(
+        report.md,
+        "\nTargets: P2 one source: ≥ 0.8× the floor: **{p2_floor:.2}×, {}**; ≥ 5× nftables: **{p2_nft:.1}×, {}**; ≥ 5× iptables: **{p2_ipt:.1}×, {}**. \
+         P3 1 M spoofed sources: ≥ 3× nftables: **{p3_nft:.1}×, {}**; ≥ 3× iptables: **{p3_ipt:.1}×, {}**.{}\n",
+        met(p2_floor >= 0.8), met(p2_nft >= 5.0), met(p2_ipt >= 5.0), met(p3_nft >= 3.0), met(p3_ipt >= 3.0),
+        match &netfilter { Ok(()) => String::new(), Err(e) => format!(" nftables and iptables were not measured: {e}.") }
+    );
+    report.json.insert("drop_throughput".into(), json!({"seconds": secs, "rounds": rounds, "rows": json_rows,
+        "p2_x_floor": p2_floor, "p2_x_nft": p2_nft, "p2_x_iptables": p2_ipt, "p3_x_nft": p3_nft, "p3_x_iptables": p3_ipt}));
 }

@@ -217,7 +217,7 @@ fn ifindex(name: &str) -> u32 {
 }
 
 /// A raw AF_PACKET socket bound to `ifname` in the calling thread's namespace.
-fn packet_socket(ifname: &str) -> i32 {
+pub fn packet_socket(ifname: &str) -> i32 {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket calls with valid arguments.
     unsafe {

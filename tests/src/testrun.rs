@@ -190,7 +190,12 @@ pub fn test_run_live(prog_fd: i32, frame: &[u8], ifindex: u32, frames: u32) {
             std::mem::size_of::<TestRunAttr>(),
         )
     };
-    assert_eq!(rc, 0, "BPF_PROG_TEST_RUN in live-frames mode: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "BPF_PROG_TEST_RUN in live-frames mode: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// A program of an object loaded for BPF_PROG_TEST_RUN.

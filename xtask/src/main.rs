@@ -326,8 +326,48 @@ fn test() -> Result<ExitCode> {
             .env("RATELIMIT_BIN", &bin),
         "privileged integration tests (one at a time)",
     )?;
+    bench_smoke(&bin)?;
     tally.print();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Checks that `cargo xtask bench --quick` still runs start to finish (a debug
+/// build, short durations, output under target/; no figure is asserted).
+fn bench_smoke(ratelimit: &std::path::Path) -> Result<()> {
+    eprintln!("xtask: bench --quick (smoke run: it must run, its figures are not checked)");
+    let bench = build_artifact(
+        cargo().args(["build", "--package", "ratelimit-tests", "--bin", "bench"]),
+        "bench",
+    )?;
+    let status = Command::new(&bench)
+        .args(["--quick", "--out"])
+        .arg(workspace_root().join("target/bench-smoke"))
+        .env("RATELIMIT_BIN", ratelimit)
+        .current_dir(workspace_root())
+        .status()
+        .context("running the benchmarks")?;
+    if !status.success() {
+        bail!("bench --quick failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs a `cargo build` and returns the path of the executable `name` it reports.
+fn build_artifact(cmd: &mut Command, name: &str) -> Result<PathBuf> {
+    let out = cmd
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped())
+        .output()
+        .context("running cargo build")?;
+    if !out.status.success() {
+        bail!("cargo build of {name} failed ({})", out.status);
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .with_context(|| format!("cargo did not report the {name} executable"))
 }
 
 /// Test counts over several `cargo test` runs, for one closing line.

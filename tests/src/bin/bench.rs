@@ -19,11 +19,10 @@ use ratelimit_tests::{
     Daemon, TempDir,
     frames::{TPID_8021Q, Udp},
     net::{Flow, NetNs, Pair, Receiver, send_async},
-    testrun::{
-        Loaded, XDP_DROP, XDP_PASS, load_xdp, pin_to_cpu, test_run, test_run_live, unpin,
-    },
+    testrun::{Loaded, XDP_DROP, XDP_PASS, load_xdp, pin_to_cpu, test_run, test_run_live, unpin},
 };
 use ratelimit_user::{
+    daemon::monotonic_ns,
     rate::parse_rate,
     rules::{Action, Limit, Prefix, RuleSet, default_limit},
 };
@@ -55,7 +54,7 @@ fn main() {
             "--out" => opts.out = PathBuf::from(args.next().expect("--out DIR")),
             "--only" => opts.only = Some(args.next().expect("--only SECTION")),
             other => panic!(
-                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|throughput|memory|set"
+                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|throughput|accuracy|memory|set"
             ),
         }
     }
@@ -75,6 +74,9 @@ fn main() {
     }
     if opts.runs("throughput") {
         drop_throughput(&opts, &mut report);
+    }
+    if opts.runs("accuracy") {
+        accuracy(&opts, &mut report);
     }
     if opts.runs("memory") {
         memory_and_scale(&opts, &mut report);
@@ -130,6 +132,10 @@ impl Report {
 
     fn write(&self, dir: &std::path::Path) {
         std::fs::create_dir_all(dir).expect("creating the output directory");
+        if let Some(svg) = self.chart() {
+            std::fs::write(dir.join("throughput.svg"), svg).expect("writing throughput.svg");
+            println!("wrote {}", dir.join("throughput.svg").display());
+        }
         std::fs::write(dir.join("results.md"), &self.md).expect("writing results.md");
         std::fs::write(
             dir.join("results.json"),
@@ -141,6 +147,61 @@ impl Report {
             dir.join("results.md").display(),
             dir.join("results.json").display()
         );
+    }
+}
+
+impl Report {
+    /// A horizontal bar chart of drop throughput by configuration, as SVG.
+    fn chart(&self) -> Option<String> {
+        let rows = self.json.get("drop_throughput")?.get("rows")?.as_array()?;
+        let bars: Vec<(String, f64)> = rows
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    format!("{} — {}", r["flood"].as_str()?, r["receiver"].as_str()?),
+                    r["fps_median"].as_f64()?,
+                ))
+            })
+            .collect();
+        let max = bars.iter().map(|b| b.1).fold(1.0, f64::max);
+        let (label_w, bar_w, row_h) = (430.0, 420.0, 26.0);
+        let height = 60.0 + row_h * bars.len() as f64;
+        let mut svg = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+             <text x=\"10\" y=\"22\" font-size=\"15\">Frames received and dropped per second at the receiver (veth, one run)</text>\n",
+            label_w + bar_w + 110.0
+        );
+        for (i, (label, v)) in bars.iter().enumerate() {
+            let y = 40.0 + row_h * i as f64;
+            let w = bar_w * v / max;
+            let colour = if label.contains("ratelimit") {
+                "#2b7bb9"
+            } else if label.contains("floor") {
+                "#999999"
+            } else {
+                "#d9822b"
+            };
+            let _ = write!(
+                svg,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n\
+                 <rect x=\"{}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"{colour}\"/>\n\
+                 <text x=\"{}\" y=\"{}\">{:.2} M/s</text>\n",
+                label_w - 8.0,
+                y + 15.0,
+                label
+                    .replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;"),
+                label_w,
+                y + 3.0,
+                row_h - 8.0,
+                label_w + w + 6.0,
+                y + 15.0,
+                v / 1e6
+            );
+        }
+        svg.push_str("</svg>\n");
+        Some(svg)
     }
 }
 
@@ -546,7 +607,14 @@ fn softirq_ns() -> u64 {
 }
 
 fn ensure_netfilter_tools() -> Result<(), String> {
-    let have = |t: &str| std::process::Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().map(|o| o.status.success()).unwrap_or(false);
+    let have = |t: &str| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {t}"))
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
     if have("nft") && have("iptables") && have("ip6tables") && have("ethtool") {
         return Ok(());
     }
@@ -557,7 +625,11 @@ fn ensure_netfilter_tools() -> Result<(), String> {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if ok { Ok(()) } else { Err("could not install nftables, iptables and ethtool with apt-get".into()) }
+    if ok {
+        Ok(())
+    } else {
+        Err("could not install nftables, iptables and ethtool with apt-get".into())
+    }
 }
 
 /// What receives the flood.
@@ -596,12 +668,21 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
         ),
     );
     let netfilter = ensure_netfilter_tools();
-    let mut gen_obj = EbpfLoader::new().load(ratelimit_user::FLOORS_OBJECT).expect("floors object");
+    let mut gen_obj = EbpfLoader::new()
+        .load(ratelimit_user::FLOORS_OBJECT)
+        .expect("floors object");
     let gen_fd = load_xdp(&mut gen_obj, "gen_tx");
     let mut rows = Vec::new();
     let mut by = std::collections::HashMap::new();
-    for (scenario, sources_log2, v6) in [("one source at >100x its limit", 0u32, false), ("1 M spoofed IPv6 sources", 20, true)] {
-        let mut receivers = vec![Receiver_::Floor, Receiver_::Ratelimit { generic: false }, Receiver_::Ratelimit { generic: true }];
+    for (scenario, sources_log2, v6) in [
+        ("one source at >100x its limit", 0u32, false),
+        ("1 M spoofed IPv6 sources", 20, true),
+    ] {
+        let mut receivers = vec![
+            Receiver_::Floor,
+            Receiver_::Ratelimit { generic: false },
+            Receiver_::Ratelimit { generic: true },
+        ];
         if netfilter.is_ok() {
             receivers.extend([Receiver_::Nft, Receiver_::Iptables]);
         }
@@ -613,42 +694,75 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
             let mut daemon = None;
             match recv {
                 Receiver_::Floor => {
-                    let mut obj = EbpfLoader::new().load(ratelimit_user::FLOORS_OBJECT).expect("floors");
-                    let prog: &mut aya::programs::Xdp = obj.program_mut("floor_count").expect("floor_count").try_into().expect("xdp");
+                    let mut obj = EbpfLoader::new()
+                        .load(ratelimit_user::FLOORS_OBJECT)
+                        .expect("floors");
+                    let prog: &mut aya::programs::Xdp = obj
+                        .program_mut("floor_count")
+                        .expect("floor_count")
+                        .try_into()
+                        .expect("xdp");
                     prog.load().expect("load floor_count");
                     let rx_if = pair.rx_if.clone();
                     in_ns(&pair.rx, || {
-                        prog.attach(&rx_if, aya::programs::XdpMode::Driver).expect("attach floor_count")
+                        prog.attach(&rx_if, aya::programs::XdpMode::Driver)
+                            .expect("attach floor_count")
                     });
                     floor_obj = Some(obj);
                 }
                 Receiver_::Ratelimit { generic } => {
                     if generic {
                         // Without a native XDP program the veth takes frames only with GRO on.
-                        sh(&pair.rx, &format!("ethtool -K {} gro on >/dev/null", pair.rx_if));
+                        sh(
+                            &pair.rx,
+                            &format!("ethtool -K {} gro on >/dev/null", pair.rx_if),
+                        );
                     }
-                    let mut args = vec!["--rate", "1000/s", "--burst", "1000", "--mode", if generic { "generic" } else { "native" }];
+                    let mut args = vec![
+                        "--rate",
+                        "1000/s",
+                        "--burst",
+                        "1000",
+                        "--mode",
+                        if generic { "generic" } else { "native" },
+                    ];
                     if v6 {
                         args.extend(["--max-sources", "1048576"]);
                     }
                     daemon = Some(Daemon::start(&pair.rx, &pair.rx_if, &run.0, &args));
                 }
                 Receiver_::Nft => {
-                    sh(&pair.rx, &format!("ethtool -K {} gro on >/dev/null", pair.rx_if));
-                    let (fam, addr) = if v6 { ("ip6", "ip6 saddr") } else { ("ip", "ip saddr") };
-                    sh(&pair.rx, &format!(
-                        "nft add table {fam} rl && nft add chain {fam} rl pre '{{ type filter hook prerouting priority -300; policy accept; }}' && \
+                    sh(
+                        &pair.rx,
+                        &format!("ethtool -K {} gro on >/dev/null", pair.rx_if),
+                    );
+                    let (fam, addr) = if v6 {
+                        ("ip6", "ip6 saddr")
+                    } else {
+                        ("ip", "ip saddr")
+                    };
+                    sh(
+                        &pair.rx,
+                        &format!(
+                            "nft add table {fam} rl && nft add chain {fam} rl pre '{{ type filter hook prerouting priority -300; policy accept; }}' && \
                          nft add rule {fam} rl pre counter && \
                          nft add rule {fam} rl pre meter m size 1048576 '{{ {addr} limit rate over 1000/second burst 1000 packets }}' drop"
-                    ));
+                        ),
+                    );
                 }
                 Receiver_::Iptables => {
-                    sh(&pair.rx, &format!("ethtool -K {} gro on >/dev/null", pair.rx_if));
+                    sh(
+                        &pair.rx,
+                        &format!("ethtool -K {} gro on >/dev/null", pair.rx_if),
+                    );
                     let ipt = if v6 { "ip6tables" } else { "iptables" };
-                    sh(&pair.rx, &format!(
-                        "{ipt} -t raw -A PREROUTING && {ipt} -t raw -A PREROUTING -m hashlimit --hashlimit-above 1000/sec --hashlimit-burst 1000 \
+                    sh(
+                        &pair.rx,
+                        &format!(
+                            "{ipt} -t raw -A PREROUTING && {ipt} -t raw -A PREROUTING -m hashlimit --hashlimit-above 1000/sec --hashlimit-burst 1000 \
                          --hashlimit-mode srcip --hashlimit-name rl --hashlimit-htable-size 1048576 --hashlimit-htable-max 1048576 -j DROP"
-                    ));
+                        ),
+                    );
                 }
             }
             let frame = if v6 {
@@ -661,29 +775,44 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
                     Receiver_::Floor => {
                         let obj = floor_obj.as_ref().expect("floor");
                         let m: aya::maps::PerCpuArray<&aya::maps::MapData, u64> =
-                            aya::maps::PerCpuArray::try_from(obj.map("FLOOR_COUNT").expect("map")).expect("percpu");
+                            aya::maps::PerCpuArray::try_from(obj.map("FLOOR_COUNT").expect("map"))
+                                .expect("percpu");
                         m.get(&0, 0).expect("read").iter().sum()
                     }
                     Receiver_::Ratelimit { .. } => {
                         let v = daemon.as_ref().expect("daemon").json(&["stats"]);
-                        v["reasons"].as_array().expect("reasons").iter().filter_map(|r| r["packets"].as_u64()).sum()
+                        v["reasons"]
+                            .as_array()
+                            .expect("reasons")
+                            .iter()
+                            .filter_map(|r| r["packets"].as_u64())
+                            .sum()
                     }
                     Receiver_::Nft => {
                         let fam = if v6 { "ip6" } else { "ip" };
                         let out = sh(&pair.rx, &format!("nft list chain {fam} rl pre"));
-                        out.split("packets ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+                        out.split("packets ")
+                            .nth(1)
+                            .and_then(|t| t.split_whitespace().next())
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(0)
                     }
                     Receiver_::Iptables => {
                         let ipt = if v6 { "ip6tables" } else { "iptables" };
                         let out = sh(&pair.rx, &format!("{ipt} -t raw -L PREROUTING -v -x -n"));
-                        out.lines().nth(2).and_then(|l| l.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+                        out.lines()
+                            .nth(2)
+                            .and_then(|l| l.split_whitespace().next())
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(0)
                     }
                 }
             };
             let mask = (1u64 << sources_log2) - 1;
             {
                 let map = gen_obj.map_mut("GEN_CFG").expect("GEN_CFG");
-                let mut cfg: aya::maps::Array<&mut aya::maps::MapData, u64> = aya::maps::Array::try_from(map).expect("array");
+                let mut cfg: aya::maps::Array<&mut aya::maps::MapData, u64> =
+                    aya::maps::Array::try_from(map).expect("array");
                 cfg.set(0, mask, 0).expect("set GEN_CFG");
             }
             let tx_if = pair.tx_if.clone();
@@ -708,26 +837,48 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
                 let got = count(&pair) - before;
                 let sirq = softirq_ns() - sirq;
                 rates.push(got as f64 / elapsed);
-                cpu.push(if got > 0 { sirq as f64 / got as f64 } else { f64::NAN });
+                cpu.push(if got > 0 {
+                    sirq as f64 / got as f64
+                } else {
+                    f64::NAN
+                });
             }
             let (m, lo, hi) = stats(rates);
             let (c, _, _) = stats(cpu);
-            println!("{scenario:32} {:24} {:>10.0} frames/s ({lo:.0}–{hi:.0})  {c:.0} ns softirq/frame", recv.name(), m);
+            println!(
+                "{scenario:32} {:24} {:>10.0} frames/s ({lo:.0}–{hi:.0})  {c:.0} ns softirq/frame",
+                recv.name(),
+                m
+            );
             by.insert((scenario, recv.name()), m);
             rows.push((scenario, recv.name(), m, lo, hi, c));
             if recv == Receiver_::Nft {
                 let fam = if v6 { "ip6" } else { "ip" };
-                let _ = pair.rx.command("nft").args(["delete", "table", fam, "rl"]).status();
+                let _ = pair
+                    .rx
+                    .command("nft")
+                    .args(["delete", "table", fam, "rl"])
+                    .status();
             }
             drop(daemon);
             drop(floor_obj);
         }
     }
-    let _ = writeln!(report.md, "| flood | receiver | frames/s (median) | min–max | × floor | softirq ns/frame |\n|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        report.md,
+        "| flood | receiver | frames/s (median) | min–max | × floor | softirq ns/frame |\n|---|---|---:|---:|---:|---:|"
+    );
     let mut json_rows = Vec::new();
     for (scenario, name, m, lo, hi, c) in &rows {
-        let floor = by.get(&(*scenario, "XDP_DROP floor (counting)")).copied().unwrap_or(f64::NAN);
-        let _ = writeln!(report.md, "| {scenario} | {name} | {m:.0} | {lo:.0}–{hi:.0} | {:.2} | {c:.0} |", m / floor);
+        let floor = by
+            .get(&(*scenario, "XDP_DROP floor (counting)"))
+            .copied()
+            .unwrap_or(f64::NAN);
+        let _ = writeln!(
+            report.md,
+            "| {scenario} | {name} | {m:.0} | {lo:.0}–{hi:.0} | {:.2} | {c:.0} |",
+            m / floor
+        );
         json_rows.push(json!({"flood": scenario, "receiver": name, "fps_median": m, "fps_min": lo, "fps_max": hi, "x_floor": m / floor, "softirq_ns_per_frame": c}));
     }
     let get = |s: &str, r: &str| by.get(&(s, r)).copied().unwrap_or(f64::NAN);
@@ -744,9 +895,230 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
         report.md,
         "\nTargets: P2 one source: ≥ 0.8× the floor: **{p2_floor:.2}×, {}**; ≥ 5× nftables: **{p2_nft:.1}×, {}**; ≥ 5× iptables: **{p2_ipt:.1}×, {}**. \
          P3 1 M spoofed sources: ≥ 3× nftables: **{p3_nft:.1}×, {}**; ≥ 3× iptables: **{p3_ipt:.1}×, {}**.{}\n",
-        met(p2_floor >= 0.8), met(p2_nft >= 5.0), met(p2_ipt >= 5.0), met(p3_nft >= 3.0), met(p3_ipt >= 3.0),
-        match &netfilter { Ok(()) => String::new(), Err(e) => format!(" nftables and iptables were not measured: {e}.") }
+        met(p2_floor >= 0.8),
+        met(p2_nft >= 5.0),
+        met(p2_ipt >= 5.0),
+        met(p3_nft >= 3.0),
+        met(p3_ipt >= 3.0),
+        match &netfilter {
+            Ok(()) => String::new(),
+            Err(e) => format!(" nftables and iptables were not measured: {e}."),
+        }
     );
     report.json.insert("drop_throughput".into(), json!({"seconds": secs, "rounds": rounds, "rows": json_rows,
         "p2_x_floor": p2_floor, "p2_x_nft": p2_nft, "p2_x_iptables": p2_ipt, "p3_x_nft": p3_nft, "p3_x_iptables": p3_ipt}));
+}
+
+/// Sends `frame` from `ns`/`ifname` at `pps` for `duration`, on CPU `cpu`;
+/// returns the CLOCK_MONOTONIC time of every frame sent.
+fn paced_send(
+    ns: &NetNs,
+    ifname: &str,
+    frame: &[u8],
+    pps: f64,
+    duration: Duration,
+    cpu: usize,
+) -> Vec<u64> {
+    in_ns(ns, || {
+        pin_to_cpu(cpu);
+        let fd = ratelimit_tests::net::packet_socket(ifname);
+        let gap = 1e9 / pps;
+        let start = monotonic_ns();
+        let end = start + duration.as_nanos() as u64;
+        let mut times = Vec::with_capacity((pps * duration.as_secs_f64()) as usize + 1);
+        let mut k = 0u64;
+        loop {
+            let due = start + (k as f64 * gap) as u64;
+            if due >= end {
+                break;
+            }
+            while monotonic_ns() < due {
+                std::hint::spin_loop();
+            }
+            // SAFETY: a valid buffer and socket.
+            let n = unsafe { libc::send(fd, frame.as_ptr().cast(), frame.len(), 0) };
+            if n == frame.len() as isize {
+                times.push(monotonic_ns());
+            }
+            k += 1;
+        }
+        // SAFETY: our socket.
+        unsafe { libc::close(fd) };
+        times
+    })
+}
+
+/// Accuracy: a source offered 1.1×, 2×, 10× and 100× its limit from both CPUs
+/// at once; what arrives at the receiver against what the algorithm admits for
+/// those very send times (the same code, run on the host).
+fn accuracy(opts: &Opts, report: &mut Report) {
+    use ratelimit_common::keyed::{Algorithm, FakeClock, Limiter};
+    let secs = if opts.quick { 1.0 } else { 10.0 };
+    report.section(
+        "Accuracy",
+        &format!(
+            "One source offered 1.1×, 2×, 10× and 100× a limit of 1000 packets/s from two sender threads pinned to the two CPUs, for {secs} s each. \
+             Admitted = frames that reached the receiver (its own raw socket); expected = what the algorithm admits for the exact send times \
+             (the same code run on the host, and for gcra also burst + rate × duration). Ratio = admitted ÷ expected."
+        ),
+    );
+    let pair = Pair::new();
+    let run = TempDir::new("bench-acc");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let ms = 1_000_000u64;
+    let configs: Vec<(&str, Vec<&str>, Algorithm, f64)> = vec![
+        (
+            "gcra 1000/s burst 100",
+            vec!["--rate", "1000/s", "--burst", "100"],
+            Algorithm::per(1000, Duration::from_secs(1), 100).expect("valid"),
+            0.005,
+        ),
+        (
+            "token-bucket-interval +100 every 100ms, capacity 100",
+            vec![
+                "--algorithm",
+                "token-bucket-interval",
+                "--refill-every",
+                "100ms",
+                "--refill-amount",
+                "100",
+                "--capacity",
+                "100",
+            ],
+            Algorithm::Interval(
+                ratelimit_common::interval::Params::new(100 * ms, 100, 100).expect("valid"),
+            ),
+            0.005,
+        ),
+        (
+            "fixed-window 1000 per 1s",
+            vec![
+                "--algorithm",
+                "fixed-window",
+                "--limit",
+                "1000",
+                "--window",
+                "1s",
+            ],
+            Algorithm::FixedWindow(
+                ratelimit_common::fixed_window::Params::new(1000 * ms, 1000).expect("valid"),
+            ),
+            0.02,
+        ),
+        (
+            "sliding-log 64 per 64ms",
+            vec![
+                "--algorithm",
+                "sliding-log",
+                "--limit",
+                "64",
+                "--window",
+                "64ms",
+            ],
+            Algorithm::SlidingLog(
+                ratelimit_common::sliding_log::Params::new(64 * ms, 64).expect("valid"),
+            ),
+            0.02,
+        ),
+        (
+            "sliding-window 1000 per 1s",
+            vec![
+                "--algorithm",
+                "sliding-window",
+                "--limit",
+                "1000",
+                "--window",
+                "1s",
+            ],
+            Algorithm::SlidingWindow(
+                ratelimit_common::sliding_window::Params::new(1000 * ms, 1000).expect("valid"),
+            ),
+            0.02,
+        ),
+        (
+            "rolling-quota 1000 per 1s, at most 300 per 250ms",
+            vec![
+                "--algorithm",
+                "rolling-quota",
+                "--quota",
+                "1000",
+                "--window",
+                "1s",
+                "--period",
+                "250ms",
+                "--rate-cap",
+                "300",
+            ],
+            Algorithm::RollingQuota(
+                ratelimit_common::rolling_quota::Params::new(1000 * ms, 250 * ms, 1000, 300)
+                    .expect("valid"),
+            ),
+            0.02,
+        ),
+    ];
+    let _ = writeln!(
+        report.md,
+        "| algorithm | offered | sent | admitted | expected (same code) | ratio | bound | gcra: burst + rate × T |\n|---|---:|---:|---:|---:|---:|---|---:|"
+    );
+    let mut json_rows = Vec::new();
+    let mut n = 0u32;
+    for (name, args, algorithm, tolerance) in &configs {
+        let mut set = vec!["set", "default"];
+        set.extend(args.iter().copied());
+        d.cli_ok(&set);
+        for factor in [1.1f64, 2.0, 10.0, 100.0] {
+            n += 1;
+            let src = IpAddr::from([198, 18, 100, n as u8]);
+            let frame = pair.udp(src, 7100).build();
+            let rx = Receiver::start(&pair.rx, &pair.rx_if, 7100);
+            let pps = 1000.0 * factor / 2.0;
+            let dur = Duration::from_secs_f64(secs);
+            let (a, b) = std::thread::scope(|s| {
+                let h0 = s.spawn(|| paced_send(&pair.tx, &pair.tx_if, &frame, pps, dur, 0));
+                let h1 = s.spawn(|| paced_send(&pair.tx, &pair.tx_if, &frame, pps, dur, 1));
+                (h0.join().expect("sender 0"), h1.join().expect("sender 1"))
+            });
+            let admitted = rx.finish().get(&src).copied().unwrap_or(0);
+            let mut times: Vec<u64> = a.into_iter().chain(b).collect();
+            times.sort_unstable();
+            let clock = FakeClock::default();
+            let sim: Limiter<u8, FakeClock> = Limiter::with_clock(*algorithm, 16, clock.clone());
+            let expected = times
+                .iter()
+                .filter(|t| {
+                    clock.set(**t);
+                    sim.check(&0)
+                })
+                .count() as u64;
+            let ratio = admitted as f64 / expected as f64;
+            let gcra_formula = if name.starts_with("gcra") {
+                let span = (times.last().copied().unwrap_or(0)
+                    - times.first().copied().unwrap_or(0)) as f64
+                    / 1e9;
+                format!("{:.0}", 100.0 + 1000.0 * span)
+            } else {
+                "".into()
+            };
+            let ok = (ratio - 1.0).abs() <= *tolerance;
+            let _ = writeln!(
+                report.md,
+                "| {name} | {factor}× | {} | {admitted} | {expected} | {ratio:.4} | ±{:.1} %: {} | {gcra_formula} |",
+                times.len(),
+                tolerance * 100.0,
+                met(ok)
+            );
+            println!(
+                "{name:52} {factor:>5}×  sent {:>7}  admitted {admitted:>6}  expected {expected:>6}  ratio {ratio:.4} ({})",
+                times.len(),
+                met(ok)
+            );
+            json_rows.push(json!({"algorithm": name, "factor": factor, "sent": times.len(), "admitted": admitted,
+                "expected": expected, "ratio": ratio, "tolerance": tolerance, "met": ok}));
+        }
+    }
+    let _ = writeln!(report.md);
+    report.json.insert(
+        "accuracy".into(),
+        json!({"seconds": secs, "rows": json_rows}),
+    );
 }

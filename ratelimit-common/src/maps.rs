@@ -23,7 +23,8 @@ pub const MAP_STATS: &str = "RL_STATS";
 /// `Array<Config>` of one entry: global runtime settings. Written by the daemon.
 pub const MAP_CONFIG: &str = "RL_CONFIG";
 /// `LruHash<Addr, u64>`: frames dropped (or would-be dropped) per source address,
-/// for `ratelimit top`. Written by the program on the drop path only.
+/// for `ratelimit top`, sampled one in [`DROP_SAMPLE`]. Written by the program on
+/// the drop path only.
 pub const MAP_DROPS: &str = "RL_DROPS";
 
 /// Every map, for tests and pinning.
@@ -37,6 +38,10 @@ pub const ALL_MAPS: [&str; 8] = [
     MAP_WIDE,
     MAP_WIDE_ZERO,
 ];
+
+/// One dropped frame in this many (per CPU) is credited, this many times, to its
+/// source in [`MAP_DROPS`]: `top` is an estimate, the drop path stays cheap.
+pub const DROP_SAMPLE: u64 = 16;
 
 /// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
 pub const DROPS_CAPACITY: u32 = 65_536;

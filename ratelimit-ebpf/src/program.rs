@@ -35,7 +35,7 @@ use ratelimit_common::{
     gcra, is_v4_mapped, map_v4, mask_addr, rule_flags,
 };
 use ratelimit_common::{
-    DEFAULT_WIDE_CAPACITY, LOCK_RETRIES, WideState, algorithm, fixed_window, interval,
+    DEFAULT_WIDE_CAPACITY, DROP_SAMPLE, LOCK_RETRIES, WideState, algorithm, fixed_window, interval,
     rolling_quota, sliding_log, sliding_window,
 };
 
@@ -105,6 +105,7 @@ impl Outcome {
 pub fn ratelimit(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u64;
     let config = RL_CONFIG.get(0).copied().unwrap_or_default();
+    let mut dropper = None;
     let (reason, action) = match try_ratelimit(&ctx, len, &config) {
         Ok(Outcome {
             reason,
@@ -112,7 +113,7 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
             source,
         }) => {
             if reason.drops() {
-                count_drop(&source);
+                dropper = Some(source);
                 if dry_run || config.flags & config_flags::DRY_RUN != 0 {
                     (Reason::WouldDrop, xdp_action::XDP_PASS)
                 } else {
@@ -133,7 +134,15 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
             (Reason::Malformed, action)
         }
     };
-    count(reason, len);
+    let n = count(reason, len);
+    // `top` needs drops per source, but a hash update per dropped frame would
+    // double the cost of the drop path: one drop in DROP_SAMPLE (per CPU) is
+    // credited DROP_SAMPLE times to its source.
+    if let Some(source) = dropper
+        && n.is_multiple_of(DROP_SAMPLE)
+    {
+        count_drop(&source, DROP_SAMPLE);
+    }
     action
 }
 
@@ -189,15 +198,15 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
 
 /// Counts a drop against its source for `ratelimit top`. Only on the drop path.
 #[inline(always)]
-fn count_drop(source: &Addr) {
+fn count_drop(source: &Addr, weight: u64) {
     match RL_DROPS.get_ptr_mut(source) {
         // SAFETY: an 8-byte, 8-aligned map value; other CPUs add atomically too.
         Some(n) => unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, 1);
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, weight);
         },
         None => {
             // A lost race with another CPU loses one count: fine for a ranking.
-            let _ = RL_DROPS.insert(source, 1, 0);
+            let _ = RL_DROPS.insert(source, weight, 0);
         }
     }
 }
@@ -343,14 +352,17 @@ fn limit_wide(key: &FlowKey, rule: &Rule, now: u64, cost: u64) -> Reason {
     }
 }
 
+/// Counts the frame under `reason`; returns this CPU's count for it.
 #[inline(always)]
-fn count(reason: Reason, len: u64) {
-    if let Some(counter) = RL_STATS.get_ptr_mut(reason as u32) {
+fn count(reason: Reason, len: u64) -> u64 {
+    match RL_STATS.get_ptr_mut(reason as u32) {
         // SAFETY: a per-CPU slot, written only by this CPU.
-        unsafe {
+        Some(counter) => unsafe {
             (*counter).packets += 1;
             (*counter).bytes += len;
-        }
+            (*counter).packets
+        },
+        None => 0,
     }
 }
 

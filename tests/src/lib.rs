@@ -5,6 +5,7 @@
 //!
 //! Addresses: 198.18.0.0/15 and 2001:db8::/32 only.
 
+pub mod check;
 pub mod frames;
 pub mod net;
 pub mod testrun;

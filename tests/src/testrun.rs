@@ -117,6 +117,26 @@ impl Loaded {
     }
 }
 
+/// Calls BPF_PROG_TEST_RUN; `attr`'s pointers must be valid for the call.
+fn bpf_test_run(attr: &mut TestRunAttr, what: &str) {
+    // SAFETY: attr is a valid bpf_attr prefix and outlives the call; its pointers
+    // are valid (the callers' contract).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            attr as *mut TestRunAttr,
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "BPF_PROG_TEST_RUN {what}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
 /// Runs `frame` through the program `prog_fd` `repeat` times on this CPU; returns
 /// the last verdict and the mean ns per run the kernel measured.
 pub fn test_run(prog_fd: i32, frame: &[u8], repeat: u32) -> (u32, u32) {
@@ -127,22 +147,7 @@ pub fn test_run(prog_fd: i32, frame: &[u8], repeat: u32) -> (u32, u32) {
         repeat,
         ..Default::default()
     };
-    // SAFETY: attr is a valid bpf_attr prefix and outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            &mut attr as *mut TestRunAttr,
-            std::mem::size_of::<TestRunAttr>(),
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "BPF_PROG_TEST_RUN on a {}-byte frame: {}",
-        frame.len(),
-        std::io::Error::last_os_error()
-    );
+    bpf_test_run(&mut attr, &format!("on a {}-byte frame", frame.len()));
     (attr.retval, attr.duration)
 }
 

@@ -2,7 +2,6 @@
 //! restart after SIGKILL, SIGTERM, bad input, JSON output, metrics.
 
 use std::{
-    net::IpAddr,
     path::Path,
     thread::sleep,
     time::{Duration, Instant},
@@ -10,25 +9,12 @@ use std::{
 
 use ratelimit_tests::{
     Daemon, TempDir,
+    check::{counter, ip, within},
     net::{Flow, Pair, Receiver, send_async},
     privileged, ratelimit_bin,
 };
 
 const PORT: u16 = 5002;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().expect("address")
-}
-
-fn within(what: &str, got: u64, want: f64, tolerance: f64) {
-    let err = (got as f64 - want).abs() / want;
-    assert!(
-        err <= tolerance,
-        "{what}: received {got}, expected {want:.1} (off by {:.2} %, allowed {:.1} %)",
-        err * 100.0,
-        tolerance * 100.0
-    );
-}
 
 /// Sleeps until `start + at`.
 fn until(start: Instant, at: Duration) {
@@ -37,16 +23,6 @@ fn until(start: Instant, at: Duration) {
     if t > now {
         sleep(t - now);
     }
-}
-
-fn counter(stats: &serde_json::Value, reason: &str) -> u64 {
-    stats["reasons"]
-        .as_array()
-        .expect("reasons")
-        .iter()
-        .find(|r| r["reason"] == reason)
-        .and_then(|r| r["packets"].as_u64())
-        .unwrap_or_else(|| panic!("no {reason} in {stats}"))
 }
 
 fn pins_exist(iface: &str) -> bool {

@@ -5,6 +5,7 @@ use std::{collections::HashMap, net::IpAddr, time::Duration};
 
 use ratelimit_tests::{
     Daemon, TempDir,
+    check::{counter, ip, within},
     frames::TPID_8021Q,
     net::{Flow, Pair, Receiver, Sent, send},
     privileged,
@@ -12,35 +13,14 @@ use ratelimit_tests::{
 
 const PORT: u16 = 5001;
 
-fn ip(s: &str) -> IpAddr {
-    s.parse().expect("address")
-}
-
 /// Admitted by a bucket of `burst` at `rate`/s over what was sent.
 fn expected(sent: &Sent, rate: f64, burst: f64) -> f64 {
     let span = sent.last.duration_since(sent.first).as_secs_f64();
     (burst + rate * span).min(sent.frames as f64)
 }
 
-fn within(what: &str, got: u64, want: f64, tolerance: f64) {
-    let err = (got as f64 - want).abs() / want;
-    assert!(
-        err <= tolerance,
-        "{what}: received {got}, expected {want:.1} (off by {:.2} %, allowed {:.1} %)",
-        err * 100.0,
-        tolerance * 100.0
-    );
-}
-
 fn stat(d: &Daemon, reason: &str) -> u64 {
-    let v = d.json(&["stats"]);
-    v["reasons"]
-        .as_array()
-        .expect("reasons")
-        .iter()
-        .find(|r| r["reason"] == reason)
-        .and_then(|r| r["packets"].as_u64())
-        .unwrap_or_else(|| panic!("no {reason} in stats: {v}"))
+    counter(&d.json(&["stats"]), reason)
 }
 
 #[test]

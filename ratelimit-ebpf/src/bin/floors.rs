@@ -39,6 +39,27 @@ mod floors {
     #[map(name = "GEN_CFG")]
     static GEN_CFG: Array<u64> = Array::with_max_entries(1, 0);
 
+    /// `floor_lru` plus one read of the clock: what the clock costs here.
+    #[xdp]
+    pub fn floor_lru_clock(ctx: XdpContext) -> u32 {
+        // SAFETY: a helper with no preconditions.
+        let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+        let start = ctx.data();
+        if start + EthHdr::LEN + Ipv4Hdr::LEN > ctx.data_end() {
+            return xdp_action::XDP_PASS;
+        }
+        // SAFETY: bounds checked above.
+        let src = unsafe { (*((start + EthHdr::LEN) as *const Ipv4Hdr)).src_addr };
+        match FLOOR_LRU.get_ptr_mut(src) {
+            // SAFETY: a map value, valid for this run.
+            Some(v) => unsafe { *v = now },
+            None => {
+                let _ = FLOOR_LRU.insert(src, now, 0);
+            }
+        }
+        xdp_action::XDP_DROP
+    }
+
     #[xdp]
     pub fn floor_count(_ctx: XdpContext) -> u32 {
         if let Some(n) = FLOOR_COUNT.get_ptr_mut(0) {

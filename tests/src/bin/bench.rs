@@ -598,6 +598,12 @@ fn sh(ns: &NetNs, cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// rx packets from `ip -s -j link show` output.
+fn rx_packets(json_text: &str) -> u64 {
+    let v: Value = serde_json::from_str(json_text).unwrap_or(Value::Null);
+    v[0]["stats64"]["rx"]["packets"].as_u64().unwrap_or(0)
+}
+
 /// Softirq time of all CPUs, ns (from /proc/stat, in clock ticks).
 fn softirq_ns() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -670,7 +676,7 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
         &format!(
             "A generator in one namespace (an XDP program run with BPF_PROG_RUN in live-frames mode, XDP_TX out of its veth, \
              a new source per frame where asked) floods the other for {secs} s; frames received and dropped per second at the receiver, \
-             counted by the receiver itself (the floor's and ratelimit's counters, nftables' and iptables' rule counters), \
+             counted by the receiver itself (the floor's and ratelimit's counters; for nftables and iptables, the frames the receiving veth took in), \
              median of {rounds}; and softirq CPU time per frame on the machine. Limit: 1000/s per source, burst 1000 (netfilter: the same rate and burst)."
         ),
     );
@@ -751,9 +757,8 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
                     sh(
                         &pair.rx,
                         &format!(
-                            "nft add table {fam} rl && nft add counter {fam} rl seen && \
+                            "nft add table {fam} rl && \
                          nft add chain {fam} rl pre '{{ type filter hook prerouting priority -300; policy accept; }}' && \
-                         nft add rule {fam} rl pre counter name seen && \
                          nft add rule {fam} rl pre meter m size 1048576 '{{ {addr} limit rate over 1000/second burst 1000 packets }}' drop"
                         ),
                     );
@@ -796,25 +801,12 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
                             .filter_map(|r| r["packets"].as_u64())
                             .sum()
                     }
-                    Receiver_::Nft => {
-                        let fam = if v6 { "ip6" } else { "ip" };
-                        // A named counter: listing the chain would print every meter entry.
-                        let out = sh(&pair.rx, &format!("nft list counter {fam} rl seen"));
-                        out.split("packets ")
-                            .nth(1)
-                            .and_then(|t| t.split_whitespace().next())
-                            .and_then(|n| n.parse().ok())
-                            .unwrap_or(0)
-                    }
-                    Receiver_::Iptables => {
-                        let ipt = if v6 { "ip6tables" } else { "iptables" };
-                        let out = sh(&pair.rx, &format!("{ipt} -t raw -L PREROUTING -v -x -n"));
-                        out.lines()
-                            .nth(2)
-                            .and_then(|l| l.split_whitespace().next())
-                            .and_then(|n| n.parse().ok())
-                            .unwrap_or(0)
-                    }
+                    // Netfilter: frames the receiving veth took in (asking nft for its
+                    // counter would dump the meter's million entries).
+                    Receiver_::Nft | Receiver_::Iptables => rx_packets(&sh(
+                        &pair.rx,
+                        &format!("ip -s -j link show dev {}", pair.rx_if),
+                    )),
                 }
             };
             let mask = (1u64 << sources_log2) - 1;
@@ -861,14 +853,7 @@ fn drop_throughput(opts: &Opts, report: &mut Report) {
             );
             by.insert((scenario, recv.name()), m);
             rows.push((scenario, recv.name(), m, lo, hi, c));
-            if recv == Receiver_::Nft {
-                let fam = if v6 { "ip6" } else { "ip" };
-                let _ = pair
-                    .rx
-                    .command("nft")
-                    .args(["delete", "table", fam, "rl"])
-                    .status();
-            }
+            // The tables and rules go with the receiving namespace.
             drop(daemon);
             drop(floor_obj);
         }

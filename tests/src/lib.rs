@@ -27,7 +27,10 @@ pub fn require_root(test: &str) -> bool {
     if std::env::var_os("CI").is_some() {
         panic!("{test}: needs root, and CI is set: privileged tests must not be skipped");
     }
-    eprintln!("SKIPPED (needs root): {test}");
+    // Written to the real stderr, past the test harness's capture: a skip is
+    // never silent.
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED (needs root): {test}");
     false
 }
 

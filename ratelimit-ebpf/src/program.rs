@@ -397,9 +397,9 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
         // SAFETY: ptr_at checked the bounds.
         let ip = unsafe { &*ip };
-        let header_len = usize::from(ip.vihl & 0x0f) * 4;
+        let header_len = usize::from(ip.ihl());
         let total_len = usize::from(u16::from_be_bytes(ip.tot_len));
-        if ip.vihl >> 4 != 4
+        if ip.version() != 4
             || header_len < Ipv4Hdr::LEN
             || total_len < header_len
             || offset + total_len > frame_len
@@ -412,7 +412,7 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         // SAFETY: ptr_at checked the bounds.
         let ip = unsafe { &*ip };
         let payload_len = usize::from(u16::from_be_bytes(ip.payload_len));
-        if ip.vcf[0] >> 4 != 6 || offset + Ipv6Hdr::LEN + payload_len > frame_len {
+        if ip.version() != 6 || offset + Ipv6Hdr::LEN + payload_len > frame_len {
             return Err(Malformed);
         }
         Ok(Parsed::Source(ip.src_addr))

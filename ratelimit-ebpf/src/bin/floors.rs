@@ -98,7 +98,7 @@ mod floors {
             let addr = 0xc612_0000u32 | (n as u32 & 0x1_ffff);
             ip.src_addr = addr.to_be_bytes();
             ip.check = [0, 0];
-            let words = unsafe { &*((start + EthHdr::LEN) as *const [u16; 10]) };
+            let words = unsafe { &*((start + EthHdr::LEN) as *const [u16; Ipv4Hdr::LEN / 2]) };
             let mut sum = 0u32;
             for w in words {
                 sum += u32::from(u16::from_be(*w));

@@ -185,8 +185,18 @@ impl Params {
     }
 
     /// These parameters as the next generation after `previous` (what the rule had
-    /// until now), or unchanged if the limit itself is the same.
+    /// until now), or unchanged if the limit itself is the same. After a rate of
+    /// 0 (or no limit at all: zeroed parameters) there is no state worth
+    /// converting: a denied arrival stores nothing, and a bucket that had no
+    /// limit is a fresh one; the generation stays, so a zeroed state word reads
+    /// as a full bucket.
     pub fn succeeding(mut self, previous: &Params) -> Self {
+        if previous.is_deny_all() {
+            self.generation = previous.generation;
+            self.prev_interval = 0;
+            self.prev_capacity = 0;
+            return self;
+        }
         let same_limit = self.interval == previous.interval
             && self.tau == previous.tau
             && self.capacity == previous.capacity;
@@ -320,6 +330,35 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     }
 }
 
+/// `cost` units in ticks, at most `tau` (a whole bucket). Without a 128-bit
+/// multiplication, which the kernel program cannot have: `cost < capacity ≤ 2^32`
+/// and `capacity × interval = tau ≤ 2^62`.
+#[inline(always)]
+fn units(cost: u64, params: &Params) -> u64 {
+    if cost >= params.capacity {
+        params.tau
+    } else {
+        cost * params.interval
+    }
+}
+
+/// Takes `cost` units from the bucket whether or not they are there: the bucket
+/// empties (never below empty). For what a key was admitted before it had this
+/// state (see [`crate::doorkeeper`]): charged, never refused.
+#[inline(always)]
+pub fn charge(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
+    let generation = params.generation & GENERATION_MASK;
+    let now_t = ns_to_ticks(now_ns);
+    let (ahead, _) = owed(state.tat & !GENERATION_MASK, now_t, params.tau);
+    let ahead = ahead + units(cost, params);
+    let ahead = if ahead > params.tau {
+        params.tau
+    } else {
+        ahead
+    };
+    state.tat = stored(now_t.wrapping_add(ahead), generation);
+}
+
 /// Returns `cost` unused units to the bucket (seed 002's "refill"): the TAT moves
 /// back by `cost` intervals, but never behind `now` — a bucket never holds more
 /// than its capacity.
@@ -331,8 +370,7 @@ pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
     }
     let now_t = ns_to_ticks(now_ns);
     let (ahead, _) = owed(state.tat & !GENERATION_MASK, now_t, params.tau);
-    let back = cost.saturating_mul(params.interval);
-    let ahead = ahead.saturating_sub(back);
+    let ahead = ahead.saturating_sub(units(cost, params));
     state.tat = stored(now_t.wrapping_add(ahead), generation);
 }
 
@@ -465,6 +503,26 @@ mod tests {
         assert_eq!(
             Params::from_rate(1, 3_600_000_000_000, 1000),
             Err(ParamsError::BurstTooLong)
+        );
+    }
+
+    /// Charging takes tokens without asking, down to an empty bucket.
+    #[test]
+    fn charge_empties_but_never_below_empty() {
+        let p = params(100, 5);
+        let mut s = State::full(0, &p);
+        charge(&mut s, &p, 0, 2);
+        let admitted = (0..10).filter(|_| decide(&mut s, &p, 0, 1).allowed).count();
+        assert_eq!(admitted, 3, "5 − 2 charged");
+        let mut s = State::full(0, &p);
+        charge(&mut s, &p, 0, 1000);
+        assert!(
+            !decide(&mut s, &p, 0, 1).allowed,
+            "charged past the burst: empty"
+        );
+        assert!(
+            decide(&mut s, &p, 100 * MS, 1).allowed,
+            "one interval later: one token"
         );
     }
 

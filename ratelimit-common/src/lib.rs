@@ -20,6 +20,7 @@ pub mod keyed;
 
 pub mod clock;
 pub mod decision;
+pub mod doorkeeper;
 pub mod fixed_window;
 pub mod gcra;
 pub mod interval;

@@ -11,11 +11,15 @@ use crate::{fixed_window, gcra, interval, rolling_quota, sliding_log, sliding_wi
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "ratelimit";
 
-/// `LpmTrie<Addr, Rule>`: rules by source prefix (prefix length over the 128-bit
-/// mapped address). Written by the daemon.
+/// `LpmTrie<RuleAddr, u32>`: source prefixes (family byte, then the address) →
+/// the index of their rule in [`MAP_RULE_TABLE`]. Written by the daemon.
 pub const MAP_RULES: &str = "RL_RULES";
-/// `Array<Rule>` of one entry: the rule for sources no prefix matches. Written by the daemon.
-pub const MAP_DEFAULT: &str = "RL_DEFAULT";
+/// `Array<Rule>`: rule values, at the indexes [`MAP_RULES`] and
+/// [`Config::default_rule`] hold. Written by the daemon, copy on write: a changed
+/// rule goes to a free index and the trie entry (or the config) is switched to
+/// it, so the program never reads a half-written rule. Twice the rule capacity
+/// plus two entries, so that every rule can change at once.
+pub const MAP_RULE_TABLE: &str = "RL_RULE_TABLE";
 /// `LruHash<FlowKey, gcra::State>`: one bucket per (rule, masked source). Written by the program.
 pub const MAP_STATE: &str = "RL_STATE";
 /// `PerCpuArray<Counter>` indexed by [`Reason`]. Written by the program.
@@ -27,17 +31,38 @@ pub const MAP_CONFIG: &str = "RL_CONFIG";
 /// the drop path only.
 pub const MAP_DROPS: &str = "RL_DROPS";
 
+/// `Array<u64>`: the doorkeeper's slots ([`crate::doorkeeper`]), a power of two
+/// of them. Written by the program.
+pub const MAP_SEEN: &str = "RL_SEEN";
+/// `Array<RuleState>`: each rule's shared buckets (new sources, aggregate), at the
+/// rule's [`Rule::slot`]. Written by the program; zeroed by the daemon when it
+/// gives a slot to a new rule.
+pub const MAP_RULE_STATE: &str = "RL_RULE_STATE";
+/// `Array<GlobalState>` of one entry: buckets shared by every rule. Written by
+/// the program.
+pub const MAP_GLOBAL: &str = "RL_GLOBAL";
+/// `PerCpuArray<u64>` indexed by [`Event`]: things that happen to state, not
+/// verdicts. Written by the program.
+pub const MAP_EVENTS: &str = "RL_EVENTS";
+
 /// Every map, for tests and pinning.
-pub const ALL_MAPS: [&str; 8] = [
+pub const ALL_MAPS: [&str; 12] = [
     MAP_RULES,
-    MAP_DEFAULT,
+    MAP_RULE_TABLE,
     MAP_STATE,
     MAP_STATS,
     MAP_CONFIG,
     MAP_DROPS,
     MAP_WIDE,
     MAP_WIDE_ZERO,
+    MAP_SEEN,
+    MAP_RULE_STATE,
+    MAP_GLOBAL,
+    MAP_EVENTS,
 ];
+
+/// Default number of doorkeeper slots (8 bytes each: 8 MiB). A load-time setting.
+pub const DEFAULT_SEEN_SLOTS: u32 = 1 << 20;
 
 /// One dropped frame in this many (per CPU) is credited, this many times, to its
 /// source in [`MAP_DROPS`]: `top` is an estimate, the drop path stays cheap.
@@ -54,6 +79,44 @@ pub const DEFAULT_RULES_CAPACITY: u32 = 16 * 1024;
 
 /// An IPv6 address or an IPv4-mapped IPv4 address, network byte order.
 pub type Addr = [u8; 16];
+
+/// The key data of [`MAP_RULES`]: the family ([`family`]) in the first byte, then
+/// the address (IPv4: 4 bytes, then zeros). With the family first, an IPv6 rule
+/// never covers an IPv4 source (`::/0` is every IPv6 source, not every source),
+/// and an IPv4-mapped IPv6 source never matches an IPv4 rule.
+pub type RuleAddr = [u8; 17];
+
+/// Bits of the family byte in front of a [`RuleAddr`].
+pub const FAMILY_BITS: u32 = 8;
+
+/// The address families of [`RuleAddr`]'s first byte.
+pub mod family {
+    /// IPv4.
+    pub const V4: u8 = 4;
+    /// IPv6.
+    pub const V6: u8 = 6;
+}
+
+/// The rule key of a source: `family` (from the frame's EtherType) and its
+/// address (IPv4-mapped for IPv4).
+#[inline(always)]
+pub fn rule_addr(fam: u8, addr: &Addr) -> RuleAddr {
+    let mut k = [0u8; 17];
+    k[0] = fam;
+    if fam == family::V4 {
+        k[1] = addr[12];
+        k[2] = addr[13];
+        k[3] = addr[14];
+        k[4] = addr[15];
+    } else {
+        let mut i = 0;
+        while i < 16 {
+            k[1 + i] = addr[i];
+            i += 1;
+        }
+    }
+    k
+}
 
 /// The prefix `::ffff:0:0/96` under which IPv4 addresses are mapped.
 pub const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
@@ -118,6 +181,14 @@ pub mod rule_flags {
     pub const BYTES: u8 = 1 << 0;
     /// Never drop for this rule; count would-drops instead.
     pub const DRY_RUN: u8 = 1 << 1;
+    /// The rule has an aggregate level ([`super::Rule::aggregate`]): all its
+    /// sources together.
+    pub const AGGREGATE: u8 = 1 << 2;
+    /// The aggregate counts bytes (frame lengths), not packets.
+    pub const AGGREGATE_BYTES: u8 = 1 << 3;
+    /// Frames from sources without state pass unbudgeted (still counted as
+    /// `new_source`); [`super::Rule::new_sources`] is not used.
+    pub const NEW_SOURCES_UNLIMITED: u8 = 1 << 4;
 }
 
 /// Which algorithm a limit rule uses: [`Rule::algorithm`].
@@ -234,7 +305,7 @@ impl core::fmt::Debug for AlgoParams {
     }
 }
 
-/// Value of [`MAP_RULES`] and [`MAP_DEFAULT`]. Built and validated by the daemon.
+/// Value of [`MAP_RULE_TABLE`]. Built and validated by the daemon.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Rule {
@@ -242,6 +313,9 @@ pub struct Rule {
     /// existing buckets carry over; new for a new prefix or a new algorithm. 0 is
     /// the default rule.
     pub id: u32,
+    /// Index of the rule's shared buckets in [`MAP_RULE_STATE`]: 0 for the
+    /// default rule, a free index for each other rule. Kept with the id.
+    pub slot: u32,
     /// One of [`action`].
     pub action: u8,
     /// Bits of [`rule_flags`].
@@ -253,25 +327,98 @@ pub struct Rule {
     /// One of [`algorithm`] (for [`action::LIMIT`]).
     pub algorithm: u8,
     /// Zero.
-    pub _pad: [u8; 7],
-    /// The algorithm's parameters.
+    pub _pad: [u8; 3],
+    /// What a fresh state of this rule admits at once, in cost units (gcra: the
+    /// burst; the windows: the limit; interval refill: the capacity; rolling
+    /// quota: the rate cap; 0 for a rate of 0). A source without state is never
+    /// admitted more than this before it has a state (see
+    /// [`crate::doorkeeper`]).
+    pub burst: u64,
+    /// The algorithm's parameters, per source key.
     pub params: AlgoParams,
+    /// Budget for frames from sources that have no state yet (packets), unless
+    /// [`rule_flags::NEW_SOURCES_UNLIMITED`]. State in [`RuleState::new_sources`].
+    pub new_sources: gcra::Params,
+    /// The aggregate level, if [`rule_flags::AGGREGATE`]: every frame under the
+    /// rule together. State in [`RuleState::aggregate`].
+    pub aggregate: gcra::Params,
 }
-const _: () = assert!(core::mem::size_of::<Rule>() == 64);
+const _: () = assert!(core::mem::size_of::<Rule>() == 168);
+
+/// Value of [`MAP_RULE_STATE`]: the buckets one rule's sources share, each a
+/// [`gcra::State`] word updated with compare-and-swap. A zeroed value is two full
+/// buckets. One cache line per rule, so two busy rules never share one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RuleState {
+    /// The new-source budget's state.
+    pub new_sources: u64,
+    /// The aggregate level's state.
+    pub aggregate: u64,
+    /// Zero.
+    pub _pad: [u64; 6],
+}
+const _: () = assert!(core::mem::size_of::<RuleState>() == 64);
+
+/// Value of [`MAP_GLOBAL`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct GlobalState {
+    /// The state-creation cap's state ([`Config::new_states`]).
+    pub new_states: u64,
+    /// Zero.
+    pub _pad: [u64; 7],
+}
+const _: () = assert!(core::mem::size_of::<GlobalState>() == 64);
+
+/// Things that happen to state, counted per CPU in [`MAP_EVENTS`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// A source was promoted by the doorkeeper and got a state of its own.
+    StateCreated = 0,
+    /// A source seen twice was refused a state: the state-creation cap
+    /// ([`Config::new_states`]) was used up. Its frame was judged as a new
+    /// source's.
+    NewStateCapped = 1,
+}
+
+/// Number of [`Event`]s: the size of [`MAP_EVENTS`].
+pub const EVENT_COUNT: u32 = 2;
+
+impl Event {
+    /// Every event, in index order.
+    pub const ALL: [Event; EVENT_COUNT as usize] = [Event::StateCreated, Event::NewStateCapped];
+
+    /// Stable name, used in stats output and metric labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Event::StateCreated => "states_created",
+            Event::NewStateCapped => "new_states_capped",
+        }
+    }
+}
 
 impl Rule {
     /// The token bucket parameters, for a [`algorithm::GCRA`] rule.
     #[inline(always)]
     pub fn gcra(&self) -> gcra::Params {
+        *self.gcra_params()
+    }
+
+    /// The token bucket parameters by reference (the kernel program copies
+    /// nothing it can read in place).
+    #[inline(always)]
+    pub fn gcra_params(&self) -> &gcra::Params {
         // SAFETY: plain integers; see AlgoParams.
-        unsafe { self.params.gcra }
+        unsafe { &self.params.gcra }
     }
 }
 
 /// `LruHash<FlowKey, WideState>`: the state of keys under the algorithms whose
 /// state is wider than one word. Written by the program under [`WideState::lock`].
 pub const MAP_WIDE: &str = "RL_WIDE";
-/// Default capacity of [`MAP_WIDE`] (about 540 bytes each: 8.8 MiB).
+/// Default capacity of [`MAP_WIDE`] (about 550 bytes each: 9 MiB).
 pub const DEFAULT_WIDE_CAPACITY: u32 = 16 * 1024;
 
 /// Words of [`WideState::body`]: room for the largest state (the sliding log).
@@ -286,6 +433,10 @@ pub const WIDE_WORDS: usize = 66;
 pub struct WideState {
     /// 0 free, 1 held.
     pub lock: u64,
+    /// Frames admitted before the key had this state (see
+    /// [`crate::doorkeeper`]), charged with its next decision. Written under
+    /// the lock.
+    pub pending: u64,
     /// The algorithm's `State`, from the first byte.
     pub body: [u64; WIDE_WORDS],
 }
@@ -299,6 +450,7 @@ impl Default for WideState {
     fn default() -> Self {
         Self {
             lock: 0,
+            pending: 0,
             body: [0; WIDE_WORDS],
         }
     }
@@ -314,6 +466,10 @@ pub mod config_flags {
     pub const DRY_RUN: u32 = 1 << 0;
     /// Drop malformed IP frames (default: pass them).
     pub const DROP_MALFORMED: u32 = 1 << 1;
+    /// Decide on `bpf_ktime_get_coarse_ns` (the time of the last scheduler
+    /// tick) instead of `bpf_ktime_get_ns`: cheaper, and over any span T a key
+    /// is admitted at most burst + rate × (T + one tick).
+    pub const COARSE_CLOCK: u32 = 1 << 2;
 }
 
 /// Value of [`MAP_CONFIG`]: global runtime settings. Written by the daemon.
@@ -324,8 +480,20 @@ pub struct Config {
     pub flags: u32,
     /// Number of entries in [`MAP_RULES`]; 0 lets the program skip the trie lookup.
     pub rule_count: u32,
+    /// The doorkeeper's hash seed: random, picked by the daemon when it creates
+    /// the maps, so that nobody can aim hash collisions at a source.
+    pub hash_seed: u64,
+    /// Doorkeeper slots − 1 (the slot count is a power of two).
+    pub seen_mask: u32,
+    /// Index in [`MAP_RULE_TABLE`] of the default rule: the rule for sources no
+    /// prefix matches.
+    pub default_rule: u32,
+    /// The cap on states created per second, all rules together (packets =
+    /// promotions): what a flood of sources that each repeat can cost in
+    /// inserts and evictions. State in [`GlobalState::new_states`].
+    pub new_states: gcra::Params,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 72);
 
 /// One counter of [`MAP_STATS`]: packets and bytes (whole frame lengths).
 #[repr(C)]
@@ -362,10 +530,16 @@ pub enum Reason {
     /// Compare-and-swap retries ran out: the key is hammered from several CPUs at
     /// once, so it is over its limit; dropped.
     Contended = 8,
+    /// From a source without state, within its rule's new-source budget: passed.
+    NewSource = 9,
+    /// From a source without state, over its rule's new-source budget: dropped.
+    NewSourceLimited = 10,
+    /// Over its rule's aggregate level (all the rule's sources together): dropped.
+    AggregateLimited = 11,
 }
 
 /// Number of [`Reason`]s: the size of [`MAP_STATS`].
-pub const REASON_COUNT: u32 = 9;
+pub const REASON_COUNT: u32 = 12;
 
 impl Reason {
     /// Every reason, in index order.
@@ -379,6 +553,9 @@ impl Reason {
         Reason::WouldDrop,
         Reason::StateFailed,
         Reason::Contended,
+        Reason::NewSource,
+        Reason::NewSourceLimited,
+        Reason::AggregateLimited,
     ];
 
     /// Stable name, used in stats output and metric labels.
@@ -393,12 +570,22 @@ impl Reason {
             Reason::WouldDrop => "would_drop",
             Reason::StateFailed => "state_failed",
             Reason::Contended => "contended",
+            Reason::NewSource => "new_source",
+            Reason::NewSourceLimited => "new_source_limited",
+            Reason::AggregateLimited => "aggregate_limited",
         }
     }
 
     /// Whether frames counted under this reason were dropped (dry run aside).
     pub const fn drops(self) -> bool {
-        matches!(self, Reason::Limited | Reason::Denied | Reason::Contended)
+        matches!(
+            self,
+            Reason::Limited
+                | Reason::Denied
+                | Reason::Contended
+                | Reason::NewSourceLimited
+                | Reason::AggregateLimited
+        )
     }
 }
 
@@ -421,6 +608,8 @@ mod pod {
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for crate::gcra::State {}
     unsafe impl aya::Pod for super::WideState {}
+    unsafe impl aya::Pod for super::RuleState {}
+    unsafe impl aya::Pod for super::GlobalState {}
 }
 
 #[cfg(test)]
@@ -451,9 +640,12 @@ mod tests {
     }
 
     #[test]
-    fn reasons_index_in_order() {
+    fn reasons_and_events_index_in_order() {
         for (i, r) in Reason::ALL.iter().enumerate() {
             assert_eq!(*r as usize, i);
+        }
+        for (i, e) in Event::ALL.iter().enumerate() {
+            assert_eq!(*e as usize, i);
         }
     }
 }

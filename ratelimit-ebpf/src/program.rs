@@ -1,14 +1,27 @@
 //! Fail-open or fail-closed, decided here and only here:
 //! - frames we cannot read as IP (not IP, truncated, malformed): **pass**, counted;
 //!   malformed IP is dropped instead when the daemon sets `DROP_MALFORMED`.
-//! - a new source whose state cannot be stored: **pass** (its first packet would be
-//!   admitted anyway: a new bucket is full), counted as `state_failed`.
+//! - a source without state is judged by its rule's **new-source budget** (drop
+//!   when it is used up, counted as `new_source_limited`); it gets a state of
+//!   its own only when the doorkeeper has seen it twice (see
+//!   `ratelimit_common::doorkeeper`), and then only within the state-creation
+//!   cap.
+//! - a promoted source whose state cannot be stored: **pass**, counted as
+//!   `state_failed` (an LRU map evicts rather than fail: not seen in practice).
 //! - compare-and-swap retries exhausted on one key: **drop**, counted as
 //!   `contended`; each failed retry means another CPU was admitted on that key in
 //!   between, so it is being flooded.
 //! - the default rule missing (cannot happen for an array map): **pass**.
 //! - dry run (global or per rule): nothing is dropped for a limit or a deny rule;
 //!   what would have been is counted as `would_drop`.
+//!
+//! Levels: a frame under a rule with an aggregate passes only if both its own
+//! bucket (or the new-source budget) and the aggregate allow it. The own level
+//! is decided first without writing, the aggregate is then taken with
+//! compare-and-swap, and the own level is committed last; if that commit finds
+//! the own level empty after all (another CPU took the last token), the
+//! aggregate's units are given back. So a frame denied at one level consumes
+//! nothing at the other, and no level ever admits more than its own bucket.
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg},
@@ -18,7 +31,7 @@ use core::{
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::{map, xdp},
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
@@ -30,21 +43,21 @@ use network_types::{
     vlan::VlanHdr,
 };
 use ratelimit_common::{
-    Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_STATE_CAPACITY,
-    DROPS_CAPACITY, FlowKey, REASON_COUNT, Reason, Rule, V4_MAPPED_BITS, action, config_flags,
-    gcra, is_v4_mapped, map_v4, mask_addr, rule_flags,
-};
-use ratelimit_common::{
-    DEFAULT_WIDE_CAPACITY, DROP_SAMPLE, LOCK_RETRIES, WideState, algorithm, fixed_window, interval,
-    rolling_quota, sliding_log, sliding_window,
+    Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
+    DEFAULT_STATE_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE, DROPS_CAPACITY, EVENT_COUNT, Event,
+    FAMILY_BITS, FlowKey, GlobalState, LOCK_RETRIES, REASON_COUNT, Reason, Rule, RuleAddr,
+    RuleState, V4_MAPPED_BITS, WideState, action, algorithm, config_flags, doorkeeper, family,
+    fixed_window, gcra, interval, map_v4, mask_addr, rolling_quota, rule_addr, rule_flags,
+    sliding_log, sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
 #[map(name = "RL_RULES")]
-static RL_RULES: LpmTrie<Addr, Rule> = LpmTrie::with_max_entries(DEFAULT_RULES_CAPACITY, 0);
+static RL_RULES: LpmTrie<RuleAddr, u32> = LpmTrie::with_max_entries(DEFAULT_RULES_CAPACITY, 0);
 
-#[map(name = "RL_DEFAULT")]
-static RL_DEFAULT: Array<Rule> = Array::with_max_entries(1, 0);
+// Every rule can change at once: twice the rules and the default rule.
+#[map(name = "RL_RULE_TABLE")]
+static RL_RULE_TABLE: Array<Rule> = Array::with_max_entries(2 * (DEFAULT_RULES_CAPACITY + 1), 0);
 
 #[map(name = "RL_STATE")]
 static RL_STATE: LruHashMap<FlowKey, gcra::State> =
@@ -66,6 +79,19 @@ static RL_WIDE_ZERO: PerCpuArray<WideState> = PerCpuArray::with_max_entries(1, 0
 #[map(name = "RL_DROPS")]
 static RL_DROPS: LruHashMap<Addr, u64> = LruHashMap::with_max_entries(DROPS_CAPACITY, 0);
 
+#[map(name = "RL_SEEN")]
+static RL_SEEN: Array<u64> = Array::with_max_entries(DEFAULT_SEEN_SLOTS, 0);
+
+// One slot per rule plus the default rule's (slot 0).
+#[map(name = "RL_RULE_STATE")]
+static RL_RULE_STATE: Array<RuleState> = Array::with_max_entries(DEFAULT_RULES_CAPACITY + 1, 0);
+
+#[map(name = "RL_GLOBAL")]
+static RL_GLOBAL: Array<GlobalState> = Array::with_max_entries(1, 0);
+
+#[map(name = "RL_EVENTS")]
+static RL_EVENTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_COUNT, 0);
+
 const ETH_P_8021Q: u16 = EtherType::Ieee8021q as u16;
 const ETH_P_8021AD: u16 = EtherType::Ieee8021ad as u16;
 const ETH_P_IP: u16 = EtherType::Ipv4 as u16;
@@ -73,13 +99,16 @@ const ETH_P_IPV6: u16 = EtherType::Ipv6 as u16;
 /// VLAN tags we look through (802.1Q inside 802.1ad is QinQ).
 const MAX_VLAN_TAGS: usize = 2;
 const EEXIST: i32 = 17;
+/// Retries of a compare-and-swap on a word few CPUs touch at once (a
+/// doorkeeper slot, a unit given back): fewer paths for the verifier. Running
+/// out errs toward limiting (a sighting not recorded, a unit not given back).
+const SHORT_RETRIES: u32 = 4;
 
-/// What parsing found.
-enum Parsed {
-    /// The frame's source address (IPv4-mapped for IPv4).
-    Source(Addr),
-    /// Not an IP frame.
-    NotIp,
+/// What parsing found: the family ([`family`], 0 when not IP) and the source
+/// address (IPv4-mapped for IPv4).
+struct Parsed {
+    family: u8,
+    source: Addr,
 }
 
 /// The verdict before dry run is applied.
@@ -104,16 +133,22 @@ impl Outcome {
 #[xdp]
 pub fn ratelimit(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let config = RL_CONFIG.get(0).copied().unwrap_or_default();
+    let Some(config) = RL_CONFIG.get(0) else {
+        return xdp_action::XDP_PASS;
+    };
     let mut dropper = None;
-    let (reason, action) = match try_ratelimit(&ctx, len, &config) {
+    let (reason, action) = match try_ratelimit(&ctx, len, config) {
         Ok(Outcome {
             reason,
             dry_run,
             source,
         }) => {
             if reason.drops() {
-                dropper = Some(source);
+                // `top` ranks sources: a drop for a shared budget says nothing
+                // about the source that happened to meet it.
+                if matches!(reason, Reason::Limited | Reason::Denied) {
+                    dropper = Some(source);
+                }
                 if dry_run || config.flags & config_flags::DRY_RUN != 0 {
                     (Reason::WouldDrop, xdp_action::XDP_PASS)
                 } else {
@@ -143,6 +178,9 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
     {
         count_drop(&source, DROP_SAMPLE);
     }
+    if reason == Reason::StateFailed {
+        warn!(&ctx, "storing a promoted source's state failed; passed");
+    }
     action
 }
 
@@ -151,180 +189,538 @@ struct Malformed;
 
 #[inline(always)]
 fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome, Malformed> {
-    let source = match parse(ctx)? {
-        Parsed::Source(addr) => addr,
-        Parsed::NotIp => return Ok(Outcome::of(Reason::NotIp)),
+    let Parsed { family, source } = parse(ctx)?;
+    if family == 0 {
+        return Ok(Outcome::of(Reason::NotIp));
+    }
+    let Some(rule) = lookup_rule(family, &source, config) else {
+        return Ok(Outcome::of(Reason::Passed));
     };
-    let mut addr = source;
-    let rule = match lookup_rule(&addr, config) {
-        Some(rule) => rule,
-        None => return Ok(Outcome::of(Reason::Passed)),
-    };
-    let dry_run = rule.flags & rule_flags::DRY_RUN != 0;
     let reason = match rule.action {
-        action::LIMIT => {
-            let bits = if is_v4_mapped(&addr) {
-                V4_MAPPED_BITS + rule.key_prefix_v4
-            } else {
-                rule.key_prefix_v6
-            };
-            mask_addr(&mut addr, bits);
-            let key = FlowKey {
-                addr,
-                rule_id: rule.id,
-            };
-            let cost = if rule.flags & rule_flags::BYTES != 0 {
-                len
-            } else {
-                1
-            };
-            // SAFETY: a BPF helper with no preconditions.
-            let now = unsafe { bpf_ktime_get_ns() };
-            if rule.algorithm == algorithm::GCRA {
-                limit(ctx, &key, &rule.gcra(), now, cost)
-            } else {
-                limit_wide(&key, &rule, now, cost)
-            }
-        }
+        action::LIMIT => limit(rule, family, &source, len, config),
         action::DENY => Reason::Denied,
         _ => Reason::Allowed,
     };
     Ok(Outcome {
         reason,
-        dry_run,
+        dry_run: rule.flags & rule_flags::DRY_RUN != 0,
         source,
     })
 }
 
-/// Counts a drop against its source for `ratelimit top`. Only on the drop path.
+/// The clock the daemon chose: `bpf_ktime_get_ns`, or the cheaper time of the
+/// last tick.
 #[inline(always)]
-fn count_drop(source: &Addr, weight: u64) {
-    match RL_DROPS.get_ptr_mut(source) {
-        // SAFETY: an 8-byte, 8-aligned map value; other CPUs add atomically too.
-        Some(n) => unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, weight);
-        },
-        None => {
-            // A lost race with another CPU loses one count: fine for a ranking.
-            let _ = RL_DROPS.insert(source, weight, 0);
+fn clock(config: &Config) -> u64 {
+    // SAFETY: helpers with no preconditions.
+    unsafe {
+        if config.flags & config_flags::COARSE_CLOCK != 0 {
+            bpf_ktime_get_coarse_ns()
+        } else {
+            bpf_ktime_get_ns()
         }
     }
 }
 
-/// The rule for `addr`: the longest matching prefix, else the default rule.
-#[inline(always)]
-fn lookup_rule(addr: &Addr, config: &Config) -> Option<Rule> {
-    if config.rule_count != 0
-        && let Some(rule) = RL_RULES.get(Key::new(128, *addr))
-    {
-        return Some(*rule);
-    }
-    RL_DEFAULT.get(0).copied()
+/// The aggregate level of a rule: its state word (null when the rule has
+/// none), parameters and the frame's cost there.
+///
+/// Values the verifier sees are plain structs with every field set, never an
+/// `Option` or an enum with a payload: LLVM leaves the unused payload of such
+/// values undefined, and the verifier refuses to read an uninitialized register.
+#[derive(Clone, Copy)]
+struct Aggregate {
+    word: *mut u64,
+    params: &'static gcra::Params,
+    cost: u64,
 }
 
-/// Applies the token bucket to `key`: an exact compare-and-swap on the state word.
+impl Aggregate {
+    #[inline(always)]
+    fn is_some(&self) -> bool {
+        !self.word.is_null()
+    }
+}
+
 #[inline(always)]
-fn limit(ctx: &XdpContext, key: &FlowKey, params: &gcra::Params, now: u64, cost: u64) -> Reason {
-    if let Some(state) = RL_STATE.get_ptr_mut(key) {
-        return update(state.cast::<u64>(), params, now, cost);
-    }
-    // A new source: its bucket starts full.
-    let mut fresh = gcra::State::full(now, params);
-    if !gcra::decide(&mut fresh, params, now, cost).allowed {
-        // A denied arrival stores nothing (cost above the burst, or rate 0).
-        return Reason::Limited;
-    }
-    match RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)) {
-        Ok(()) => Reason::Passed,
-        // Another CPU created it first: decide against what it stored.
-        Err(e) if e == -EEXIST => match RL_STATE.get_ptr_mut(key) {
-            Some(state) => update(state.cast::<u64>(), params, now, cost),
-            None => Reason::StateFailed,
+fn aggregate(rule: &'static Rule, shared: *mut RuleState, len: u64) -> Aggregate {
+    let word = if rule.flags & rule_flags::AGGREGATE == 0 || shared.is_null() {
+        core::ptr::null_mut()
+    } else {
+        // SAFETY: a field of a map value valid for this run.
+        unsafe { &raw mut (*shared).aggregate }
+    };
+    Aggregate {
+        word,
+        params: &rule.aggregate,
+        cost: if rule.flags & rule_flags::AGGREGATE_BYTES != 0 {
+            len
+        } else {
+            1
         },
-        Err(e) => {
-            // Rare: an LRU map evicts rather than fail. Logged for the daemon.
-            warn!(
-                ctx,
-                "storing a new source's bucket failed (error {}); passed", e
-            );
-            Reason::StateFailed
+    }
+}
+
+/// What judges a frame under a limit rule (all fields always set; see
+/// [`Aggregate`]).
+struct Target {
+    kind: Kind,
+    /// For [`Kind::Gcra`]: the source's own bucket, or the new-source budget.
+    level: Level,
+    /// For [`Kind::Wide`]: the key's state.
+    wide: *mut WideState,
+    /// For [`Kind::Done`]: the verdict.
+    reason: Reason,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gcra,
+    Wide,
+    Done,
+}
+
+impl Target {
+    #[inline(always)]
+    fn gcra(level: Level) -> Self {
+        Self {
+            kind: Kind::Gcra,
+            level,
+            wide: core::ptr::null_mut(),
+            reason: Reason::Passed,
+        }
+    }
+
+    #[inline(always)]
+    fn wide(wide: *mut WideState, rule: &Rule) -> Self {
+        Self {
+            kind: Kind::Wide,
+            level: Level::none(rule),
+            wide,
+            reason: Reason::Passed,
+        }
+    }
+
+    #[inline(always)]
+    fn done(reason: Reason, rule: &Rule) -> Self {
+        Self {
+            kind: Kind::Done,
+            level: Level::none(rule),
+            wide: core::ptr::null_mut(),
+            reason,
         }
     }
 }
 
-/// Decides against the state at `word` and writes the new state with
-/// compare-and-swap, retrying on the value another CPU wrote in between.
+/// Applies a limit rule to the frame from `source`.
 #[inline(always)]
-fn update(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) -> Reason {
-    // SAFETY: `word` points at an 8-byte, 8-aligned map value that stays valid for
-    // the program's run (RCU); other CPUs change it only through `cmpxchg`.
+fn limit(rule: &'static Rule, fam: u8, source: &Addr, len: u64, config: &Config) -> Reason {
+    let mut addr = *source;
+    let bits = if fam == family::V4 {
+        V4_MAPPED_BITS + rule.key_prefix_v4
+    } else {
+        rule.key_prefix_v6
+    };
+    mask_addr(&mut addr, bits);
+    let key = FlowKey {
+        addr,
+        rule_id: rule.id,
+    };
+    let cost = if rule.flags & rule_flags::BYTES != 0 {
+        len
+    } else {
+        1
+    };
+    let now = clock(config);
+    let shared = match RL_RULE_STATE.get_ptr_mut(rule.slot) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    };
+    let agg = aggregate(rule, shared, len);
+    let mut target = Target::done(Reason::Passed, rule);
+    let mut tracked = false;
+    if rule.algorithm == algorithm::GCRA {
+        if let Some(state) = RL_STATE.get_ptr_mut(&key) {
+            target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
+            tracked = true;
+        }
+    } else if let Some(wide) = RL_WIDE.get_ptr_mut(&key) {
+        target = Target::wide(wide, rule);
+        tracked = true;
+    }
+    if !tracked {
+        target = untracked(&key, rule, shared, config, now, cost);
+    }
+    match target.kind {
+        Kind::Gcra => two_levels(target.level, agg, now),
+        // The wide algorithms count packets (the daemon sets BYTES for gcra only).
+        Kind::Wide => limit_wide(target.wide, rule, len, now),
+        Kind::Done => target.reason,
+    }
+}
+
+/// One GCRA level: a state word, its parameters, the frame's cost there and
+/// the reasons for its verdicts.
+struct Level {
+    word: *mut u64,
+    params: *const gcra::Params,
+    cost: u64,
+    pass: Reason,
+    deny: Reason,
+}
+
+impl Level {
+    /// No level (a placeholder in a [`Target`] of another kind).
+    #[inline(always)]
+    fn none(rule: &Rule) -> Self {
+        Self {
+            word: core::ptr::null_mut(),
+            params: rule.gcra_params(),
+            cost: 0,
+            pass: Reason::Passed,
+            deny: Reason::Limited,
+        }
+    }
+
+    /// A source's own bucket under `rule`.
+    #[inline(always)]
+    fn own(word: *mut u64, rule: &Rule, cost: u64) -> Self {
+        Self {
+            word,
+            params: rule.gcra_params(),
+            cost,
+            pass: Reason::Passed,
+            deny: Reason::Limited,
+        }
+    }
+}
+
+/// How the own level's commit ended.
+enum Commit {
+    Passed,
+    Denied,
+    Contended,
+}
+
+/// Decides a frame at its own level and the rule's aggregate, committing both
+/// or neither (module docs). A null own word is no own level (a rule without
+/// a new-source budget): the aggregate alone judges.
+#[inline(always)]
+fn two_levels(own: Level, agg: Aggregate, now: u64) -> Reason {
+    // SAFETY: `own.params` points into a rule value valid for this run.
+    let params = unsafe { &*own.params };
+    let unbounded = own.word.is_null();
+    let (mut seen, mut next) = (0, gcra::State { tat: 0 });
+    if !unbounded {
+        // SAFETY: `own.word` points at an 8-byte, 8-aligned map value that
+        // stays valid for the program's run (RCU); other CPUs change it only
+        // through compare-and-swap.
+        seen = unsafe { read_volatile(own.word) };
+        next.tat = seen;
+        if !gcra::decide(&mut next, params, now, own.cost).allowed {
+            if next.tat != seen {
+                // A converted or capped debt (see gcra): stored even on a denial.
+                cas(own.word, seen, next.tat);
+            }
+            return own.deny;
+        }
+    }
+    if agg.is_some() {
+        match take(agg.word, agg.params, now, agg.cost) {
+            Taken::Yes => {}
+            Taken::No => return Reason::AggregateLimited,
+            Taken::Contended => return Reason::Contended,
+        }
+    }
+    if unbounded {
+        return own.pass;
+    }
+    // The own level, committed now: re-decided on what another CPU wrote.
+    let mut end = Commit::Contended;
+    for _ in 0..CAS_RETRIES {
+        if next.tat == seen {
+            end = Commit::Passed;
+            break;
+        }
+        let (found, swapped) = cas(own.word, seen, next.tat);
+        if swapped {
+            end = Commit::Passed;
+            break;
+        }
+        seen = found;
+        next = gcra::State { tat: seen };
+        if !gcra::decide(&mut next, params, now, own.cost).allowed {
+            end = Commit::Denied;
+            break;
+        }
+    }
+    match end {
+        Commit::Passed => own.pass,
+        denied => {
+            // The aggregate gets its units back.
+            if agg.is_some() {
+                give_back(agg.word, agg.params, now, agg.cost);
+            }
+            if matches!(denied, Commit::Denied) {
+                own.deny
+            } else {
+                Reason::Contended
+            }
+        }
+    }
+}
+
+/// Whether units were taken from a shared bucket.
+enum Taken {
+    Yes,
+    No,
+    Contended,
+}
+
+/// Takes `cost` units from the GCRA bucket at `word` if it has them.
+#[inline(always)]
+fn take(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) -> Taken {
+    // SAFETY: as in `two_levels`.
     let mut seen = unsafe { read_volatile(word) };
+    let mut taken = Taken::Contended;
     for _ in 0..CAS_RETRIES {
         let mut next = gcra::State { tat: seen };
         let allowed = gcra::decide(&mut next, params, now, cost).allowed;
-        let verdict = if allowed {
-            Reason::Passed
+        let (found, swapped) = if next.tat == seen {
+            (seen, true)
         } else {
-            Reason::Limited
-        };
-        if next.tat == seen {
-            return verdict;
-        }
-        // SAFETY: as above.
-        let (found, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                word, seen, next.tat,
-            )
+            cas(word, seen, next.tat)
         };
         if swapped {
-            return verdict;
+            taken = if allowed { Taken::Yes } else { Taken::No };
+            break;
         }
         seen = found;
     }
-    Reason::Contended
+    taken
 }
 
-/// Applies a wide-state algorithm to `key`, under the state's lock word.
+/// Gives `cost` units back to the GCRA bucket at `word` (never above its
+/// capacity). Should the retries run out, the units stay taken: the bucket
+/// errs toward limiting.
 #[inline(always)]
-fn limit_wide(key: &FlowKey, rule: &Rule, now: u64, cost: u64) -> Reason {
-    let wide = match RL_WIDE.get_ptr_mut(key) {
-        Some(p) => p,
-        None => {
-            // A new key: a zeroed state is a fresh one for every wide algorithm.
-            let Some(zero) = RL_WIDE_ZERO.get_ptr(0) else {
-                return Reason::StateFailed;
-            };
-            // By reference: a 536-byte value would not fit on the 512-byte BPF stack.
-            // SAFETY: a valid map value of the same type, read by the helper.
-            let zero: &WideState = unsafe { &*zero };
-            let _ = RL_WIDE.insert(key, zero, u64::from(BPF_NOEXIST));
-            match RL_WIDE.get_ptr_mut(key) {
-                Some(p) => p,
-                None => return Reason::StateFailed,
-            }
+fn give_back(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) {
+    // SAFETY: as in `two_levels`.
+    let mut seen = unsafe { read_volatile(word) };
+    for _ in 0..SHORT_RETRIES {
+        let mut next = gcra::State { tat: seen };
+        gcra::refund(&mut next, params, now, cost);
+        let (found, swapped) = cas(word, seen, next.tat);
+        if swapped {
+            break;
         }
-    };
-    // SAFETY: `wide` is a map value valid for this run; its lock word is only
-    // touched atomically, its body only while the lock is held.
+        seen = found;
+    }
+}
+
+/// Compare-and-swap on a map value word: (the value found, whether it was
+/// replaced).
+#[inline(always)]
+fn cas(word: *mut u64, old: u64, new: u64) -> (u64, bool) {
+    // SAFETY: callers pass an 8-byte, 8-aligned word of a map value valid for
+    // this run.
     unsafe {
-        let lock = &raw mut (*wide).lock;
-        let mut held = false;
-        for _ in 0..LOCK_RETRIES {
-            if atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                lock, 0, 1,
-            )
-            .1
-            {
-                held = true;
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(word, old, new)
+    }
+}
+
+/// Counts `event` on this CPU.
+#[inline(always)]
+fn event(event: Event) {
+    if let Some(n) = RL_EVENTS.get_ptr_mut(event as u32) {
+        // SAFETY: a per-CPU slot, written only by this CPU.
+        unsafe { *n += 1 };
+    }
+}
+
+/// A frame from a key with no state: the doorkeeper decides whether it earns
+/// one (then the frame is judged against it); if not, the frame is judged by
+/// the rule's new-source budget, and never admitted beyond what the key's own
+/// fresh bucket would admit ([`Rule::burst`]).
+///
+/// Every frame that fits the key's own burst is counted in its doorkeeper slot
+/// *before* the budget judges it, so a promotion on another CPU can never miss
+/// a frame admitted at the same moment; a frame the budget then refuses stays
+/// counted, which errs toward limiting.
+#[inline(always)]
+fn untracked(
+    key: &FlowKey,
+    rule: &'static Rule,
+    shared: *mut RuleState,
+    config: &Config,
+    now: u64,
+    cost: u64,
+) -> Target {
+    let h = doorkeeper::hash(key, config.hash_seed);
+    let tag = doorkeeper::tag(h);
+    let slot = match RL_SEEN.get_ptr_mut(doorkeeper::slot(h, config.seen_mask)) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    };
+    // What the slot counts per frame, and what a counted unit is charged as.
+    let bytes = rule.flags & rule_flags::BYTES != 0;
+    let units = doorkeeper::units(cost, bytes);
+    let unit = if bytes { doorkeeper::BYTE_UNIT } else { 1 };
+    let mut again = false;
+    let mut admitted = 0u64;
+    let mut fits = cost <= rule.burst;
+    if !slot.is_null() {
+        let epoch = doorkeeper::epoch(now);
+        // SAFETY: an 8-byte array value, changed by other CPUs only through
+        // compare-and-swap.
+        let mut value = unsafe { read_volatile(slot) };
+        for _ in 0..SHORT_RETRIES {
+            let next = match doorkeeper::sight(value, tag, epoch) {
+                doorkeeper::Sighting::Again { admitted: n } => {
+                    again = true;
+                    admitted = u64::from(n);
+                    break;
+                }
+                doorkeeper::Sighting::First { record } => {
+                    if fits {
+                        record + units
+                    } else {
+                        record
+                    }
+                }
+            };
+            let (found, swapped) = cas(slot, value, next);
+            if swapped {
                 break;
             }
+            value = found;
         }
-        if !held {
-            return Reason::Contended;
+    }
+    if again {
+        if take_new_state(config, now) {
+            return promote(key, rule, now, cost, admitted * unit);
         }
+        event(Event::NewStateCapped);
+        fits = admitted * unit + cost <= rule.burst;
+        if fits {
+            count_admitted(slot, tag, units);
+        }
+    }
+    if !fits {
+        return Target::done(Reason::Limited, rule);
+    }
+    let word = if rule.flags & rule_flags::NEW_SOURCES_UNLIMITED != 0 || shared.is_null() {
+        // Unbudgeted: only the aggregate (if any) judges; no own level.
+        core::ptr::null_mut()
+    } else {
+        // SAFETY: a field of a map value valid for this run.
+        unsafe { &raw mut (*shared).new_sources }
+    };
+    Target::gcra(Level {
+        word,
+        params: &rule.new_sources,
+        cost: 1,
+        pass: Reason::NewSource,
+        deny: Reason::NewSourceLimited,
+    })
+}
+
+/// Counts a frame's units in the key's doorkeeper slot, to charge them when
+/// the key is promoted.
+#[inline(always)]
+fn count_admitted(slot: *mut u64, tag: u32, units: u64) {
+    if slot.is_null() {
+        return;
+    }
+    // SAFETY: an 8-byte array value, changed only through compare-and-swap.
+    let mut value = unsafe { read_volatile(slot) };
+    for _ in 0..SHORT_RETRIES {
+        let Some(more) = doorkeeper::count_more(value, tag, units) else {
+            break;
+        };
+        let (found, swapped) = cas(slot, value, more);
+        if swapped {
+            break;
+        }
+        value = found;
+    }
+}
+
+/// Takes one unit of the state-creation cap. One attempt: when another CPU
+/// took a unit at the same moment, this promotion waits for the key's next
+/// frame (the cap errs toward creating fewer states, never more).
+#[inline(always)]
+fn take_new_state(config: &Config, now: u64) -> bool {
+    let Some(global) = RL_GLOBAL.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: a field of a map value valid for this run.
+    let word = unsafe { &raw mut (*global).new_states };
+    // SAFETY: as in `two_levels`.
+    let seen = unsafe { read_volatile(word) };
+    let mut next = gcra::State { tat: seen };
+    gcra::decide(&mut next, &config.new_states, now, 1).allowed && cas(word, seen, next.tat).1
+}
+
+/// Gives `key` a state charged with the `admitted` units of cost (frames, or
+/// bytes rounded up to 64 a frame) it got before; the frame is then judged
+/// against it.
+#[inline(always)]
+fn promote(key: &FlowKey, rule: &'static Rule, now: u64, cost: u64, admitted: u64) -> Target {
+    if rule.algorithm == algorithm::GCRA {
+        let params = rule.gcra_params();
+        let mut fresh = gcra::State::full(now, params);
+        gcra::charge(&mut fresh, params, now, admitted);
+        match RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)) {
+            Ok(()) => event(Event::StateCreated),
+            // Another CPU promoted it first: its charge stands.
+            Err(e) if e == -EEXIST => {}
+            Err(_) => return Target::done(Reason::StateFailed, rule),
+        }
+        return match RL_STATE.get_ptr_mut(key) {
+            Some(state) => Target::gcra(Level::own(state.cast::<u64>(), rule, cost)),
+            None => Target::done(Reason::StateFailed, rule),
+        };
+    }
+    let Some(zero) = RL_WIDE_ZERO.get_ptr(0) else {
+        return Target::done(Reason::StateFailed, rule);
+    };
+    // By reference: a 536-byte value would not fit on the 512-byte BPF stack.
+    // SAFETY: a valid map value of the same type, read by the helper.
+    let zero: &WideState = unsafe { &*zero };
+    let created = match RL_WIDE.insert(key, zero, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            event(Event::StateCreated);
+            true
+        }
+        Err(e) if e == -EEXIST => false,
+        Err(_) => return Target::done(Reason::StateFailed, rule),
+    };
+    let Some(wide) = RL_WIDE.get_ptr_mut(key) else {
+        return Target::done(Reason::StateFailed, rule);
+    };
+    if created && admitted > 0 {
+        // Charged with the key's next decision, under its lock.
+        // SAFETY: a word of a map value valid for this run, changed only atomically.
+        unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(&raw mut (*wide).pending, admitted)
+        };
+    }
+    Target::wide(wide, rule)
+}
+
+/// Decides `cost` against a wide state in place.
+///
+/// # Safety
+/// `wide` is a map value valid for this run whose lock this CPU holds.
+#[inline(always)]
+unsafe fn decide_wide(wide: *mut WideState, rule: &Rule, now: u64, cost: u64) -> bool {
+    // SAFETY: the caller's contract: the body is ours while the lock is held,
+    // and every state fits in it (size asserts in ratelimit-common).
+    unsafe {
         let body = (&raw mut (*wide).body).cast::<u8>();
         let params = &rule.params;
-        let allowed = match rule.algorithm {
+        match rule.algorithm {
             algorithm::INTERVAL => {
                 interval::decide(&mut *body.cast(), &params.interval, now, cost).allowed
             }
@@ -342,14 +738,134 @@ fn limit_wide(key: &FlowKey, rule: &Rule, now: u64, cost: u64) -> Reason {
             }
             // An algorithm this program does not know: fail open.
             _ => true,
-        };
-        atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(lock, 0);
-        if allowed {
+        }
+    }
+}
+
+/// Applies a wide-state algorithm to a key, under the state's lock word, with
+/// the rule's aggregate. The key's own level decides first; if it admits and
+/// the aggregate then refuses, the algorithm's `refund` undoes the admission
+/// (exact: the lock is still held, so it is the last thing the state saw).
+///
+/// A just promoted key is charged the frames it got before
+/// ([`WideState::pending`]) with this one: one decision of cost `1 + pending`
+/// (the wide algorithms count packets); when that does not fit, the frame is
+/// denied and the fresh state stays uncharged, which only a limit below two
+/// frames per window can meet.
+///
+/// Nothing about the aggregate is computed before the algorithm decides: the
+/// verifier then sees one state at the decision, whatever the rule, and
+/// verifies the five algorithms once.
+#[inline(always)]
+fn limit_wide(wide: *mut WideState, rule: &'static Rule, len: u64, now: u64) -> Reason {
+    // SAFETY: `wide` is a map value valid for this run; its lock word is only
+    // touched atomically, its body only while the lock is held.
+    unsafe {
+        let lock = &raw mut (*wide).lock;
+        let mut held = false;
+        for _ in 0..LOCK_RETRIES {
+            if cas(lock, 0, 1).1 {
+                held = true;
+                break;
+            }
+        }
+        if !held {
+            return Reason::Contended;
+        }
+        let charge = atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(&raw mut (*wide).pending, 0);
+        let mut reason = if decide_wide(wide, rule, now, 1 + charge) {
             Reason::Passed
         } else {
             Reason::Limited
+        };
+        if reason == Reason::Passed {
+            let agg = aggregate(rule, rule_state(rule), len);
+            if agg.is_some() {
+                reason = match take(agg.word, agg.params, now, agg.cost) {
+                    Taken::Yes => Reason::Passed,
+                    Taken::No => Reason::AggregateLimited,
+                    Taken::Contended => Reason::Contended,
+                };
+                if reason != Reason::Passed {
+                    refund_wide(wide, rule, now, 1);
+                }
+            }
+        }
+        atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(lock, 0);
+        reason
+    }
+}
+
+/// Gives `cost` back to a wide state in place.
+///
+/// # Safety
+/// `wide` is a map value valid for this run whose lock this CPU holds.
+#[inline(always)]
+unsafe fn refund_wide(wide: *mut WideState, rule: &Rule, now: u64, cost: u64) {
+    // SAFETY: as in `decide_wide`.
+    unsafe {
+        let body = (&raw mut (*wide).body).cast::<u8>();
+        let params = &rule.params;
+        // Read again, not reused from `decide_wide`: a value the verifier knows
+        // per algorithm would make it verify everything after the decision five
+        // times.
+        match read_volatile(&rule.algorithm) {
+            algorithm::INTERVAL => interval::refund(&mut *body.cast(), &params.interval, now, cost),
+            algorithm::FIXED_WINDOW => {
+                fixed_window::refund(&mut *body.cast(), &params.fixed_window, now, cost)
+            }
+            algorithm::SLIDING_LOG => {
+                sliding_log::refund(&mut *body.cast(), &params.sliding_log, now, cost)
+            }
+            algorithm::SLIDING_WINDOW => {
+                sliding_window::refund(&mut *body.cast(), &params.sliding_window, now, cost)
+            }
+            algorithm::ROLLING_QUOTA => {
+                rolling_quota::refund(&mut *body.cast(), &params.rolling_quota, now, cost)
+            }
+            _ => {}
         }
     }
+}
+
+/// The rule's shared buckets (null if its slot is out of range: not written
+/// by the daemon).
+#[inline(always)]
+fn rule_state(rule: &Rule) -> *mut RuleState {
+    match RL_RULE_STATE.get_ptr_mut(rule.slot) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    }
+}
+
+/// Counts a drop against its source for `ratelimit top`. Only on the drop path.
+#[inline(always)]
+fn count_drop(source: &Addr, weight: u64) {
+    match RL_DROPS.get_ptr_mut(source) {
+        // SAFETY: an 8-byte, 8-aligned map value; other CPUs add atomically too.
+        Some(n) => unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, weight);
+        },
+        None => {
+            // A lost race with another CPU loses one count: fine for a ranking.
+            let _ = RL_DROPS.insert(source, weight, 0);
+        }
+    }
+}
+
+/// The rule for a source: the longest matching prefix, else the default rule.
+/// By reference into the rule table: a rule is 168 bytes, too many to copy per
+/// frame, and one map for every rule gives the verifier one kind of pointer
+/// (with two, it would verify everything after this twice).
+#[inline(always)]
+fn lookup_rule(fam: u8, addr: &Addr, config: &Config) -> Option<&'static Rule> {
+    let mut index = config.default_rule;
+    if config.rule_count != 0
+        && let Some(i) = RL_RULES.get(&Key::new(128 + FAMILY_BITS, rule_addr(fam, addr)))
+    {
+        index = *i;
+    }
+    RL_RULE_TABLE.get(index)
 }
 
 /// Counts the frame under `reason`; returns this CPU's count for it.
@@ -406,7 +922,10 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         {
             return Err(Malformed);
         }
-        Ok(Parsed::Source(map_v4(ip.src_addr)))
+        Ok(Parsed {
+            family: family::V4,
+            source: map_v4(ip.src_addr),
+        })
     } else if ether_type == ETH_P_IPV6 {
         let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
         // SAFETY: ptr_at checked the bounds.
@@ -415,9 +934,15 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         if ip.version() != 6 || offset + Ipv6Hdr::LEN + payload_len > frame_len {
             return Err(Malformed);
         }
-        Ok(Parsed::Source(ip.src_addr))
+        Ok(Parsed {
+            family: family::V6,
+            source: ip.src_addr,
+        })
     } else {
-        Ok(Parsed::NotIp)
+        Ok(Parsed {
+            family: 0,
+            source: [0; 16],
+        })
     }
 }
 

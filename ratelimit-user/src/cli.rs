@@ -14,7 +14,8 @@ use crate::{
     kernel::{AttachMode, LoadOptions},
     rate::{parse_burst, parse_rate},
     rules::{
-        Action, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, RuleSet, default_limit,
+        Action, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, NewSources, RuleSet,
+        Shared, default_limit, default_new_states,
     },
 };
 
@@ -99,6 +100,21 @@ pub struct RunArgs {
     /// setting; about 540 bytes each).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_WIDE_CAPACITY)]
     pub max_wide_sources: u32,
+    /// The default rule's budget for frames from sources without state yet, e.g.
+    /// 10k/s, or `unlimited` [default: 10k/s].
+    #[arg(long)]
+    pub new_sources: Option<String>,
+    /// States created per second at most, all rules together [default: 100k/s].
+    #[arg(long)]
+    pub new_states: Option<String>,
+    /// The clock decisions are made on: precise (exact to the ns) or coarse (the
+    /// last scheduler tick: cheaper, at most one tick's worth of rate more).
+    #[arg(long, value_enum)]
+    pub clock: Option<Clock>,
+    /// Doorkeeper slots: how many sources seen once are remembered (a power of
+    /// two, 8 bytes each; a load-time setting).
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_SEEN_SLOTS)]
+    pub doorkeeper_slots: u32,
 }
 
 /// The daemon to talk to.
@@ -157,6 +173,19 @@ pub struct SetArgs {
     /// Never drop for this rule; count would-drops.
     #[arg(long)]
     pub dry_run: bool,
+    /// Budget for frames from the rule's sources that have no state yet, e.g.
+    /// 10k/s, or `unlimited` [default: 10k/s].
+    #[arg(long)]
+    pub new_sources: Option<String>,
+    /// Burst of the new-source budget [default: one second's worth].
+    #[arg(long, requires = "new_sources")]
+    pub new_sources_burst: Option<String>,
+    /// Aggregate level: all the rule's sources together, e.g. 100k/s or 1Gbit/s.
+    #[arg(long)]
+    pub aggregate: Option<String>,
+    /// Burst of the aggregate level [default: one second's worth].
+    #[arg(long, requires = "aggregate")]
+    pub aggregate_burst: Option<String>,
     #[command(flatten)]
     pub target_daemon: Target,
 }
@@ -219,12 +248,22 @@ impl RunArgs {
         }
         limit.per_v4 = self.per_v4;
         limit.per_v6 = self.per_v6;
+        if let Some(n) = &self.new_sources {
+            limit.new_sources = if n == "unlimited" {
+                NewSources::Unlimited
+            } else {
+                NewSources::Budget(Shared::of(parse_rate("--new-sources", n)?))
+            };
+        }
         let explicit = self.rate.is_some()
             || self.burst.is_some()
             || self.per_v4 != DEFAULT_PER_V4
             || self.per_v6 != DEFAULT_PER_V6
             || self.dry_run
-            || self.drop_malformed;
+            || self.drop_malformed
+            || self.new_sources.is_some()
+            || self.new_states.is_some()
+            || self.clock.is_some();
         let base = RuleSet {
             dry_run: self.dry_run,
             malformed: if self.drop_malformed {
@@ -234,7 +273,22 @@ impl RunArgs {
             },
             default: Action::Limit(Limit { ..limit }),
             rules: Default::default(),
+            clock: self.clock.unwrap_or_default(),
+            new_states: match &self.new_states {
+                Some(n) => Shared::of(parse_rate("--new-states", n)?),
+                None => default_new_states(),
+            },
         };
+        base.validate()?;
+        if !self.doorkeeper_slots.is_power_of_two() || self.doorkeeper_slots < 1024 {
+            return Err(Error::invalid(
+                "--doorkeeper-slots",
+                format!(
+                    "{} is not a power of two of at least 1024, like 65536 or 1048576",
+                    self.doorkeeper_slots
+                ),
+            ));
+        }
         Action::Limit(limit).to_kernel(0, "--rate/--burst")?;
         if self.max_sources == 0 {
             return Err(Error::invalid("--max-sources", "must be at least 1"));
@@ -258,6 +312,7 @@ impl RunArgs {
                 state_capacity: self.max_sources,
                 rules_capacity: self.max_rules,
                 wide_capacity: self.max_wide_sources,
+                seen_slots: self.doorkeeper_slots,
             },
         })
     }
@@ -309,6 +364,10 @@ pub async fn main(cli: Cli) -> Result<()> {
                 per_v4: None,
                 per_v6: None,
                 dry_run: Some(args.dry_run),
+                new_sources: args.new_sources.clone(),
+                new_sources_burst: args.new_sources_burst.clone().map(RawBurst::Text),
+                aggregate: args.aggregate.clone(),
+                aggregate_burst: args.aggregate_burst.clone().map(RawBurst::Text),
             };
             if args.target == "default" && args.per.is_some() {
                 return Err(Error::invalid(
@@ -423,18 +482,25 @@ fn print_list(data: &Value) {
 
 fn print_stats(data: &Value) {
     println!(
-        "{:<14} {:>16} {:>18} {:>14} {:>16}",
+        "{:<18} {:>12} {:>18} {:>14} {:>16}",
         "reason", "packets", "bytes", "packets/s", "bytes/s"
     );
     for r in data["reasons"].as_array().into_iter().flatten() {
         println!(
-            "{:<14} {:>16} {:>18} {:>14.0} {:>16.0}",
+            "{:<18} {:>12} {:>18} {:>14.0} {:>16.0}",
             r["reason"].as_str().unwrap_or("?"),
             r["packets"].as_u64().unwrap_or(0),
             r["bytes"].as_u64().unwrap_or(0),
             r["packets_per_s"].as_f64().unwrap_or(0.0),
             r["bytes_per_s"].as_f64().unwrap_or(0.0),
         );
+    }
+    if let Some(events) = data["events"].as_object() {
+        println!();
+        println!("{:<18} {:>12}", "state event", "count");
+        for (name, n) in events {
+            println!("{:<18} {:>12}", name, n.as_u64().unwrap_or(0));
+        }
     }
 }
 

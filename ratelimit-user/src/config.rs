@@ -9,8 +9,8 @@ use crate::{
     error::{Error, Result},
     rate::{Unit, parse_burst, parse_duration, parse_rate},
     rules::{
-        Action, Algo, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, Prefix, RuleSet,
-        default_limit,
+        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, NewSources,
+        Prefix, RuleSet, Shared, default_limit, default_new_sources,
     },
 };
 
@@ -77,6 +77,20 @@ pub struct RawLimit {
     /// Packets per period (rolling quota).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_cap: Option<u64>,
+    /// Budget for frames from sources without state yet, e.g. `"10k/s"`, or
+    /// `"unlimited"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_sources: Option<String>,
+    /// Burst of the new-source budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_sources_burst: Option<RawBurst>,
+    /// Aggregate level: all the rule's sources together, e.g. `"100k/s"` or
+    /// `"1Gbit/s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<String>,
+    /// Burst of the aggregate level.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregate_burst: Option<RawBurst>,
 }
 
 /// What each algorithm takes, for errors.
@@ -103,6 +117,12 @@ pub struct RawConfig {
     pub malformed: Option<MalformedPolicy>,
     /// The default rule.
     pub default: Option<RawLimit>,
+    /// `precise` (default) or `coarse`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<Clock>,
+    /// The cap on states created per second, e.g. `"100k/s"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_states: Option<String>,
     /// Prefix rules.
     #[serde(default, rename = "rule")]
     pub rules: Vec<RawRule>,
@@ -128,10 +148,16 @@ impl RawLimit {
                 || self.quota.is_some()
                 || self.period.is_some()
                 || self.rate_cap.is_some()
+                || self.new_sources.is_some()
+                || self.new_sources_burst.is_some()
+                || self.aggregate.is_some()
+                || self.aggregate_burst.is_some()
             {
                 return Err(Error::invalid(
                     field,
-                    format!("an {name} rule takes no rate, burst, per or algorithm"),
+                    format!(
+                        "an {name} rule takes no rate, burst, per, algorithm, new-sources or aggregate"
+                    ),
                 ));
             }
             Ok(())
@@ -180,6 +206,8 @@ impl RawLimit {
                     per_v4,
                     per_v6,
                     dry_run: self.dry_run.unwrap_or(false),
+                    new_sources: self.new_sources(field)?,
+                    aggregate: self.aggregate(field)?,
                 };
                 Action::Limit(limit).to_kernel(0, field)?;
                 if algo == Algo::Gcra && rate.unit == Unit::Bytes && burst < 1514 {
@@ -199,7 +227,49 @@ impl RawLimit {
     }
 }
 
+/// A shared bucket as written: a rate and an optional burst (one second's worth
+/// by default).
+fn shared(field: &str, rate: &str, burst: Option<&RawBurst>) -> Result<Shared> {
+    let rate = parse_rate(field, rate)?;
+    let burst_field = format!("{field}-burst");
+    let burst = match burst {
+        None => rate.default_burst(),
+        Some(RawBurst::Count(n)) => parse_burst(&burst_field, &n.to_string(), rate.unit)?,
+        Some(RawBurst::Text(s)) => parse_burst(&burst_field, s, rate.unit)?,
+    };
+    Ok(Shared { rate, burst })
+}
+
 impl RawLimit {
+    fn new_sources(&self, field: &str) -> Result<NewSources> {
+        let name = format!("{field}.new-sources");
+        match (self.new_sources.as_deref(), &self.new_sources_burst) {
+            (None, None) => Ok(default_new_sources()),
+            (Some("unlimited"), None) => Ok(NewSources::Unlimited),
+            (Some("unlimited"), Some(_)) => Err(Error::invalid(
+                format!("{name}-burst"),
+                "an unlimited new-source budget takes no burst",
+            )),
+            (None, Some(_)) => Err(Error::invalid(
+                format!("{name}-burst"),
+                "give the budget's rate too, like new-sources = \"10k/s\"",
+            )),
+            (Some(rate), burst) => Ok(NewSources::Budget(shared(&name, rate, burst.as_ref())?)),
+        }
+    }
+
+    fn aggregate(&self, field: &str) -> Result<Option<Shared>> {
+        let name = format!("{field}.aggregate");
+        match (self.aggregate.as_deref(), &self.aggregate_burst) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(Error::invalid(
+                format!("{name}-burst"),
+                "give the aggregate's rate too, like aggregate = \"100k/s\"",
+            )),
+            (Some(rate), burst) => Ok(Some(shared(&name, rate, burst.as_ref())?)),
+        }
+    }
+
     fn rate_and_burst(
         &self,
         field: &str,
@@ -329,6 +399,17 @@ impl From<&Action> for RawLimit {
                     dry_run: Some(l.dry_run),
                     ..Default::default()
                 };
+                match l.new_sources {
+                    NewSources::Unlimited => raw.new_sources = Some("unlimited".into()),
+                    NewSources::Budget(b) => {
+                        raw.new_sources = Some(b.rate.exact());
+                        raw.new_sources_burst = Some(RawBurst::Count(b.burst));
+                    }
+                }
+                if let Some(a) = l.aggregate {
+                    raw.aggregate = Some(a.rate.exact());
+                    raw.aggregate_burst = Some(RawBurst::Count(a.burst));
+                }
                 match l.algo {
                     Algo::Gcra => {
                         raw.rate = Some(l.rate.exact());
@@ -373,6 +454,8 @@ impl From<&RuleSet> for RawConfig {
         RawConfig {
             dry_run: Some(set.dry_run),
             malformed: Some(set.malformed),
+            clock: Some(set.clock),
+            new_states: Some(set.new_states.rate.exact()),
             default: Some(RawLimit::from(&set.default)),
             rules: set
                 .rules
@@ -412,6 +495,12 @@ impl RawConfig {
         }
         if let Some(m) = self.malformed {
             set.malformed = m;
+        }
+        if let Some(c) = self.clock {
+            set.clock = c;
+        }
+        if let Some(n) = &self.new_states {
+            set.new_states = Shared::of(parse_rate("new-states", n)?);
         }
         if let Some(d) = &self.default {
             set.default = d.validate("default", None)?;

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ratelimit_common::{Counter, REASON_COUNT, Reason, gcra};
+use ratelimit_common::{Counter, Event, REASON_COUNT, Reason, gcra};
 use serde_json::{Value, json};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
@@ -70,8 +70,19 @@ struct Daemon {
     started: Instant,
     last: Sample,
     prev: Option<Sample>,
-    /// Tracked sources, counted at most every [`TRACKED_MAX_AGE`] (a full map walk).
+    /// Tracked sources, counted at most every [`TRACKED_MAX_AGE`].
     tracked: Option<(Instant, usize)>,
+    /// What the state maps held and had created when this daemon started, and
+    /// what its sweeps removed since: for the estimate of evictions.
+    baseline: Baseline,
+}
+
+/// See [`Daemon::baseline`].
+#[derive(Clone, Copy, Default)]
+struct Baseline {
+    tracked: usize,
+    created: u64,
+    swept: u64,
 }
 
 /// How stale the tracked-sources gauge may be.
@@ -139,7 +150,14 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         rules = saved;
     }
     let counters = enforcer.maps.counters()?;
+    let (gcra_keys, wide_keys) = enforcer.maps.tracked()?;
+    let baseline = Baseline {
+        tracked: gcra_keys + wide_keys,
+        created: enforcer.maps.events()?[Event::StateCreated as usize],
+        swept: 0,
+    };
     let mut daemon = Daemon {
+        baseline,
         opts,
         enforcer,
         rules: RuleSet::default(),
@@ -310,7 +328,9 @@ impl Daemon {
             .map(|(k, _)| k)
             .collect();
         for key in &idle {
-            let _ = self.enforcer.maps.remove_state(key);
+            if self.enforcer.maps.remove_state(key).is_ok() {
+                self.baseline.swept += 1;
+            }
         }
         if !idle.is_empty() {
             info!(removed = idle.len(), "idle sweep");
@@ -408,7 +428,7 @@ impl Daemon {
                 })
             }
             Request::List => Ok(self.list()),
-            Request::Status => Ok(self.status()),
+            Request::Status => self.status(),
             Request::Stats => self.stats(),
             Request::Top { n } => self.top(n),
         }
@@ -429,20 +449,53 @@ impl Daemon {
         })
     }
 
-    fn status(&self) -> Value {
-        let tracked = self.enforcer.maps.states().count();
-        json!({
+    /// States evicted since this daemon started, estimated: states created
+    /// minus what the maps gained and what the sweep removed.
+    fn evicted(&self, tracked: usize, created: u64) -> u64 {
+        let b = &self.baseline;
+        (created.saturating_sub(b.created) + b.tracked as u64)
+            .saturating_sub(tracked as u64 + b.swept)
+    }
+
+    fn status(&self) -> Result<Value> {
+        let (gcra_keys, wide_keys) = self.enforcer.maps.tracked()?;
+        let events = self.enforcer.maps.events()?;
+        let created = events[Event::StateCreated as usize];
+        let load = &self.opts.load;
+        // An LRU map starts evicting a little before it is full: each CPU keeps
+        // a few free entries of its own.
+        let full = |n: usize, cap: u32| n as u64 * 100 >= u64::from(cap) * 99;
+        let state_full = full(gcra_keys, load.state_capacity);
+        let wide_full = full(wide_keys, load.wide_capacity);
+        let mut notes = Vec::new();
+        if state_full || wide_full {
+            notes.push(format!(
+                "the {} is full: a source that earns a state now evicts the one seen least recently (busy sources stay); raise --max-sources{} if legitimate sources are being evicted",
+                if state_full { "state map" } else { "wide-state map" },
+                if wide_full { "/--max-wide-sources" } else { "" },
+            ));
+        }
+        Ok(json!({
             "iface": self.enforcer.iface(),
             "mode": self.enforcer.mode(),
             "adopted": self.enforcer.adopted,
             "pid": std::process::id(),
             "uptime_s": self.started.elapsed().as_secs(),
-            "tracked_sources": tracked,
-            "state_capacity": self.opts.load.state_capacity,
+            "clock": self.rules.clock.name(),
+            "tracked_sources": gcra_keys + wide_keys,
+            "state_capacity": load.state_capacity,
+            "state_map_full": state_full,
+            "wide_sources": wide_keys,
+            "wide_capacity": load.wide_capacity,
+            "states_created": created,
+            "new_states_capped": events[Event::NewStateCapped as usize],
+            "evicted_estimate": self.evicted(gcra_keys + wide_keys, created),
+            "doorkeeper_slots": load.seen_slots,
             "rules": self.rules.rules.len(),
             "dry_run": self.rules.dry_run,
             "keep_attached": self.opts.keep_attached,
-        })
+            "notes": notes,
+        }))
     }
 
     /// Totals read now; per-second rates over the last sampling interval.
@@ -474,9 +527,15 @@ impl Daemon {
                 })
             })
             .collect();
+        let events = self.enforcer.maps.events()?;
+        let events: serde_json::Map<String, Value> = Event::ALL
+            .iter()
+            .map(|e| (e.name().to_string(), json!(events[*e as usize])))
+            .collect();
         Ok(json!({
             "iface": self.enforcer.iface(),
             "reasons": by_reason,
+            "events": events,
         }))
     }
 
@@ -505,8 +564,8 @@ impl Daemon {
         let rows: Vec<Value> = rows
             .into_iter()
             .map(|(total, rate, addr)| {
-                let p = Prefix::from_lpm(128, addr);
-                json!({"source": p.addr.to_string(), "dropped": total, "dropped_per_s": rate})
+                let source = crate::rules::source_ip(&addr);
+                json!({"source": source.to_string(), "dropped": total, "dropped_per_s": rate})
             })
             .collect();
         Ok(json!({ "iface": self.enforcer.iface(), "top": rows }))
@@ -519,14 +578,17 @@ impl Daemon {
             .tracked
             .is_none_or(|(at, _)| at.elapsed() > TRACKED_MAX_AGE)
         {
-            self.tracked = Some((Instant::now(), self.enforcer.maps.states().count()));
+            let (gcra_keys, wide_keys) = self.enforcer.maps.tracked().unwrap_or_default();
+            self.tracked = Some((Instant::now(), gcra_keys + wide_keys));
         }
+        let events = self.enforcer.maps.events().unwrap_or_default();
         crate::metrics::render(&crate::metrics::Snapshot {
             iface: self.enforcer.iface(),
             mode: self.enforcer.mode(),
             counters: &counters,
             tracked: self.tracked.map_or(0, |(_, n)| n),
             rules: self.rules.rules.len(),
+            events: &events,
         })
     }
 

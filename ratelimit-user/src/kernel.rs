@@ -18,8 +18,9 @@ use aya::{
     },
 };
 use ratelimit_common::{
-    self as common, Addr, Counter, FlowKey, MAP_CONFIG, MAP_DEFAULT, MAP_DROPS, MAP_RULES,
-    MAP_STATE, MAP_STATS, PROGRAM_NAME, REASON_COUNT, Reason, gcra,
+    self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, GlobalState, MAP_CONFIG, MAP_DROPS,
+    MAP_EVENTS, MAP_GLOBAL, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_SEEN, MAP_STATE,
+    MAP_STATS, PROGRAM_NAME, REASON_COUNT, Reason, RuleAddr, RuleState, gcra,
 };
 use tracing::{info, warn};
 
@@ -75,6 +76,8 @@ pub struct LoadOptions {
     pub rules_capacity: u32,
     /// Sources tracked at once under the wide-state algorithms.
     pub wide_capacity: u32,
+    /// Doorkeeper slots (a power of two).
+    pub seen_slots: u32,
 }
 
 impl Default for LoadOptions {
@@ -83,19 +86,48 @@ impl Default for LoadOptions {
             state_capacity: common::DEFAULT_STATE_CAPACITY,
             rules_capacity: common::DEFAULT_RULES_CAPACITY,
             wide_capacity: common::DEFAULT_WIDE_CAPACITY,
+            seen_slots: common::DEFAULT_SEEN_SLOTS,
         }
+    }
+}
+
+impl LoadOptions {
+    /// Sets every map's size on `loader`.
+    fn size(&self, loader: &mut EbpfLoader) {
+        loader
+            .map_max_entries(MAP_STATE, self.state_capacity)
+            .map_max_entries(MAP_RULES, self.rules_capacity)
+            .map_max_entries(MAP_RULE_TABLE, 2 * (self.rules_capacity + 1))
+            .map_max_entries(MAP_RULE_STATE, self.rules_capacity + 1)
+            .map_max_entries(common::MAP_WIDE, self.wide_capacity)
+            .map_max_entries(MAP_SEEN, self.seen_slots);
+    }
+
+    /// A loader with every map sized.
+    pub fn loader(&self) -> EbpfLoader<'static> {
+        let mut loader = EbpfLoader::new();
+        self.size(&mut loader);
+        loader
     }
 }
 
 /// The typed maps.
 pub struct Maps {
-    rules: LpmTrie<MapData, Addr, common::Rule>,
-    default: Array<MapData, common::Rule>,
+    rules: LpmTrie<MapData, RuleAddr, u32>,
+    table: Array<MapData, common::Rule>,
     state: HashMap<MapData, FlowKey, gcra::State>,
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
     drops: HashMap<MapData, Addr, u64>,
     wide: HashMap<MapData, FlowKey, common::WideState>,
+    rule_state: Array<MapData, RuleState>,
+    /// Held for the program; not read by the daemon.
+    _global: Array<MapData, GlobalState>,
+    events: PerCpuArray<MapData, u64>,
+    /// Held for the program; not read by the daemon.
+    _seen: Array<MapData, u64>,
+    /// Doorkeeper slots.
+    seen_slots: u32,
 }
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
@@ -115,13 +147,19 @@ impl Maps {
             })
         };
         let rules = take(MAP_RULES)?;
-        let default = take(MAP_DEFAULT)?;
+        let table = take(MAP_RULE_TABLE)?;
         let state = take(MAP_STATE)?;
         let stats = take(MAP_STATS)?;
         let config = take(MAP_CONFIG)?;
         let drops = take(MAP_DROPS)?;
         let wide = take(common::MAP_WIDE)?;
-        Self::from_maps([rules, default, state, stats, config, drops, wide])
+        let seen = take(MAP_SEEN)?;
+        let rule_state = take(MAP_RULE_STATE)?;
+        let global = take(MAP_GLOBAL)?;
+        let events = take(MAP_EVENTS)?;
+        Self::from_maps([
+            rules, table, state, stats, config, drops, wide, seen, rule_state, global, events,
+        ])
     }
 
     /// Opens the maps a daemon pinned for `iface`.
@@ -134,42 +172,86 @@ impl Maps {
         };
         Self::from_maps([
             open(MAP_RULES)?,
-            open(MAP_DEFAULT)?,
+            open(MAP_RULE_TABLE)?,
             open(MAP_STATE)?,
             open(MAP_STATS)?,
             open(MAP_CONFIG)?,
             open(MAP_DROPS)?,
             open(common::MAP_WIDE)?,
+            open(MAP_SEEN)?,
+            open(MAP_RULE_STATE)?,
+            open(MAP_GLOBAL)?,
+            open(MAP_EVENTS)?,
         ])
     }
 
-    fn from_maps([rules, default, state, stats, config, drops, wide]: [Map; 7]) -> Result<Self> {
+    fn from_maps(
+        [
+            rules,
+            table,
+            state,
+            stats,
+            config,
+            drops,
+            wide,
+            seen,
+            rule_state,
+            global,
+            events,
+        ]: [Map; 11],
+    ) -> Result<Self> {
+        let seen: Array<MapData, u64> =
+            Array::try_from(seen).map_err(map_err("typing", MAP_SEEN))?;
+        let seen_slots = seen.len();
+        if !seen_slots.is_power_of_two() {
+            return Err(Error::invalid(
+                "--doorkeeper-slots",
+                format!("{seen_slots} is not a power of two"),
+            ));
+        }
         Ok(Self {
+            _seen: seen,
+            seen_slots,
+            rule_state: Array::try_from(rule_state).map_err(map_err("typing", MAP_RULE_STATE))?,
+            _global: Array::try_from(global).map_err(map_err("typing", MAP_GLOBAL))?,
+            events: PerCpuArray::try_from(events).map_err(map_err("typing", MAP_EVENTS))?,
             wide: HashMap::try_from(wide).map_err(map_err("typing", common::MAP_WIDE))?,
             drops: HashMap::try_from(drops).map_err(map_err("typing", MAP_DROPS))?,
             rules: LpmTrie::try_from(rules).map_err(map_err("typing", MAP_RULES))?,
-            default: Array::try_from(default).map_err(map_err("typing", MAP_DEFAULT))?,
+            table: Array::try_from(table).map_err(map_err("typing", MAP_RULE_TABLE))?,
             state: HashMap::try_from(state).map_err(map_err("typing", MAP_STATE))?,
             stats: PerCpuArray::try_from(stats).map_err(map_err("typing", MAP_STATS))?,
             config: Array::try_from(config).map_err(map_err("typing", MAP_CONFIG))?,
         })
     }
 
-    /// The rules in the kernel, by prefix.
-    pub fn rules(&self) -> Result<BTreeMap<Prefix, common::Rule>> {
+    /// Where each prefix's rule is in the rule table.
+    fn rule_indexes(&self) -> Result<BTreeMap<Prefix, u32>> {
         let mut out = BTreeMap::new();
         for entry in self.rules.iter() {
-            let (key, rule) = entry.map_err(map_err("reading", MAP_RULES))?;
-            out.insert(Prefix::from_lpm(key.prefix_len(), key.data()), rule);
+            let (key, index) = entry.map_err(map_err("reading", MAP_RULES))?;
+            out.insert(Prefix::from_lpm(key.prefix_len(), key.data()), index);
         }
         Ok(out)
     }
 
+    fn table_rule(&self, index: u32) -> Result<common::Rule> {
+        self.table
+            .get(&index, 0)
+            .map_err(map_err("reading", MAP_RULE_TABLE))
+    }
+
+    /// The rules in the kernel, by prefix.
+    pub fn rules(&self) -> Result<BTreeMap<Prefix, common::Rule>> {
+        self.rule_indexes()?
+            .into_iter()
+            .map(|(p, i)| Ok((p, self.table_rule(i)?)))
+            .collect()
+    }
+
     /// The default rule in the kernel.
     pub fn default_rule(&self) -> Result<common::Rule> {
-        self.default
-            .get(&0, 0)
-            .map_err(map_err("reading", MAP_DEFAULT))
+        self.table_rule(self.config()?.default_rule)
     }
 
     /// The global config in the kernel.
@@ -180,10 +262,16 @@ impl Maps {
     }
 
     /// Writes `set` whole: every value is computed and checked before the first
-    /// write. Prefixes that stay keep their rule id, so their buckets carry over.
+    /// write. Prefixes that stay keep their rule id and slot, so their buckets
+    /// carry over.
     pub fn apply(&mut self, set: &RuleSet) -> Result<()> {
-        let old = self.rules()?;
-        let old_default = self.default_rule()?;
+        let old_indexes = self.rule_indexes()?;
+        let old: BTreeMap<Prefix, common::Rule> = old_indexes
+            .iter()
+            .map(|(p, i)| Ok((*p, self.table_rule(*i)?)))
+            .collect::<Result<_>>()?;
+        let old_config = self.config()?;
+        let old_default = self.table_rule(old_config.default_rule)?;
         let mut next_id = old
             .values()
             .map(|r| r.id)
@@ -196,14 +284,44 @@ impl Maps {
             })?;
             Ok::<u32, Error>(next_id)
         };
+        // Slot 0 is the default rule's; a rule that stays keeps its slot; a new
+        // one takes a slot no old rule had if there is one (a removed rule's
+        // frames may still meet its slot while this change is written).
         let mut values = Vec::with_capacity(set.rules.len());
+        let mut taken = std::collections::BTreeSet::from([0u32]);
         for (prefix, action) in &set.rules {
             let mut rule = action.to_kernel(0, &prefix.to_string())?;
-            rule.id = match old.get(prefix) {
-                Some(previous) if carry_over(previous, &mut rule) => previous.id,
-                _ => fresh_id()?,
-            };
+            match old.get(prefix) {
+                Some(previous) if carry_over(previous, &mut rule) => {
+                    rule.id = previous.id;
+                    rule.slot = previous.slot;
+                    taken.insert(rule.slot);
+                }
+                _ => rule.id = fresh_id()?,
+            }
             values.push((*prefix, rule));
+        }
+        let old_slots: std::collections::BTreeSet<u32> = old.values().map(|r| r.slot).collect();
+        let slots = self.rule_state.len();
+        for (prefix, rule) in values.iter_mut() {
+            if old.get(prefix).is_some_and(|p| p.id == rule.id) {
+                continue;
+            }
+            let pick = (1..slots)
+                .find(|i| !taken.contains(i) && !old_slots.contains(i))
+                .or_else(|| (1..slots).find(|i| !taken.contains(i)))
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "rules",
+                        format!(
+                            "{} rules do not fit in {}; restart the daemon with a larger --max-rules",
+                            set.rules.len(),
+                            slots - 1
+                        ),
+                    )
+                })?;
+            rule.slot = pick;
+            taken.insert(pick);
         }
         let mut default = set.default.to_kernel(0, "default")?;
         default.id = if carry_over(&old_default, &mut default) {
@@ -211,33 +329,135 @@ impl Maps {
         } else {
             fresh_id()?
         };
-        let config = set.kernel_config();
+        default.slot = 0;
+        let mut config = set.kernel_config()?;
+        config.new_states = config.new_states.succeeding(&old_config.new_states);
+        config.hash_seed = if old_config.hash_seed != 0 {
+            old_config.hash_seed
+        } else {
+            random_seed()
+        };
+        config.seen_mask = self.seen_slots - 1;
 
+        // Copy on write: a rule that changes goes to a table index no rule uses
+        // now; the trie (or the config, for the default) is switched to it
+        // after, so the program reads either the old rule or the new one whole.
+        let in_use: std::collections::BTreeSet<u32> = old_indexes
+            .values()
+            .copied()
+            .chain([old_config.default_rule])
+            .collect();
+        let mut free = (0..self.table.len()).filter(|i| !in_use.contains(i));
+        let mut place = |rule: &common::Rule, previous: Option<(u32, &common::Rule)>| match previous
+        {
+            Some((index, p)) if p == rule => Ok((index, false)),
+            _ => free.next().map(|i| (i, true)).ok_or_else(|| {
+                Error::invalid("rules", "the rule table is full; restart with --reset")
+            }),
+        };
+        let mut writes = Vec::new();
+        let mut switches = Vec::new();
+        for (prefix, rule) in &values {
+            let previous = old_indexes
+                .get(prefix)
+                .and_then(|i| old.get(prefix).map(|r| (*i, r)));
+            let (index, write) = place(rule, previous)?;
+            if write {
+                writes.push((index, *rule));
+            }
+            if old_indexes.get(prefix) != Some(&index) {
+                switches.push((*prefix, index));
+            }
+        }
+        let (default_index, write) =
+            place(&default, Some((old_config.default_rule, &old_default)))?;
+        if write {
+            writes.push((default_index, default));
+        }
+        config.default_rule = default_index;
+
+        // Fresh shared buckets for new rules (and for levels a rule gains).
+        for (prefix, rule) in &values {
+            let previous = old.get(prefix).filter(|p| p.id == rule.id);
+            self.reset_shared(rule, previous)?;
+        }
+        let previous_default = (old_default.id == default.id).then_some(&old_default);
+        self.reset_shared(&default, previous_default)?;
+
+        for (index, rule) in &writes {
+            self.table
+                .set(*index, rule, 0)
+                .map_err(map_err("writing", MAP_RULE_TABLE))?;
+        }
         // Keep the trie lookup on while rules change, then set the final config.
-        let mut during = config;
-        during.rule_count = during.rule_count.max(old.len() as u32);
+        let mut during = old_config;
+        during.rule_count = config.rule_count.max(old.len() as u32);
         self.config
             .set(0, during, 0)
             .map_err(map_err("writing", MAP_CONFIG))?;
-        for (prefix, rule) in &values {
-            let (bits, addr) = prefix.lpm();
+        for (prefix, index) in &switches {
+            let (bits, key) = prefix.lpm();
             self.rules
-                .insert(&Key::new(bits, addr), rule, 0)
+                .insert(&Key::new(bits, key), index, 0)
                 .map_err(map_err("writing", MAP_RULES))?;
         }
-        self.default
-            .set(0, default, 0)
-            .map_err(map_err("writing", MAP_DEFAULT))?;
         for prefix in old.keys().filter(|p| !set.rules.contains_key(p)) {
-            let (bits, addr) = prefix.lpm();
+            let (bits, key) = prefix.lpm();
             self.rules
-                .remove(&Key::new(bits, addr))
+                .remove(&Key::new(bits, key))
                 .map_err(map_err("removing", MAP_RULES))?;
         }
         self.config
             .set(0, config, 0)
             .map_err(map_err("writing", MAP_CONFIG))?;
         Ok(())
+    }
+
+    /// Zeroes (fills) the shared buckets of `rule` that it does not carry over
+    /// from `previous`: all of them for a new rule, a level the rule gains.
+    fn reset_shared(&mut self, rule: &common::Rule, previous: Option<&common::Rule>) -> Result<()> {
+        use common::rule_flags::{AGGREGATE, NEW_SOURCES_UNLIMITED};
+        let had = |flag: u8, on: bool| previous.is_some_and(|p| (p.flags & flag != 0) == on);
+        let keep_new = had(NEW_SOURCES_UNLIMITED, false) && rule.flags & NEW_SOURCES_UNLIMITED == 0;
+        let keep_agg = had(AGGREGATE, true) && rule.flags & AGGREGATE != 0;
+        if keep_new && keep_agg {
+            return Ok(());
+        }
+        let mut state = self
+            .rule_state
+            .get(&rule.slot, 0)
+            .map_err(map_err("reading", MAP_RULE_STATE))?;
+        if !keep_new {
+            state.new_sources = 0;
+        }
+        if !keep_agg {
+            state.aggregate = 0;
+        }
+        self.rule_state
+            .set(rule.slot, state, 0)
+            .map_err(map_err("writing", MAP_RULE_STATE))
+    }
+
+    /// Counters of [`Event`]s, summed over CPUs.
+    pub fn events(&self) -> Result<[u64; EVENT_COUNT as usize]> {
+        let mut out = [0; EVENT_COUNT as usize];
+        for e in Event::ALL {
+            let per_cpu = self
+                .events
+                .get(&(e as u32), 0)
+                .map_err(map_err("reading", MAP_EVENTS))?;
+            out[e as usize] = per_cpu.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// How many keys have a state now: (gcra's state map, the wide-state map),
+    /// counted with batched reads (a few syscalls per million keys).
+    pub fn tracked(&self) -> Result<(usize, usize)> {
+        use aya::maps::IterableMap as _;
+        let gcra = count_entries(self.state.map(), MAP_STATE)?;
+        let wide = count_entries(self.wide.map(), common::MAP_WIDE)?;
+        Ok((gcra, wide))
     }
 
     /// Zeroes every counter (tests).
@@ -306,6 +526,86 @@ impl Maps {
     }
 }
 
+/// A random 64-bit seed from the kernel.
+fn random_seed() -> u64 {
+    let mut seed = [0u8; 8];
+    // SAFETY: a valid buffer of that length.
+    let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+    let seed = u64::from_ne_bytes(seed);
+    if n == 8 && seed != 0 {
+        seed
+    } else {
+        // Not reached on Linux ≥ 3.17; a seed from the clock still differs per host.
+        crate::daemon::monotonic_ns() | 1
+    }
+}
+
+/// `BPF_MAP_LOOKUP_BATCH`: the `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Entries of a hash map, read in batches (two syscalls per entry with the
+/// iterator; a few per million this way).
+fn count_entries(map: &MapData, name: &'static str) -> Result<usize> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let info = map.info().map_err(map_err("reading", name))?;
+    let key_size = info.key_size() as usize;
+    let value_size = (info.value_size() as usize).next_multiple_of(8);
+    const BATCH: usize = 16 * 1024;
+    let mut keys = vec![0u8; BATCH * key_size];
+    let mut values = vec![0u8; BATCH * value_size];
+    // The batch token is a bucket index (u32) for hash maps.
+    let (mut token_in, mut token_out) = ([0u8; 8], [0u8; 8]);
+    let mut first = true;
+    let mut total = 0usize;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token_in.as_ptr() as u64 },
+            out_batch: token_out.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: BATCH as u32,
+            map_fd: map.fd().as_fd().as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: attr is a valid bpf_attr prefix whose buffers hold BATCH keys
+        // and values and outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        total += attr.count as usize;
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                return Ok(total);
+            }
+            return Err(Error::Io {
+                what: format!("counting the entries of map {name}"),
+                source: e,
+            });
+        }
+        token_in = token_out;
+        first = false;
+    }
+}
+
 /// Makes `rule` the next generation of `previous` (same prefix) and returns
 /// true, when the keys' states can carry over: both are limits with the same
 /// algorithm. Otherwise returns false and the caller gives the rule a new id, so
@@ -323,6 +623,10 @@ fn carry_over(previous: &common::Rule, rule: &mut common::Rule) -> bool {
         let gcra = rule.gcra().succeeding(&previous.gcra());
         rule.params = common::AlgoParams::from_gcra(gcra);
     }
+    // The shared levels carry over their tokens too, where both rules have them
+    // (see `Maps::reset_shared` for a level a rule gains).
+    rule.new_sources = rule.new_sources.succeeding(&previous.new_sources);
+    rule.aggregate = rule.aggregate.succeeding(&previous.aggregate);
     true
 }
 
@@ -376,11 +680,7 @@ impl Enforcer {
             .iter()
             .map(|name| (*name, dir.join(name)))
             .collect();
-        let mut loader = EbpfLoader::new();
-        loader
-            .map_max_entries(MAP_STATE, opts.state_capacity)
-            .map_max_entries(MAP_RULES, opts.rules_capacity)
-            .map_max_entries(common::MAP_WIDE, opts.wide_capacity);
+        let mut loader = opts.loader();
         for (name, path) in &map_paths {
             loader.map_pin_path(name, path.as_path());
         }

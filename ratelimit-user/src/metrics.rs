@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use ratelimit_common::{Counter, REASON_COUNT, Reason};
+use ratelimit_common::{Counter, EVENT_COUNT, Event, REASON_COUNT, Reason};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -24,6 +24,8 @@ pub struct Snapshot<'a> {
     pub tracked: usize,
     /// Rules.
     pub rules: usize,
+    /// Counters by event.
+    pub events: &'a [u64; EVENT_COUNT as usize],
 }
 
 /// Renders the exposition text.
@@ -54,6 +56,19 @@ pub fn render(s: &Snapshot<'_>) -> String {
             "ratelimit_bytes_total{{iface=\"{iface}\",reason=\"{}\"}} {}",
             r.name(),
             s.counters[r as usize].bytes
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ratelimit_state_events_total States created for sources the doorkeeper saw twice, and promotions refused by the state-creation cap."
+    );
+    let _ = writeln!(out, "# TYPE ratelimit_state_events_total counter");
+    for e in Event::ALL {
+        let _ = writeln!(
+            out,
+            "ratelimit_state_events_total{{iface=\"{iface}\",event=\"{}\"}} {}",
+            e.name(),
+            s.events[e as usize]
         );
     }
     let _ = writeln!(

@@ -42,6 +42,19 @@ impl Prefix {
         let addr: IpAddr = addr
             .parse()
             .map_err(|_| bad(format!("{addr:?} is not an IP address")))?;
+        if let IpAddr::V6(v6) = addr
+            && let Some(v4) = v6.to_ipv4_mapped()
+        {
+            let v4_len = len
+                .and_then(|l| l.parse::<u8>().ok())
+                .map_or(32, |l| l.saturating_sub(96).min(32));
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "{s:?} is an IPv4-mapped IPv6 address: IPv4 sources are matched by IPv4 rules; write {v4}/{v4_len}"
+                ),
+            ));
+        }
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let len = match len {
             None => max,
@@ -58,35 +71,52 @@ impl Prefix {
 
     /// The address with host bits cleared.
     fn network(&self) -> IpAddr {
-        let (bits, mut bytes) = self.lpm();
-        common::mask_addr(&mut bytes, bits as u8);
-        match self.addr {
-            IpAddr::V4(_) => IpAddr::from([bytes[12], bytes[13], bytes[14], bytes[15]]),
-            IpAddr::V6(_) => IpAddr::from(bytes),
-        }
+        let (mut bytes, bits) = match self.addr {
+            IpAddr::V4(a) => (map_v4(a.octets()), V4_MAPPED_BITS + self.len),
+            IpAddr::V6(a) => (a.octets(), self.len),
+        };
+        common::mask_addr(&mut bytes, bits);
+        source_ip(&bytes)
     }
 
-    /// The LPM trie key: (prefix length over the mapped 128 bits, address).
-    pub fn lpm(&self) -> (u32, common::Addr) {
-        match self.addr {
-            IpAddr::V4(a) => (u32::from(V4_MAPPED_BITS + self.len), map_v4(a.octets())),
-            IpAddr::V6(a) => (u32::from(self.len), a.octets()),
-        }
+    /// The rule trie's key: (prefix length with the family byte, family and
+    /// address).
+    pub fn lpm(&self) -> (u32, common::RuleAddr) {
+        let (fam, addr) = match self.addr {
+            IpAddr::V4(a) => (common::family::V4, map_v4(a.octets())),
+            IpAddr::V6(a) => (common::family::V6, a.octets()),
+        };
+        (
+            common::FAMILY_BITS + u32::from(self.len),
+            common::rule_addr(fam, &addr),
+        )
     }
 
-    /// Reads a prefix back from an LPM key.
-    pub fn from_lpm(bits: u32, addr: common::Addr) -> Self {
-        if common::is_v4_mapped(&addr) && bits >= u32::from(V4_MAPPED_BITS) {
+    /// Reads a prefix back from a rule trie key.
+    pub fn from_lpm(bits: u32, key: common::RuleAddr) -> Self {
+        let len = bits.saturating_sub(common::FAMILY_BITS) as u8;
+        if key[0] == common::family::V4 {
             Self {
-                addr: IpAddr::from([addr[12], addr[13], addr[14], addr[15]]),
-                len: (bits - u32::from(V4_MAPPED_BITS)) as u8,
+                addr: IpAddr::from([key[1], key[2], key[3], key[4]]),
+                len,
             }
         } else {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&key[1..]);
             Self {
-                addr: IpAddr::from(addr),
-                len: bits as u8,
+                addr: IpAddr::from(a),
+                len,
             }
         }
+    }
+}
+
+/// A source address as the maps keep it (IPv4-mapped for IPv4), as an `IpAddr`.
+pub fn source_ip(addr: &common::Addr) -> IpAddr {
+    if common::is_v4_mapped(addr) {
+        IpAddr::from([addr[12], addr[13], addr[14], addr[15]])
+    } else {
+        IpAddr::from(*addr)
     }
 }
 
@@ -218,6 +248,137 @@ pub fn fmt_duration(ns: u64) -> String {
     format!("{ns}ns")
 }
 
+/// A bucket a rule's sources share: its new-source budget or its aggregate
+/// level (a token bucket, GCRA in the kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shared {
+    /// The sustained rate.
+    pub rate: Rate,
+    /// The bucket's capacity, in the rate's unit.
+    pub burst: u64,
+}
+
+impl Shared {
+    /// A bucket of `rate` with one second's worth of burst.
+    pub fn of(rate: Rate) -> Self {
+        Self {
+            rate,
+            burst: rate.default_burst(),
+        }
+    }
+
+    /// The kernel's parameters; `field` names the option for errors.
+    pub fn params(&self, field: &str) -> Result<gcra::Params> {
+        gcra::Params::from_rate(self.rate.tokens, self.rate.period_ns, self.burst).map_err(|e| {
+            Error::invalid(
+                field,
+                format!("rate {} with burst {}: {e}", self.rate, self.burst),
+            )
+        })
+    }
+}
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.rate)?;
+        if self.burst != self.rate.default_burst() {
+            write!(f, " burst {}", self.burst)?;
+            if self.rate.unit == Unit::Bytes {
+                f.write_str(" bytes")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The default budget for frames from sources that have no state yet, per rule:
+/// 10 000 frames/s with a burst of 10 000. A server rarely meets more than a few
+/// hundred new client addresses per second, and each spends one or two frames
+/// here before it has a bucket of its own; a spoofed flood gets no more than this.
+pub fn default_new_sources() -> NewSources {
+    NewSources::Budget(Shared::of(Rate {
+        tokens: 10_000,
+        period_ns: 1_000_000_000,
+        unit: Unit::Packets,
+    }))
+}
+
+/// The default cap on states created per second, all rules together: 100 000
+/// (with a burst as large). Each costs an insert (about 0.5 µs) and, once the
+/// state map is full, an eviction: the cap bounds what sources that each repeat
+/// can cost, to about 5 % of one CPU.
+pub fn default_new_states() -> Shared {
+    Shared::of(Rate {
+        tokens: 100_000,
+        period_ns: 1_000_000_000,
+        unit: Unit::Packets,
+    })
+}
+
+/// What frames from sources without state may pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewSources {
+    /// At most this budget, all such sources of the rule together (packets).
+    Budget(Shared),
+    /// No budget: they pass (still counted as `new_source`).
+    Unlimited,
+}
+
+impl fmt::Display for NewSources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NewSources::Budget(b) => b.fmt(f),
+            NewSources::Unlimited => f.write_str("unlimited"),
+        }
+    }
+}
+
+/// Which clock the program decides on.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Clock {
+    /// `bpf_ktime_get_ns`: decisions exact to the nanosecond.
+    #[default]
+    Precise,
+    /// The time of the last scheduler tick (`bpf_ktime_get_coarse_ns`): cheaper;
+    /// over any span T a key is admitted at most burst + rate × (T + one tick).
+    Coarse,
+}
+
+impl Clock {
+    /// The name used by `--clock` and the config file.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Clock::Precise => "precise",
+            Clock::Coarse => "coarse",
+        }
+    }
+}
+
+/// The scheduler tick, ns: the resolution of `CLOCK_MONOTONIC_COARSE`, the
+/// clock of `bpf_ktime_get_coarse_ns`.
+pub fn tick_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        return 10_000_000;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// A validated limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit {
@@ -234,6 +395,10 @@ pub struct Limit {
     pub per_v6: u8,
     /// Count would-drops instead of dropping.
     pub dry_run: bool,
+    /// The budget for frames from the rule's sources that have no state yet.
+    pub new_sources: NewSources,
+    /// The aggregate level: all the rule's sources together.
+    pub aggregate: Option<Shared>,
 }
 
 /// Default bits of an IPv4 source that make one key.
@@ -256,6 +421,21 @@ impl Limit {
                 field,
                 format!("per-v6 must be 0 to 128, not {}", self.per_v6),
             ));
+        }
+        if let NewSources::Budget(b) = &self.new_sources {
+            if b.rate.unit != Unit::Packets {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "new sources: {} is a byte rate; the new-source budget counts frames: give a rate like 10k/s",
+                        b.rate
+                    ),
+                ));
+            }
+            b.params(&format!("{field} new sources"))?;
+        }
+        if let Some(a) = &self.aggregate {
+            a.params(&format!("{field} aggregate"))?;
         }
         if self.algo != Algo::Gcra {
             return Ok(gcra::Params::DENY_ALL);
@@ -309,6 +489,12 @@ impl fmt::Display for Limit {
             )?,
         }
         write!(f, " per /{} (IPv4) /{} (IPv6)", self.per_v4, self.per_v6)?;
+        if let Some(a) = &self.aggregate {
+            write!(f, ", aggregate {a}")?;
+        }
+        if self.new_sources != default_new_sources() {
+            write!(f, ", new sources {}", self.new_sources)?;
+        }
         if self.dry_run {
             f.write_str(" [dry run]")?;
         }
@@ -365,6 +551,33 @@ impl Action {
                     flags |= rule_flags::DRY_RUN;
                 }
                 let gcra = l.params(field)?;
+                let burst = match l.algo {
+                    Algo::Gcra => gcra.capacity,
+                    Algo::Interval { capacity, .. } => capacity,
+                    Algo::FixedWindow { limit, .. }
+                    | Algo::SlidingLog { limit, .. }
+                    | Algo::SlidingWindow { limit, .. } => limit,
+                    Algo::RollingQuota {
+                        quota, rate_cap, ..
+                    } => quota.min(rate_cap),
+                };
+                let new_sources = match &l.new_sources {
+                    NewSources::Budget(b) => b.params(field)?,
+                    NewSources::Unlimited => {
+                        flags |= rule_flags::NEW_SOURCES_UNLIMITED;
+                        gcra::Params::DENY_ALL
+                    }
+                };
+                let aggregate = match &l.aggregate {
+                    Some(a) => {
+                        flags |= rule_flags::AGGREGATE;
+                        if a.rate.unit == Unit::Bytes {
+                            flags |= rule_flags::AGGREGATE_BYTES;
+                        }
+                        a.params(field)?
+                    }
+                    None => gcra::Params::DENY_ALL,
+                };
                 let (algorithm, params) = match l.algo {
                     Algo::Gcra => (algorithm::GCRA, AlgoParams::from_gcra(gcra)),
                     other => other
@@ -378,7 +591,10 @@ impl Action {
                     key_prefix_v4: l.per_v4,
                     key_prefix_v6: l.per_v6,
                     algorithm,
+                    burst,
                     params,
+                    new_sources,
+                    aggregate,
                     ..Default::default()
                 }
             }
@@ -408,6 +624,10 @@ pub struct RuleSet {
     pub default: Action,
     /// Rules by prefix; the longest match wins.
     pub rules: BTreeMap<Prefix, Action>,
+    /// The clock decisions are made on.
+    pub clock: Clock,
+    /// The cap on states created per second, all rules together.
+    pub new_states: Shared,
 }
 
 /// The default limit when nothing is configured: 1000 packets/s per IPv4 address
@@ -424,6 +644,8 @@ pub fn default_limit() -> Limit {
         per_v4: DEFAULT_PER_V4,
         per_v6: DEFAULT_PER_V6,
         dry_run: false,
+        new_sources: default_new_sources(),
+        aggregate: None,
     }
 }
 
@@ -434,6 +656,8 @@ impl Default for RuleSet {
             malformed: MalformedPolicy::Pass,
             default: Action::Limit(default_limit()),
             rules: BTreeMap::new(),
+            clock: Clock::Precise,
+            new_states: default_new_states(),
         }
     }
 }
@@ -442,6 +666,16 @@ impl RuleSet {
     /// Checks every rule, returning the kernel values (default first). Nothing is
     /// written anywhere; ids are assigned by the caller.
     pub fn validate(&self) -> Result<()> {
+        if self.new_states.rate.unit != Unit::Packets || self.new_states.rate.tokens == 0 {
+            return Err(Error::invalid(
+                "--new-states",
+                format!(
+                    "{} is not a count of states per period above 0; give a rate like 100k/s",
+                    self.new_states.rate
+                ),
+            ));
+        }
+        self.new_states.params("--new-states")?;
         self.default.to_kernel(0, "default")?;
         for (p, a) in &self.rules {
             a.to_kernel(0, &p.to_string())?;
@@ -449,8 +683,9 @@ impl RuleSet {
         Ok(())
     }
 
-    /// The kernel's global config value.
-    pub fn kernel_config(&self) -> common::Config {
+    /// The kernel's global config value, but for what belongs to the maps (the
+    /// doorkeeper's seed and size: see `kernel::Maps::apply`).
+    pub fn kernel_config(&self) -> Result<common::Config> {
         let mut flags = 0;
         if self.dry_run {
             flags |= common::config_flags::DRY_RUN;
@@ -458,10 +693,15 @@ impl RuleSet {
         if self.malformed == MalformedPolicy::Drop {
             flags |= common::config_flags::DROP_MALFORMED;
         }
-        common::Config {
+        if self.clock == Clock::Coarse {
+            flags |= common::config_flags::COARSE_CLOCK;
+        }
+        Ok(common::Config {
             flags,
             rule_count: self.rules.len() as u32,
-        }
+            new_states: self.new_states.params("--new-states")?,
+            ..Default::default()
+        })
     }
 }
 
@@ -473,7 +713,14 @@ mod tests {
     fn prefixes() {
         let p = Prefix::parse("cidr", "198.18.7.9/24").unwrap();
         assert_eq!(p.to_string(), "198.18.7.0/24");
-        assert_eq!(p.lpm().0, 120);
+        assert_eq!(p.lpm().0, 32);
+        // An IPv6 rule's key never covers an IPv4 one: the family comes first.
+        let (bits, key) = Prefix::parse("cidr", "::/0").unwrap().lpm();
+        assert_eq!((bits, key[0]), (8, common::family::V6));
+        let e = Prefix::parse("cidr", "::ffff:198.18.50.0/120")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("write 198.18.50.0/24"), "{e}");
         let p = Prefix::parse("cidr", "2001:db8::1/32").unwrap();
         assert_eq!(p.to_string(), "2001:db8::/32");
         assert_eq!(Prefix::parse("cidr", "198.18.0.1").unwrap().len, 32);

@@ -12,6 +12,8 @@
 //!   XDP_TX.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
 mod floors {
@@ -25,6 +27,7 @@ mod floors {
         eth::{EthHdr, EtherType},
         ip::{Ipv4Hdr, Ipv6Hdr},
     };
+    use ratelimit_common::FlowKey;
 
     /// Frames counted by `floor_count`.
     #[map(name = "FLOOR_COUNT")]
@@ -117,6 +120,77 @@ mod floors {
         }
         xdp_action::XDP_TX
     }
+
+    /// The "exact floor": what any exact per-source limiter must do at least —
+    /// the same 20-byte key as the limiter's ([`FlowKey`]) looked up in an LRU
+    /// hash and its 8-byte value updated with one compare-and-swap.
+    #[xdp]
+    pub fn floor_exact(ctx: XdpContext) -> u32 {
+        let start = ctx.data();
+        if start + EthHdr::LEN + Ipv4Hdr::LEN > ctx.data_end() {
+            return xdp_action::XDP_PASS;
+        }
+        // SAFETY: bounds checked above.
+        let src = unsafe { (*((start + EthHdr::LEN) as *const Ipv4Hdr)).src_addr };
+        let key = FlowKey {
+            addr: ratelimit_common::map_v4(src),
+            rule_id: 0,
+        };
+        match FLOOR_EXACT.get_ptr_mut(&key) {
+            // SAFETY: an 8-byte map value, valid for this run; others change it
+            // only by compare-and-swap.
+            Some(v) => unsafe {
+                let seen = core::ptr::read_volatile(v);
+                let _ = core::intrinsics::atomic_cxchg::<
+                    u64,
+                    { core::intrinsics::AtomicOrdering::SeqCst },
+                    { core::intrinsics::AtomicOrdering::SeqCst },
+                >(v, seen, seen + 1);
+            },
+            None => {
+                let _ = FLOOR_EXACT.insert(&key, 1, 0);
+            }
+        }
+        xdp_action::XDP_DROP
+    }
+
+    /// `floor_lru` plus one `bpf_jiffies64` (inlined by the JIT).
+    #[xdp]
+    pub fn floor_lru_jiffies(ctx: XdpContext) -> u32 {
+        // SAFETY: a helper with no preconditions.
+        let now = unsafe { aya_ebpf::helpers::bpf_jiffies64() };
+        lru_store(&ctx, now)
+    }
+
+    /// `floor_lru` plus one `bpf_ktime_get_coarse_ns`.
+    #[xdp]
+    pub fn floor_lru_coarse(ctx: XdpContext) -> u32 {
+        // SAFETY: a helper with no preconditions.
+        let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_coarse_ns() };
+        lru_store(&ctx, now)
+    }
+
+    #[inline(always)]
+    fn lru_store(ctx: &XdpContext, now: u64) -> u32 {
+        let start = ctx.data();
+        if start + EthHdr::LEN + Ipv4Hdr::LEN > ctx.data_end() {
+            return xdp_action::XDP_PASS;
+        }
+        // SAFETY: bounds checked above.
+        let src = unsafe { (*((start + EthHdr::LEN) as *const Ipv4Hdr)).src_addr };
+        match FLOOR_LRU.get_ptr_mut(src) {
+            // SAFETY: a map value, valid for this run.
+            Some(v) => unsafe { *v = now },
+            None => {
+                let _ = FLOOR_LRU.insert(src, now, 0);
+            }
+        }
+        xdp_action::XDP_DROP
+    }
+
+    #[map(name = "FLOOR_EXACT")]
+    static FLOOR_EXACT: LruHashMap<FlowKey, u64> =
+        LruHashMap::with_max_entries(ratelimit_common::DEFAULT_STATE_CAPACITY, 0);
 
     #[map(name = "FLOOR_LRU")]
     static FLOOR_LRU: LruHashMap<[u8; 4], u64> =

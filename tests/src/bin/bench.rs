@@ -252,6 +252,9 @@ fn cost_per_packet(opts: &Opts, report: &mut Report) {
     let drop_fd = load_xdp(&mut floors, "floor_drop");
     let lru_fd = load_xdp(&mut floors, "floor_lru");
     let clock_fd = load_xdp(&mut floors, "floor_lru_clock");
+    let exact_fd = load_xdp(&mut floors, "floor_exact");
+    let jiffies_fd = load_xdp(&mut floors, "floor_lru_jiffies");
+    let coarse_fd = load_xdp(&mut floors, "floor_lru_coarse");
 
     // Within limit: 100 M/s with a large burst, so every run passes and writes.
     let fast = limit("100M/s", 1 << 32);
@@ -283,6 +286,19 @@ fn cost_per_packet(opts: &Opts, report: &mut Report) {
         (
             "floor: the same + bpf_ktime_get_ns",
             clock_fd,
+            &frame4,
+            XDP_DROP,
+        ),
+        (
+            "floor: exact (20-byte key, LRU lookup + compare-and-swap)",
+            exact_fd,
+            &frame4,
+            XDP_DROP,
+        ),
+        ("floor: LRU + bpf_jiffies64", jiffies_fd, &frame4, XDP_DROP),
+        (
+            "floor: LRU + bpf_ktime_get_coarse_ns",
+            coarse_fd,
             &frame4,
             XDP_DROP,
         ),
@@ -383,10 +399,10 @@ fn cost_per_packet(opts: &Opts, report: &mut Report) {
         report,
     );
 
-    let ipv4 = rows[3].1.0;
+    let ipv4 = rows[6].1.0;
     let p1 = ipv4 / lru.0;
-    let ipv6_x = rows[4].1.0 / ipv4;
-    let vlan_x = rows[5].1.0 / ipv4;
+    let ipv6_x = rows[7].1.0 / ipv4;
+    let vlan_x = rows[8].1.0 / ipv4;
     let (insns, xlated) = within.verifier_stats();
     let _ = writeln!(
         report.md,

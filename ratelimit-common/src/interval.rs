@@ -111,6 +111,15 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(tokens, ready.saturating_sub(now_ns))
 }
 
+/// Makes a fresh `state` one that admitted `n` units at `now_ns` (at most the
+/// capacity): what [`decide`] leaves after admitting them, without the check.
+#[inline(always)]
+pub fn charged(state: &mut State, params: &Params, now_ns: u64, n: u64) {
+    state.anchor_ns = now_ns;
+    state.tokens = params.capacity.saturating_sub(n);
+    state.started = 1;
+}
+
 /// Returns `cost` unused tokens, never above capacity.
 #[inline(always)]
 pub fn refund(state: &mut State, params: &Params, _now_ns: u64, cost: u64) {

@@ -418,7 +418,7 @@ impl Rule {
 /// `LruHash<FlowKey, WideState>`: the state of keys under the algorithms whose
 /// state is wider than one word. Written by the program under [`WideState::lock`].
 pub const MAP_WIDE: &str = "RL_WIDE";
-/// Default capacity of [`MAP_WIDE`] (about 550 bytes each: 9 MiB).
+/// Default capacity of [`MAP_WIDE`] (about 540 bytes each: 8.8 MiB).
 pub const DEFAULT_WIDE_CAPACITY: u32 = 16 * 1024;
 
 /// Words of [`WideState::body`]: room for the largest state (the sliding log).
@@ -433,10 +433,6 @@ pub const WIDE_WORDS: usize = 66;
 pub struct WideState {
     /// 0 free, 1 held.
     pub lock: u64,
-    /// Frames admitted before the key had this state (see
-    /// [`crate::doorkeeper`]), charged with its next decision. Written under
-    /// the lock.
-    pub pending: u64,
     /// The algorithm's `State`, from the first byte.
     pub body: [u64; WIDE_WORDS],
 }
@@ -450,14 +446,14 @@ impl Default for WideState {
     fn default() -> Self {
         Self {
             lock: 0,
-            pending: 0,
             body: [0; WIDE_WORDS],
         }
     }
 }
 
-/// `PerCpuArray<WideState>` of one zeroed entry: what a new wide state is copied
-/// from (it is too big for the BPF stack).
+/// `PerCpuArray<WideState>` of one entry: where the program builds a new wide
+/// state (too big for the BPF stack) before it inserts it, and zeroes it again
+/// after.
 pub const MAP_WIDE_ZERO: &str = "RL_WIDE_ZERO";
 
 /// Bits of [`Config::flags`].

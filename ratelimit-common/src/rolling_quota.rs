@@ -159,6 +159,19 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(room, ready.saturating_sub(now_ns))
 }
 
+/// Makes a fresh `state` one that admitted `n` units at `now_ns` (at most the
+/// rate cap): what [`decide`] leaves after admitting them, without the check.
+#[inline(always)]
+pub fn charged(state: &mut State, params: &Params, now_ns: u64, n: u64) {
+    let period = div(now_ns, params.period_ns);
+    state.period = period;
+    state.counts[(period & MASK) as usize] = if n < params.rate_cap {
+        n
+    } else {
+        params.rate_cap
+    } as u32;
+}
+
 /// Returns `cost` unused units to the current period's count (and so the window's).
 #[inline(always)]
 pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {

@@ -106,6 +106,20 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(params.limit - live, ready.saturating_sub(now_ns).max(1))
 }
 
+/// Makes a fresh `state` one that admitted `n` units at `now_ns` (at most the
+/// limit): what [`decide`] leaves after admitting them, without the check.
+#[inline(always)]
+pub fn charged(state: &mut State, params: &Params, now_ns: u64, n: u64) {
+    let n = if n < params.limit { n } else { params.limit };
+    let mut k = 0;
+    while k < MAX_LIMIT && k < n {
+        state.times[k as usize] = now_ns;
+        k += 1;
+    }
+    state.head = 0;
+    state.len = k as u32;
+}
+
 /// Returns `cost` unused units: the newest entries are removed from the log.
 #[inline(always)]
 pub fn refund(state: &mut State, _params: &Params, _now_ns: u64, cost: u64) {

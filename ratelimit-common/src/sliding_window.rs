@@ -119,6 +119,15 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     Decision::deny(room, retry.max(1))
 }
 
+/// Makes a fresh `state` one that admitted `n` units at `now_ns` (at most the
+/// limit): what [`decide`] leaves after admitting them, without the check.
+#[inline(always)]
+pub fn charged(state: &mut State, params: &Params, now_ns: u64, n: u64) {
+    state.window = div(now_ns, params.window_ns);
+    state.prev = 0;
+    state.cur = if n < params.limit { n } else { params.limit } as u32;
+}
+
 /// Returns `cost` unused units to the current window's count.
 #[inline(always)]
 pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {

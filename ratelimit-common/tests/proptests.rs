@@ -194,3 +194,48 @@ proptest! {
         prop_assert!(max_in_any_window(&admitted, period * periods) <= quota + rate_cap);
     }
 }
+
+/// `charged(n)` on a fresh state is what `decide(n)` leaves on one, for every
+/// wide algorithm and every `n` a fresh state admits at once: a source promoted
+/// by the doorkeeper is charged exactly what it got before.
+mod charged {
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn equals_deciding_on_a_fresh_state(now in 0u64..1_000_000_000_000, n in 1u64..=64, limit in 64u64..200) {
+            let w = 1_000_000_000;
+            let p = fixed_window::Params::new(w, limit).unwrap();
+            let (mut a, mut b) = (fixed_window::State::default(), fixed_window::State::default());
+            fixed_window::charged(&mut a, &p, now, n);
+            prop_assert!(fixed_window::decide(&mut b, &p, now, n).allowed);
+            prop_assert_eq!(a, b);
+
+            let p = sliding_window::Params::new(w, limit).unwrap();
+            let (mut a, mut b) = (sliding_window::State::default(), sliding_window::State::default());
+            sliding_window::charged(&mut a, &p, now, n);
+            prop_assert!(sliding_window::decide(&mut b, &p, now, n).allowed);
+            prop_assert_eq!(a, b);
+
+            let p = interval::Params::new(w, 3, limit).unwrap();
+            let (mut a, mut b) = (interval::State::default(), interval::State::default());
+            interval::charged(&mut a, &p, now, n);
+            prop_assert!(interval::decide(&mut b, &p, now, n).allowed);
+            prop_assert_eq!(a, b);
+
+            let p = sliding_log::Params::new(w, 64).unwrap();
+            let (mut a, mut b) = (sliding_log::State::default(), sliding_log::State::default());
+            sliding_log::charged(&mut a, &p, now, n);
+            prop_assert!(sliding_log::decide(&mut b, &p, now, n).allowed);
+            prop_assert_eq!(a, b);
+
+            let p = rolling_quota::Params::new(24 * w, w, 10 * limit, limit).unwrap();
+            let (mut a, mut b) = (rolling_quota::State::default(), rolling_quota::State::default());
+            rolling_quota::charged(&mut a, &p, now, n);
+            prop_assert!(rolling_quota::decide(&mut b, &p, now, n).allowed);
+            prop_assert_eq!(a, b);
+        }
+    }
+}

@@ -46,8 +46,8 @@ use ratelimit_common::{
     Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE, DROPS_CAPACITY, EVENT_COUNT, Event,
     FAMILY_BITS, FlowKey, GlobalState, LOCK_RETRIES, REASON_COUNT, Reason, Rule, RuleAddr,
-    RuleState, V4_MAPPED_BITS, WideState, action, algorithm, config_flags, doorkeeper, family,
-    fixed_window, gcra, interval, map_v4, mask_addr, rolling_quota, rule_addr, rule_flags,
+    RuleState, V4_MAPPED_BITS, WIDE_WORDS, WideState, action, algorithm, config_flags, doorkeeper,
+    family, fixed_window, gcra, interval, map_v4, mask_addr, rolling_quota, rule_addr, rule_flags,
     sliding_log, sliding_window,
 };
 
@@ -682,31 +682,76 @@ fn promote(key: &FlowKey, rule: &'static Rule, now: u64, cost: u64, admitted: u6
             None => Target::done(Reason::StateFailed, rule),
         };
     }
-    let Some(zero) = RL_WIDE_ZERO.get_ptr(0) else {
+    let Some(fresh) = RL_WIDE_ZERO.get_ptr_mut(0) else {
         return Target::done(Reason::StateFailed, rule);
     };
-    // By reference: a 536-byte value would not fit on the 512-byte BPF stack.
-    // SAFETY: a valid map value of the same type, read by the helper.
-    let zero: &WideState = unsafe { &*zero };
-    let created = match RL_WIDE.insert(key, zero, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {
-            event(Event::StateCreated);
-            true
-        }
-        Err(e) if e == -EEXIST => false,
-        Err(_) => return Target::done(Reason::StateFailed, rule),
-    };
-    let Some(wide) = RL_WIDE.get_ptr_mut(key) else {
-        return Target::done(Reason::StateFailed, rule);
-    };
-    if created && admitted > 0 {
-        // Charged with the key's next decision, under its lock.
-        // SAFETY: a word of a map value valid for this run, changed only atomically.
-        unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(&raw mut (*wide).pending, admitted)
-        };
+    // Built in this CPU's scratch value (a state does not fit on the BPF stack),
+    // charged with what the key got before, inserted, and the scratch zeroed.
+    if admitted > 0 {
+        // SAFETY: this CPU's own map value, zeroed.
+        unsafe { charge_wide(fresh, rule, now, admitted) };
     }
-    Target::wide(wide, rule)
+    // SAFETY: a valid map value of the same type, read by the helper.
+    let inserted = RL_WIDE.insert(key, unsafe { &*fresh }, u64::from(BPF_NOEXIST));
+    // SAFETY: as above.
+    unsafe { zero_wide(fresh) };
+    match inserted {
+        Ok(()) => event(Event::StateCreated),
+        // Another CPU promoted it first: its charge stands.
+        Err(e) if e == -EEXIST => {}
+        Err(_) => return Target::done(Reason::StateFailed, rule),
+    }
+    match RL_WIDE.get_ptr_mut(key) {
+        Some(wide) => Target::wide(wide, rule),
+        None => Target::done(Reason::StateFailed, rule),
+    }
+}
+
+/// Makes the fresh wide state at `wide` one that admitted `n` units at `now`.
+///
+/// # Safety
+/// `wide` is this CPU's scratch map value, zeroed.
+#[inline(always)]
+unsafe fn charge_wide(wide: *mut WideState, rule: &Rule, now: u64, n: u64) {
+    // SAFETY: the caller's contract; every state fits in the body.
+    unsafe {
+        let body = (&raw mut (*wide).body).cast::<u8>();
+        let params = &rule.params;
+        match rule.algorithm {
+            algorithm::INTERVAL => interval::charged(&mut *body.cast(), &params.interval, now, n),
+            algorithm::FIXED_WINDOW => {
+                fixed_window::charged(&mut *body.cast(), &params.fixed_window, now, n)
+            }
+            algorithm::SLIDING_LOG => {
+                sliding_log::charged(&mut *body.cast(), &params.sliding_log, now, n)
+            }
+            algorithm::SLIDING_WINDOW => {
+                sliding_window::charged(&mut *body.cast(), &params.sliding_window, now, n)
+            }
+            algorithm::ROLLING_QUOTA => {
+                rolling_quota::charged(&mut *body.cast(), &params.rolling_quota, now, n)
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Zeroes the scratch wide state again.
+///
+/// # Safety
+/// `wide` is this CPU's scratch map value.
+#[inline(always)]
+unsafe fn zero_wide(wide: *mut WideState) {
+    // SAFETY: the caller's contract; word by word (a memset call is not
+    // available to BPF programs).
+    unsafe {
+        let body = &raw mut (*wide).body;
+        let mut i = 0;
+        while i < WIDE_WORDS {
+            core::ptr::write_volatile(body.cast::<u64>().add(i), 0);
+            i += 1;
+        }
+    }
 }
 
 /// Decides `cost` against a wide state in place.
@@ -747,12 +792,6 @@ unsafe fn decide_wide(wide: *mut WideState, rule: &Rule, now: u64, cost: u64) ->
 /// the aggregate then refuses, the algorithm's `refund` undoes the admission
 /// (exact: the lock is still held, so it is the last thing the state saw).
 ///
-/// A just promoted key is charged the frames it got before
-/// ([`WideState::pending`]) with this one: one decision of cost `1 + pending`
-/// (the wide algorithms count packets); when that does not fit, the frame is
-/// denied and the fresh state stays uncharged, which only a limit below two
-/// frames per window can meet.
-///
 /// Nothing about the aggregate is computed before the algorithm decides: the
 /// verifier then sees one state at the decision, whatever the rule, and
 /// verifies the five algorithms once.
@@ -772,8 +811,7 @@ fn limit_wide(wide: *mut WideState, rule: &'static Rule, len: u64, now: u64) -> 
         if !held {
             return Reason::Contended;
         }
-        let charge = atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(&raw mut (*wide).pending, 0);
-        let mut reason = if decide_wide(wide, rule, now, 1 + charge) {
+        let mut reason = if decide_wide(wide, rule, now, 1) {
             Reason::Passed
         } else {
             Reason::Limited

@@ -1,0 +1,295 @@
+//! The flood path under BPF_PROG_TEST_RUN: state is earned (a first sighting
+//! inserts nothing), a promotion is charged with what the source got before,
+//! the new-source budget and the aggregate level are exact on two CPUs and never
+//! consume at one level what the other refused, and the coarse clock keeps its
+//! bound.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use ratelimit_common::{Event, Reason};
+use ratelimit_tests::{
+    frames::Udp,
+    privileged,
+    testrun::{Loaded, XDP_DROP, XDP_PASS, pin_to_cpu},
+};
+use ratelimit_user::{
+    rate::parse_rate,
+    rules::{Action, Clock, Limit, NewSources, Prefix, RuleSet, Shared, default_limit},
+};
+
+fn limit(rate: &str, burst: u64) -> Limit {
+    Limit {
+        rate: parse_rate("rate", rate).expect("rate"),
+        burst,
+        ..default_limit()
+    }
+}
+
+fn shared(rate: &str, burst: u64) -> Shared {
+    Shared {
+        rate: parse_rate("rate", rate).expect("rate"),
+        burst,
+    }
+}
+
+fn rules(default: Limit) -> RuleSet {
+    RuleSet {
+        default: Action::Limit(default),
+        ..RuleSet::default()
+    }
+}
+
+/// A frame from the `i`-th address of 198.18.0.0/15.
+fn from(i: u32) -> Vec<u8> {
+    let b = i.to_be_bytes();
+    let src = IpAddr::from([198, 18 + (b[1] & 1), b[2], b[3]]);
+    Udp::new(src, "198.18.0.2".parse().expect("addr")).build()
+}
+
+fn events(l: &Loaded) -> [u64; 2] {
+    l.maps.events().expect("reading events")
+}
+
+fn tracked(l: &Loaded) -> usize {
+    let (gcra, wide) = l.maps.tracked().expect("counting states");
+    gcra + wide
+}
+
+/// A spoofed flood, each address seen once, creates no state: nothing is
+/// inserted into the state map, nothing there is evicted. A second sighting
+/// promotes.
+#[test]
+fn a_first_sighting_inserts_nothing_and_a_second_promotes() {
+    privileged!("a_first_sighting_inserts_nothing_and_a_second_promotes");
+    let l = Loaded::new(&rules(limit("100/s", 100)));
+    for i in 0..2000 {
+        assert_eq!(l.verdict(&from(i)), XDP_PASS, "source {i}, first frame");
+    }
+    assert_eq!(
+        tracked(&l),
+        0,
+        "2000 sources seen once: none may have a state"
+    );
+    assert_eq!(l.packets(Reason::NewSource), 2000);
+    assert_eq!(events(&l)[Event::StateCreated as usize], 0);
+    for i in 0..10 {
+        assert_eq!(l.verdict(&from(i)), XDP_PASS, "source {i}, second frame");
+    }
+    assert_eq!(tracked(&l), 10, "10 sources seen twice: 10 states");
+    assert_eq!(events(&l)[Event::StateCreated as usize], 10);
+    assert_eq!(l.packets(Reason::Passed), 10);
+}
+
+/// Before it has a state a source is never admitted beyond its own burst, and
+/// when the state-creation cap refuses its promotion it stays judged as a new
+/// source: the cap and the doorkeeper err only toward limiting.
+#[test]
+fn a_source_refused_a_state_never_gets_more_than_its_own_burst() {
+    privileged!("a_source_refused_a_state_never_gets_more_than_its_own_burst");
+    let mut set = rules(limit("1/hour", 3));
+    // One state per hour, all rules together.
+    set.new_states = shared("1/hour", 1);
+    let l = Loaded::new(&set);
+    let a = from(1);
+    let got: String = (0..5)
+        .map(|_| if l.verdict(&a) == XDP_PASS { 'A' } else { 'D' })
+        .collect();
+    assert_eq!(got, "AAADD", "A: promoted on its second frame, burst 3");
+    let b = from(2);
+    let got: String = (0..10)
+        .map(|_| if l.verdict(&b) == XDP_PASS { 'A' } else { 'D' })
+        .collect();
+    assert_eq!(
+        got, "AAADDDDDDD",
+        "B: refused a state by the cap, judged as a new source, never beyond its burst of 3"
+    );
+    assert_eq!(tracked(&l), 1, "only A has a state");
+    let e = events(&l);
+    assert_eq!(e[Event::StateCreated as usize], 1);
+    assert!(
+        e[Event::NewStateCapped as usize] >= 9,
+        "B's sightings after the first were capped: {e:?}"
+    );
+    assert_eq!(l.packets(Reason::NewSource), 1 + 3, "A's first, B's three");
+}
+
+/// `0/s` on the budget greylists: every new source's first frame is dropped,
+/// its second (a retry) promotes it and passes on its own bucket.
+#[test]
+fn a_zero_budget_drops_first_frames_and_admits_retries() {
+    privileged!("a_zero_budget_drops_first_frames_and_admits_retries");
+    let mut l = limit("100/s", 100);
+    l.new_sources = NewSources::Budget(shared("0/s", 1));
+    let l = Loaded::new(&rules(l));
+    for i in 0..50 {
+        assert_eq!(l.verdict(&from(i)), XDP_DROP, "source {i}, first frame");
+    }
+    assert_eq!(l.packets(Reason::NewSourceLimited), 50);
+    for i in 0..50 {
+        assert_eq!(l.verdict(&from(i)), XDP_PASS, "source {i}, retry");
+    }
+    assert_eq!(l.packets(Reason::Passed), 50);
+}
+
+/// Runs `frames` on two threads pinned to the two CPUs at once.
+fn on_two_cpus(l: &Loaded, frames: [&[Vec<u8>]; 2]) {
+    std::thread::scope(|s| {
+        for (cpu, list) in frames.into_iter().enumerate() {
+            s.spawn(move || {
+                pin_to_cpu(cpu);
+                for f in list {
+                    l.run(f, 1);
+                }
+            });
+        }
+    });
+}
+
+/// 4000 new sources, 2000 from each CPU at once, against a budget of 500:
+/// exactly 500 pass, in every trial.
+#[test]
+fn the_new_source_budget_is_exact_on_two_cpus() {
+    privileged!("the_new_source_budget_is_exact_on_two_cpus");
+    for trial in 0..5u32 {
+        let mut lim = limit("1/hour", 100);
+        lim.new_sources = NewSources::Budget(shared("1/min", 500));
+        let l = Loaded::new(&rules(lim));
+        let base = trial * 4000;
+        let a: Vec<Vec<u8>> = (base..base + 2000).map(from).collect();
+        let b: Vec<Vec<u8>> = (base + 2000..base + 4000).map(from).collect();
+        on_two_cpus(&l, [&a, &b]);
+        let passed = l.packets(Reason::NewSource);
+        let dropped = l.packets(Reason::NewSourceLimited);
+        let contended = l.packets(Reason::Contended);
+        assert_eq!(
+            passed, 500,
+            "trial {trial}: {passed} new sources passed a budget of 500 ({dropped} dropped, {contended} contended)"
+        );
+        assert_eq!(passed + dropped + contended, 4000);
+        assert_eq!(tracked(&l), 0, "no source was seen twice");
+    }
+}
+
+/// Per-source burst 300 and an aggregate of 500, both refilling once an hour.
+fn two_levels() -> RuleSet {
+    let mut lim = limit("1/hour", 150);
+    lim.aggregate = Some(shared("1/min", 500));
+    let mut set = rules(limit("1/hour", 150));
+    set.rules.insert(
+        Prefix::parse("cidr", "198.18.0.0/15").expect("prefix"),
+        Action::Limit(lim),
+    );
+    set
+}
+
+/// Two sources, one per CPU, each asking for 2000 frames with a burst of 150
+/// and an aggregate of 500 over both... then four: the aggregate admits
+/// exactly 500 in all, no source more than 150, and a frame refused by the
+/// aggregate took nothing from its source (after the aggregate is lifted, each
+/// source gets exactly the rest of its burst).
+#[test]
+fn two_levels_on_two_cpus_never_over_admit_at_either_level() {
+    privileged!("two_levels_on_two_cpus_never_over_admit_at_either_level");
+    for trial in 0..5u32 {
+        let mut l = Loaded::new(&two_levels());
+        // Four sources: 0 and 1 on CPU 0, 2 and 3 on CPU 1, interleaved.
+        let src = |k: u32| from(10_000 + trial * 10 + k);
+        let a: Vec<Vec<u8>> = (0..1000).flat_map(|_| [src(0), src(1)]).collect();
+        let b: Vec<Vec<u8>> = (0..1000).flat_map(|_| [src(2), src(3)]).collect();
+        on_two_cpus(&l, [&a, &b]);
+        let passed = l.packets(Reason::Passed) + l.packets(Reason::NewSource);
+        let agg = l.packets(Reason::AggregateLimited);
+        let own = l.packets(Reason::Limited);
+        let contended = l.packets(Reason::Contended);
+        assert_eq!(
+            passed, 500,
+            "trial {trial}: {passed} passed an aggregate of 500 (4 sources × burst 150 = 600 asked)"
+        );
+        assert_eq!(passed + agg + own + contended, 4000);
+        // Each source's own bucket holds exactly what it did not get.
+        let mut per = [0u64; 4];
+        l.maps.clear_counters().expect("clear");
+        let mut lifted = rules(limit("1/hour", 150));
+        lifted.rules.insert(
+            Prefix::parse("cidr", "198.18.0.0/15").expect("prefix"),
+            Action::Limit(limit("1/hour", 150)),
+        );
+        l.maps.apply(&lifted).expect("lifting the aggregate");
+        for (k, more) in per.iter_mut().enumerate() {
+            *more = (0..200)
+                .filter(|_| l.verdict(&src(k as u32)) == XDP_PASS)
+                .count() as u64;
+        }
+        let rest: u64 = per.iter().sum();
+        assert_eq!(
+            rest,
+            600 - 500,
+            "trial {trial}: after the aggregate is lifted the sources get {per:?}, {rest} in all: \
+             a frame the aggregate refused must not have used its source's burst"
+        );
+    }
+}
+
+/// A source refused by its own level takes nothing from the aggregate: one
+/// source asks for 1000 with a burst of 150; the aggregate of 500 then still
+/// has 350 for another.
+#[test]
+fn a_frame_refused_by_its_source_takes_nothing_from_the_aggregate() {
+    privileged!("a_frame_refused_by_its_source_takes_nothing_from_the_aggregate");
+    let l = Loaded::new(&two_levels());
+    let a = from(20_001);
+    let got = (0..1000).filter(|_| l.verdict(&a) == XDP_PASS).count();
+    assert_eq!(got, 150, "the source's own burst");
+    let others: usize = (0..10)
+        .map(|k| {
+            let f = from(20_100 + k);
+            (0..200).filter(|_| l.verdict(&f) == XDP_PASS).count()
+        })
+        .sum();
+    assert_eq!(
+        others, 350,
+        "the aggregate's 500 less the first source's 150"
+    );
+    // The first source's 850, and 50 of each of the two that used their burst;
+    // everything after the aggregate ran out was refused there.
+    assert_eq!(l.packets(Reason::Limited), 850 + 2 * 50);
+    assert_eq!(l.packets(Reason::AggregateLimited), 2000 - 350 - 2 * 50);
+}
+
+/// The coarse clock decides on the time of the last tick: over a run of T it
+/// admits at most burst + rate × (T + one tick), however the frames fall. (It
+/// may admit less than the precise clock would: on a CPU that idles between
+/// frames the tick, and so the coarse clock, can lag by several ticks.)
+#[test]
+fn the_coarse_clock_keeps_its_bound() {
+    privileged!("the_coarse_clock_keeps_its_bound");
+    let tick = ratelimit_user::rules::tick_ns() as f64 / 1e9;
+    let mut set = rules(limit("2000/s", 10));
+    set.clock = Clock::Coarse;
+    let l = Loaded::new(&set);
+    let f = from(30_001);
+    let start = Instant::now();
+    let mut admitted = 0u64;
+    // Bounded: at most 300 ms and 3 M runs.
+    let mut runs = 0;
+    while start.elapsed() < Duration::from_millis(300) && runs < 3_000 {
+        admitted += u64::from(l.verdict(&f) == XDP_PASS);
+        // Spread the frames so that some fall in every tick.
+        std::thread::sleep(Duration::from_micros(50));
+        runs += 1;
+    }
+    let t = start.elapsed().as_secs_f64();
+    let most = 10.0 + 2000.0 * (t + tick);
+    assert!(
+        (admitted as f64) <= most,
+        "coarse clock: {admitted} admitted in {t:.3} s at 2000/s burst 10 (tick {tick:.4} s): \
+         expected at most {most:.0}"
+    );
+    assert!(
+        admitted >= 300 && runs > admitted,
+        "coarse clock: {admitted} of {runs} admitted in {t:.3} s at 2000/s: the bucket must refill and limit"
+    );
+}

@@ -337,14 +337,20 @@ fn limit(rule: &'static Rule, fam: u8, source: &Addr, len: u64, config: &Config)
         None => core::ptr::null_mut(),
     };
     let agg = aggregate(rule, shared, len);
+    if agg.is_some() && !peek(agg.word, agg.params, now, agg.cost) {
+        // Refused at the aggregate whatever the source's own level says: no
+        // need to find its state. Under a flood that fills the aggregate, this
+        // is the whole cost of a frame.
+        return Reason::AggregateLimited;
+    }
     let mut target = Target::done(Reason::Passed, rule);
     let mut tracked = false;
     if rule.algorithm == algorithm::GCRA {
-        if let Some(state) = RL_STATE.get_ptr_mut(&key) {
+        if let Some(state) = RL_STATE.get_ptr_mut(key) {
             target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
             tracked = true;
         }
-    } else if let Some(wide) = RL_WIDE.get_ptr_mut(&key) {
+    } else if let Some(wide) = RL_WIDE.get_ptr_mut(key) {
         target = Target::wide(wide, rule);
         tracked = true;
     }
@@ -468,6 +474,16 @@ fn two_levels(own: Level, agg: Aggregate, now: u64) -> Reason {
             }
         }
     }
+}
+
+/// Whether the GCRA bucket at `word` would admit `cost` now (nothing written).
+#[inline(always)]
+fn peek(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) -> bool {
+    // SAFETY: as in `two_levels`.
+    let mut next = gcra::State {
+        tat: unsafe { read_volatile(word) },
+    };
+    gcra::decide(&mut next, params, now, cost).allowed
 }
 
 /// Whether units were taken from a shared bucket.
@@ -691,7 +707,9 @@ fn promote(key: &FlowKey, rule: &'static Rule, now: u64, cost: u64, admitted: u6
         // SAFETY: this CPU's own map value, zeroed.
         unsafe { charge_wide(fresh, rule, now, admitted) };
     }
+    // By reference: the value must not be copied onto the 512-byte stack.
     // SAFETY: a valid map value of the same type, read by the helper.
+    #[allow(clippy::needless_borrows_for_generic_args)]
     let inserted = RL_WIDE.insert(key, unsafe { &*fresh }, u64::from(BPF_NOEXIST));
     // SAFETY: as above.
     unsafe { zero_wide(fresh) };
@@ -899,7 +917,7 @@ fn count_drop(source: &Addr, weight: u64) {
 fn lookup_rule(fam: u8, addr: &Addr, config: &Config) -> Option<&'static Rule> {
     let mut index = config.default_rule;
     if config.rule_count != 0
-        && let Some(i) = RL_RULES.get(&Key::new(128 + FAMILY_BITS, rule_addr(fam, addr)))
+        && let Some(i) = RL_RULES.get(Key::new(128 + FAMILY_BITS, rule_addr(fam, addr)))
     {
         index = *i;
     }

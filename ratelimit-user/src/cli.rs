@@ -478,6 +478,11 @@ fn print_list(data: &Value) {
     if data["dry_run"].as_bool() == Some(true) {
         println!("(dry run: nothing is dropped)");
     }
+    if let Some(clock) = data["clock"].as_str()
+        && clock.starts_with("coarse")
+    {
+        println!("(clock {clock})");
+    }
 }
 
 fn print_stats(data: &Value) {

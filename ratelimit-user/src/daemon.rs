@@ -441,10 +441,22 @@ impl Daemon {
             .iter()
             .map(|(p, a)| json!({"cidr": p.to_string(), "rule": a.to_string()}))
             .collect();
+        let tick = crate::rules::tick_ns();
+        let clock = match self.rules.clock {
+            crate::rules::Clock::Precise => {
+                "precise: each key admits at most burst + rate × T in any span T".to_string()
+            }
+            crate::rules::Clock::Coarse => format!(
+                "coarse: each key admits at most burst + rate × (T + {}) in any span T (one scheduler tick)",
+                crate::rules::fmt_duration(tick)
+            ),
+        };
         json!({
             "default": self.rules.default.to_string(),
             "dry_run": self.rules.dry_run,
             "malformed": self.rules.malformed,
+            "clock": clock,
+            "new_states": self.rules.new_states.to_string(),
             "rules": rules,
         })
     }

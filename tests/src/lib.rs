@@ -7,6 +7,7 @@
 
 pub mod check;
 pub mod frames;
+pub mod generator;
 pub mod net;
 pub mod testrun;
 

@@ -7,7 +7,8 @@ use ratelimit_tests::{
     Daemon, TempDir,
     check::{counter, ip, within},
     frames::TPID_8021Q,
-    net::{Flow, Pair, Receiver, Sent, send},
+    generator::Generator,
+    net::{Flow, Pair, Receiver, Sent, send, send_async},
     privileged,
 };
 
@@ -185,5 +186,72 @@ dry-run = true
         would as u64,
         want,
         0.02,
+    );
+}
+
+/// A spoofed flood (4 M IPv6 sources, from a generator on one CPU) while three
+/// established sources keep sending at twice their limit: each established one
+/// gets exactly burst + rate × T (±2 %, counted at the receiver), the flood
+/// creates no states (the state map keeps the established sources) and is cut
+/// by the new-source budget.
+#[test]
+fn established_sources_keep_their_limits_through_a_spoofed_flood() {
+    privileged!("established_sources_keep_their_limits_through_a_spoofed_flood");
+    let pair = Pair::new();
+    let run = TempDir::new("flood");
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &[
+            "--rate",
+            "100/s",
+            "--burst",
+            "50",
+            "--new-sources",
+            "2000/s",
+        ],
+    );
+    let established = [ip("198.18.0.21"), ip("198.18.0.22"), ip("2001:db8::22")];
+    let flows: Vec<Flow> = established
+        .iter()
+        .map(|a| Flow {
+            frame: pair.udp(*a, PORT).build(),
+            pps: 200,
+        })
+        .collect();
+    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    // 0.5 s to establish, then 2 s of flood; the sender stops by itself.
+    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(2700));
+    std::thread::sleep(Duration::from_millis(500));
+    let tracked_before = d.json(&["status"])["tracked_sources"]
+        .as_u64()
+        .expect("tracked_sources");
+    let mut generator = Generator::new();
+    generator.set_mask((1 << 22) - 1);
+    let flood_frame = pair.udp(ip("2001:db8::1"), PORT + 1).build();
+    generator.flood(&pair, &flood_frame, 2.0, 0);
+    let sent = sender.join().expect("sender");
+    let got = rx.finish();
+    for (i, a) in established.iter().enumerate() {
+        within(
+            &format!("established source {a} through the flood"),
+            got.get(a).copied().unwrap_or(0),
+            expected(&sent[i], 100.0, 50.0),
+            0.02,
+        );
+    }
+    let status = d.json(&["status"]);
+    let tracked = status["tracked_sources"].as_u64().expect("tracked_sources");
+    assert!(
+        tracked <= tracked_before + 10,
+        "the flood created states: {tracked_before} tracked before, {tracked} after: {status}"
+    );
+    let stats = d.json(&["stats"]);
+    let cut = counter(&stats, "new_source_limited");
+    let passed = counter(&stats, "new_source");
+    assert!(
+        cut > 100_000 && passed < cut / 10,
+        "the flood was not cut by the new-source budget: {passed} passed, {cut} dropped"
     );
 }

@@ -1,0 +1,144 @@
+//! `cargo xtask bench`: measurements, not tests. Prints tables and writes
+//! `bench/results.md` and `bench/results.json`. Every figure is a median over
+//! repeated runs with its min–max, beside the floor measured in the same run, so
+//! ratios hold across machines.
+//!
+//! One module per measurement: [`cost`] (BPF_PROG_TEST_RUN), [`floods`] (drop
+//! throughput and floods on a veth, against netfilter), [`accuracy`],
+//! [`memory`] and [`set`] (from a command to enforcement); [`report`] writes
+//! the results.
+
+mod accuracy;
+mod cost;
+mod floods;
+mod memory;
+mod report;
+mod set;
+
+use std::{net::IpAddr, path::PathBuf};
+
+use ratelimit_tests::{
+    frames::Udp,
+    net::NetNs,
+    testrun::{pin_to_cpu, unpin},
+};
+use ratelimit_user::{
+    rate::parse_rate,
+    rules::{Action, Limit, RuleSet, default_limit},
+};
+use report::Report;
+
+pub struct Opts {
+    /// Short runs, for a smoke check.
+    pub quick: bool,
+    out: PathBuf,
+    /// Run one section only (cost, floods, accuracy, memory, set).
+    only: Option<String>,
+}
+
+impl Opts {
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == section)
+    }
+}
+
+fn main() {
+    let mut opts = Opts {
+        quick: false,
+        out: PathBuf::from("bench"),
+        only: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => opts.quick = true,
+            "--out" => opts.out = PathBuf::from(args.next().expect("--out DIR")),
+            "--only" => opts.only = Some(args.next().expect("--only SECTION")),
+            other => panic!(
+                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|floods|accuracy|memory|set"
+            ),
+        }
+    }
+    // SAFETY: no preconditions.
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the benchmarks need root (BPF, namespaces)"
+    );
+    let mut report = Report::default();
+    report.machine();
+    // One CPU for the cost measurements; the traffic sections start threads of
+    // their own.
+    if opts.runs("cost") {
+        pin_to_cpu(0);
+        cost::cost_per_packet(&opts, &mut report);
+        unpin();
+    }
+    if opts.runs("floods") {
+        floods::floods(&opts, &mut report);
+    }
+    if opts.runs("accuracy") {
+        accuracy::accuracy(&opts, &mut report);
+    }
+    if opts.runs("memory") {
+        memory::memory_and_scale(&opts, &mut report);
+    }
+    if opts.runs("set") {
+        set::set_to_enforced(&opts, &mut report);
+    }
+    report.write(&opts.out);
+}
+
+/// Median, min and max.
+pub fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+pub fn v4(src: &str) -> Vec<u8> {
+    Udp::new(ip(src), ip("198.18.0.2")).build()
+}
+
+pub fn limit(rate: &str, burst: u64) -> Limit {
+    Limit {
+        rate: parse_rate("rate", rate).expect("rate"),
+        burst,
+        ..default_limit()
+    }
+}
+
+pub fn rules(l: Limit) -> RuleSet {
+    RuleSet {
+        default: Action::Limit(l),
+        ..RuleSet::default()
+    }
+}
+
+pub fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "missed" }
+}
+
+/// Runs `f` on a thread inside `ns`.
+pub fn in_ns<T: Send>(ns: &NetNs, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            ns.enter();
+            f()
+        })
+        .join()
+        .expect("thread in a namespace")
+    })
+}
+
+pub fn sh(ns: &NetNs, cmd: &str) -> String {
+    let out = ns.command("sh").arg("-c").arg(cmd).output().expect("sh");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -1,0 +1,69 @@
+//! A flood generator: the floors object's `gen_tx`, an XDP program run with
+//! BPF_PROG_RUN in live-frames mode. Each frame it gets a source from a counter
+//! (IPv4: 198.18.0.0/15; IPv6: the /64 after 2001:db8::/32) and sends it out
+//! of a veth with XDP_TX, millions a second from one CPU.
+
+use std::time::Instant;
+
+use aya::{Ebpf, EbpfLoader};
+
+use crate::{
+    net::Pair,
+    testrun::{load_xdp, pin_to_cpu, test_run_live},
+};
+
+/// The generator, loaded.
+pub struct Generator {
+    obj: Ebpf,
+    fd: i32,
+}
+
+impl Default for Generator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Generator {
+    /// Loads it.
+    pub fn new() -> Self {
+        let mut obj = EbpfLoader::new()
+            .load(ratelimit_user::FLOORS_OBJECT)
+            .expect("loading the floors object");
+        let fd = load_xdp(&mut obj, "gen_tx");
+        Self { obj, fd }
+    }
+
+    /// Sources cycle through `mask + 1` values (a power of two): 0 is one
+    /// source, 2^26 − 1 is 67 M of them.
+    pub fn set_mask(&mut self, mask: u64) {
+        let map = self.obj.map_mut("GEN_CFG").expect("GEN_CFG");
+        let mut cfg: aya::maps::Array<&mut aya::maps::MapData, u64> =
+            aya::maps::Array::try_from(map).expect("GEN_CFG is an array");
+        cfg.set(0, mask, 0).expect("setting GEN_CFG");
+    }
+
+    /// Sends copies of `frame` (its source rewritten) out of `pair`'s sending
+    /// veth from CPU `cpu` for `secs` seconds. Bounded in time, and each call
+    /// into the kernel sends at most 50 000 frames.
+    pub fn flood(&self, pair: &Pair, frame: &[u8], secs: f64, cpu: usize) {
+        let tx_if = pair.tx_if.clone();
+        let fd = self.fd;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                pair.tx.enter();
+                pin_to_cpu(cpu);
+                let c = std::ffi::CString::new(tx_if.as_str()).expect("interface name");
+                // SAFETY: a valid C string.
+                let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+                assert!(ifindex != 0, "no {tx_if} in the sending namespace");
+                let t0 = Instant::now();
+                while t0.elapsed().as_secs_f64() < secs {
+                    test_run_live(fd, frame, ifindex, 50_000);
+                }
+            })
+            .join()
+            .expect("generator thread");
+        });
+    }
+}

@@ -23,7 +23,7 @@
 //!
 //! Slot value (`u64`): `tag << 32 | epoch << 16 | admitted`.
 
-use crate::FlowKey;
+use crate::{FlowKey, Words};
 
 /// log2 of an epoch's length in ns: 2^31 ns, about 2.1 s. A source is promoted
 /// when its second sighting falls in the epoch of its first or the next one:
@@ -62,10 +62,15 @@ const fn mix(x: u64) -> u64 {
 /// The seeded hash of a key: its slot from the low bits, its tag from the high.
 #[inline(always)]
 pub fn hash(key: &FlowKey, seed: u64) -> u64 {
-    let a = &key.addr;
-    let hi = u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
-    let lo = u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
-    mix(mix(mix(seed ^ hi) ^ lo) ^ u64::from(key.rule_id))
+    hash_words(&crate::words(&key.addr), key.rule_id, seed)
+}
+
+/// [`hash`] of a key given as its (masked) address words and rule id.
+#[inline(always)]
+pub fn hash_words(w: &Words, rule_id: u32, seed: u64) -> u64 {
+    let hi = u64::from(w[0]) | (u64::from(w[1]) << 32);
+    let lo = u64::from(w[2]) | (u64::from(w[3]) << 32);
+    mix(mix(mix(seed ^ hi) ^ lo) ^ u64::from(rule_id))
 }
 
 /// The slot of hash `h` in an array of `mask + 1` slots (a power of two).

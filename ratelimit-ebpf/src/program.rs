@@ -44,11 +44,11 @@ use network_types::{
 };
 use ratelimit_common::{
     Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
-    DEFAULT_STATE_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE, DROPS_CAPACITY, EVENT_COUNT, Event,
-    FAMILY_BITS, FlowKey, GlobalState, LOCK_RETRIES, REASON_COUNT, Reason, Rule, RuleAddr,
-    RuleState, V4_MAPPED_BITS, WIDE_WORDS, WideState, action, algorithm, config_flags, doorkeeper,
-    family, fixed_window, gcra, interval, map_v4, mask_addr, rolling_quota, rule_addr, rule_flags,
-    sliding_log, sliding_window,
+    DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
+    DROPS_CAPACITY, EVENT_COUNT, Event, FAMILY_BITS, FlowKey, FlowKeyV4, GlobalState, LOCK_RETRIES,
+    REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words,
+    action, addr_of, algorithm, config_flags, doorkeeper, family, fixed_window, gcra, interval,
+    rolling_quota, rule_addr, rule_flags, sliding_log, sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -61,6 +61,10 @@ static RL_RULE_TABLE: Array<Rule> = Array::with_max_entries(2 * (DEFAULT_RULES_C
 
 #[map(name = "RL_STATE")]
 static RL_STATE: LruHashMap<FlowKey, gcra::State> =
+    LruHashMap::with_max_entries(DEFAULT_STATE_V6_CAPACITY, 0);
+
+#[map(name = "RL_STATE4")]
+static RL_STATE4: LruHashMap<FlowKeyV4, gcra::State> =
     LruHashMap::with_max_entries(DEFAULT_STATE_CAPACITY, 0);
 
 #[map(name = "RL_STATS")]
@@ -105,10 +109,10 @@ const EEXIST: i32 = 17;
 const SHORT_RETRIES: u32 = 4;
 
 /// What parsing found: the family ([`family`], 0 when not IP) and the source
-/// address (IPv4-mapped for IPv4).
+/// address words (IPv4-mapped for IPv4).
 struct Parsed {
     family: u8,
-    source: Addr,
+    source: Words,
 }
 
 /// The verdict before dry run is applied.
@@ -117,7 +121,7 @@ struct Outcome {
     /// The rule asked for dry run.
     dry_run: bool,
     /// The frame's source address (zero when not IP).
-    source: Addr,
+    source: Words,
 }
 
 impl Outcome {
@@ -125,7 +129,7 @@ impl Outcome {
         Self {
             reason,
             dry_run: false,
-            source: [0; 16],
+            source: [0; 4],
         }
     }
 }
@@ -314,18 +318,19 @@ impl Target {
 
 /// Applies a limit rule to the frame from `source`.
 #[inline(always)]
-fn limit(rule: &'static Rule, fam: u8, source: &Addr, len: u64, config: &Config) -> Reason {
-    let mut addr = *source;
-    let bits = if fam == family::V4 {
-        V4_MAPPED_BITS + rule.key_prefix_v4
+fn limit(rule: &'static Rule, fam: u8, source: &Words, len: u64, config: &Config) -> Reason {
+    let masked = if fam == family::V4 {
+        [0, 0, V4_MAPPED_WORD, source[3] & rule.mask_v4]
     } else {
-        rule.key_prefix_v6
+        let m = &rule.mask_v6;
+        [
+            source[0] & m[0],
+            source[1] & m[1],
+            source[2] & m[2],
+            source[3] & m[3],
+        ]
     };
-    mask_addr(&mut addr, bits);
-    let key = FlowKey {
-        addr,
-        rule_id: rule.id,
-    };
+    let key = FlowKey::of(&masked, rule.id);
     let cost = if rule.flags & rule_flags::BYTES != 0 {
         len
     } else {
@@ -346,7 +351,12 @@ fn limit(rule: &'static Rule, fam: u8, source: &Addr, len: u64, config: &Config)
     let mut target = Target::done(Reason::Passed, rule);
     let mut tracked = false;
     if rule.algorithm == algorithm::GCRA {
-        if let Some(state) = RL_STATE.get_ptr_mut(key) {
+        let state = if fam == family::V4 {
+            state_v4(&key)
+        } else {
+            state_v6(&key)
+        };
+        if !state.is_null() {
             target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
             tracked = true;
         }
@@ -355,13 +365,34 @@ fn limit(rule: &'static Rule, fam: u8, source: &Addr, len: u64, config: &Config)
         tracked = true;
     }
     if !tracked {
-        target = untracked(&key, rule, shared, config, now, cost);
+        target = untracked(&key, &masked, fam, rule, shared, config, now, cost);
     }
     match target.kind {
         Kind::Gcra => two_levels(target.level, agg, now),
         // The wide algorithms count packets (the daemon sets BYTES for gcra only).
         Kind::Wide => limit_wide(target.wide, rule, len, now),
         Kind::Done => target.reason,
+    }
+}
+
+/// The state of an IPv4 key, or null. Not inlined, nor is [`state_v6`]: with
+/// both lookups in one function LLVM merges them into one call on either map,
+/// and the verifier, which inlines a lookup only when its call site always
+/// sees the same map, then leaves both to the slower generic helper.
+#[inline(never)]
+fn state_v4(key: &FlowKey) -> *mut gcra::State {
+    match RL_STATE4.get_ptr_mut(key.v4()) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    }
+}
+
+/// The state of an IPv6 key, or null. See [`state_v4`].
+#[inline(never)]
+fn state_v6(key: &FlowKey) -> *mut gcra::State {
+    match RL_STATE.get_ptr_mut(*key) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
     }
 }
 
@@ -566,13 +597,15 @@ fn event(event: Event) {
 #[inline(always)]
 fn untracked(
     key: &FlowKey,
+    masked: &Words,
+    fam: u8,
     rule: &'static Rule,
     shared: *mut RuleState,
     config: &Config,
     now: u64,
     cost: u64,
 ) -> Target {
-    let h = doorkeeper::hash(key, config.hash_seed);
+    let h = doorkeeper::hash_words(masked, key.rule_id, config.hash_seed);
     let tag = doorkeeper::tag(h);
     let slot = match RL_SEEN.get_ptr_mut(doorkeeper::slot(h, config.seen_mask)) {
         Some(p) => p,
@@ -614,7 +647,7 @@ fn untracked(
     }
     if again {
         if take_new_state(config, now) {
-            return promote(key, rule, now, cost, admitted * unit);
+            return promote(key, fam, rule, now, cost, admitted * unit);
         }
         event(Event::NewStateCapped);
         fits = admitted * unit + cost <= rule.burst;
@@ -682,18 +715,38 @@ fn take_new_state(config: &Config, now: u64) -> bool {
 /// bytes rounded up to 64 a frame) it got before; the frame is then judged
 /// against it.
 #[inline(always)]
-fn promote(key: &FlowKey, rule: &'static Rule, now: u64, cost: u64, admitted: u64) -> Target {
+fn promote(
+    key: &FlowKey,
+    fam: u8,
+    rule: &'static Rule,
+    now: u64,
+    cost: u64,
+    admitted: u64,
+) -> Target {
     if rule.algorithm == algorithm::GCRA {
         let params = rule.gcra_params();
         let mut fresh = gcra::State::full(now, params);
         gcra::charge(&mut fresh, params, now, admitted);
-        match RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)) {
-            Ok(()) => event(Event::StateCreated),
+        // Errors as plain numbers: see `Aggregate` on values with payloads.
+        let code = |r: Result<(), i32>| match r {
+            Ok(()) => 0,
+            Err(e) => e,
+        };
+        let (inserted, state) = if fam == family::V4 {
+            let key = key.v4();
+            let inserted = code(RL_STATE4.insert(key, fresh, u64::from(BPF_NOEXIST)));
+            (inserted, RL_STATE4.get_ptr_mut(key))
+        } else {
+            let inserted = code(RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)));
+            (inserted, RL_STATE.get_ptr_mut(key))
+        };
+        match inserted {
+            0 => event(Event::StateCreated),
             // Another CPU promoted it first: its charge stands.
-            Err(e) if e == -EEXIST => {}
-            Err(_) => return Target::done(Reason::StateFailed, rule),
+            e if e == -EEXIST => {}
+            _ => return Target::done(Reason::StateFailed, rule),
         }
-        return match RL_STATE.get_ptr_mut(key) {
+        return match state {
             Some(state) => Target::gcra(Level::own(state.cast::<u64>(), rule, cost)),
             None => Target::done(Reason::StateFailed, rule),
         };
@@ -896,7 +949,8 @@ fn rule_state(rule: &Rule) -> *mut RuleState {
 
 /// Counts a drop against its source for `ratelimit top`. Only on the drop path.
 #[inline(always)]
-fn count_drop(source: &Addr, weight: u64) {
+fn count_drop(source: &Words, weight: u64) {
+    let source = addr_of(source);
     match RL_DROPS.get_ptr_mut(source) {
         // SAFETY: an 8-byte, 8-aligned map value; other CPUs add atomically too.
         Some(n) => unsafe {
@@ -914,7 +968,7 @@ fn count_drop(source: &Addr, weight: u64) {
 /// frame, and one map for every rule gives the verifier one kind of pointer
 /// (with two, it would verify everything after this twice).
 #[inline(always)]
-fn lookup_rule(fam: u8, addr: &Addr, config: &Config) -> Option<&'static Rule> {
+fn lookup_rule(fam: u8, addr: &Words, config: &Config) -> Option<&'static Rule> {
     let mut index = config.default_rule;
     if config.rule_count != 0
         && let Some(i) = RL_RULES.get(Key::new(128 + FAMILY_BITS, rule_addr(fam, addr)))
@@ -978,9 +1032,11 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         {
             return Err(Malformed);
         }
+        // SAFETY: ptr_at checked the bounds; packet loads may be unaligned.
+        let src = unsafe { core::ptr::read_unaligned(ip.src_addr.as_ptr().cast::<u32>()) };
         Ok(Parsed {
             family: family::V4,
-            source: map_v4(ip.src_addr),
+            source: [0, 0, V4_MAPPED_WORD, src],
         })
     } else if ether_type == ETH_P_IPV6 {
         let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
@@ -990,14 +1046,16 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         if ip.version() != 6 || offset + Ipv6Hdr::LEN + payload_len > frame_len {
             return Err(Malformed);
         }
+        // SAFETY: as above.
+        let src = unsafe { core::ptr::read_unaligned(ip.src_addr.as_ptr().cast::<Words>()) };
         Ok(Parsed {
             family: family::V6,
-            source: ip.src_addr,
+            source: src,
         })
     } else {
         Ok(Parsed {
             family: 0,
-            source: [0; 16],
+            source: [0; 4],
         })
     }
 }

@@ -90,9 +90,13 @@ pub struct RunArgs {
     /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9477.
     #[arg(long)]
     pub metrics: Option<std::net::SocketAddr>,
-    /// Sources tracked at once (a load-time setting).
+    /// IPv4 sources tracked at once (a load-time setting; 80 bytes each).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_CAPACITY)]
     pub max_sources: u32,
+    /// IPv6 sources (per key prefix, /64 by default) tracked at once (a
+    /// load-time setting; 96 bytes each).
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_V6_CAPACITY)]
+    pub max_sources_v6: u32,
     /// Prefix rules at most (a load-time setting).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_RULES_CAPACITY)]
     pub max_rules: u32,
@@ -293,6 +297,9 @@ impl RunArgs {
         if self.max_sources == 0 {
             return Err(Error::invalid("--max-sources", "must be at least 1"));
         }
+        if self.max_sources_v6 == 0 {
+            return Err(Error::invalid("--max-sources-v6", "must be at least 1"));
+        }
         if self.max_rules == 0 {
             return Err(Error::invalid("--max-rules", "must be at least 1"));
         }
@@ -310,6 +317,7 @@ impl RunArgs {
             metrics: self.metrics,
             load: LoadOptions {
                 state_capacity: self.max_sources,
+                state_capacity_v6: self.max_sources_v6,
                 rules_capacity: self.max_rules,
                 wide_capacity: self.max_wide_sources,
                 seen_slots: self.doorkeeper_slots,

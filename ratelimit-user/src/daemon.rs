@@ -470,22 +470,42 @@ impl Daemon {
     }
 
     fn status(&self) -> Result<Value> {
-        let (gcra_keys, wide_keys) = self.enforcer.maps.tracked()?;
+        let (v4_keys, v6_keys, wide_keys) = self.enforcer.maps.tracked_by_map()?;
+        let gcra_keys = v4_keys + v6_keys;
         let events = self.enforcer.maps.events()?;
         let created = events[Event::StateCreated as usize];
         let load = &self.opts.load;
         // An LRU map starts evicting a little before it is full: each CPU keeps
         // a few free entries of its own.
         let full = |n: usize, cap: u32| n as u64 * 100 >= u64::from(cap) * 99;
-        let state_full = full(gcra_keys, load.state_capacity);
-        let wide_full = full(wide_keys, load.wide_capacity);
         let mut notes = Vec::new();
-        if state_full || wide_full {
-            notes.push(format!(
-                "the {} is full: a source that earns a state now evicts the one seen least recently (busy sources stay); raise --max-sources{} if legitimate sources are being evicted",
-                if state_full { "state map" } else { "wide-state map" },
-                if wide_full { "/--max-wide-sources" } else { "" },
-            ));
+        let mut state_full = false;
+        for (what, n, cap, flag) in [
+            (
+                "IPv4 state map",
+                v4_keys,
+                load.state_capacity,
+                "--max-sources",
+            ),
+            (
+                "IPv6 state map",
+                v6_keys,
+                load.state_capacity_v6,
+                "--max-sources-v6",
+            ),
+            (
+                "wide-state map",
+                wide_keys,
+                load.wide_capacity,
+                "--max-wide-sources",
+            ),
+        ] {
+            if full(n, cap) {
+                state_full = true;
+                notes.push(format!(
+                    "the {what} is full ({n} of {cap}): a source that earns a state now evicts the one seen least recently (busy sources stay); raise {flag} if legitimate sources are being evicted"
+                ));
+            }
         }
         Ok(json!({
             "iface": self.enforcer.iface(),
@@ -495,10 +515,13 @@ impl Daemon {
             "uptime_s": self.started.elapsed().as_secs(),
             "clock": self.rules.clock.name(),
             "tracked_sources": gcra_keys + wide_keys,
-            "state_capacity": load.state_capacity,
-            "state_map_full": state_full,
+            "ipv4_sources": v4_keys,
+            "ipv4_capacity": load.state_capacity,
+            "ipv6_sources": v6_keys,
+            "ipv6_capacity": load.state_capacity_v6,
             "wide_sources": wide_keys,
             "wide_capacity": load.wide_capacity,
+            "state_map_full": state_full,
             "states_created": created,
             "new_states_capped": events[Event::NewStateCapped as usize],
             "evicted_estimate": self.evicted(gcra_keys + wide_keys, created),

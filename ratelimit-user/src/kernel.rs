@@ -18,9 +18,10 @@ use aya::{
     },
 };
 use ratelimit_common::{
-    self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, GlobalState, MAP_CONFIG, MAP_DROPS,
-    MAP_EVENTS, MAP_GLOBAL, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_SEEN, MAP_STATE,
-    MAP_STATS, PROGRAM_NAME, REASON_COUNT, Reason, RuleAddr, RuleState, gcra,
+    self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GlobalState, MAP_CONFIG,
+    MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_SEEN,
+    MAP_STATE, MAP_STATE_V4, MAP_STATS, PROGRAM_NAME, REASON_COUNT, Reason, RuleAddr, RuleState,
+    gcra,
 };
 use tracing::{info, warn};
 
@@ -70,8 +71,10 @@ impl fmt::Display for Attached {
 /// Load-time settings.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Sources tracked at once.
+    /// IPv4 sources tracked at once (gcra).
     pub state_capacity: u32,
+    /// IPv6 sources tracked at once (gcra).
+    pub state_capacity_v6: u32,
     /// Rules at most.
     pub rules_capacity: u32,
     /// Sources tracked at once under the wide-state algorithms.
@@ -84,6 +87,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             state_capacity: common::DEFAULT_STATE_CAPACITY,
+            state_capacity_v6: common::DEFAULT_STATE_V6_CAPACITY,
             rules_capacity: common::DEFAULT_RULES_CAPACITY,
             wide_capacity: common::DEFAULT_WIDE_CAPACITY,
             seen_slots: common::DEFAULT_SEEN_SLOTS,
@@ -95,7 +99,8 @@ impl LoadOptions {
     /// Sets every map's size on `loader`.
     fn size(&self, loader: &mut EbpfLoader) {
         loader
-            .map_max_entries(MAP_STATE, self.state_capacity)
+            .map_max_entries(MAP_STATE_V4, self.state_capacity)
+            .map_max_entries(MAP_STATE, self.state_capacity_v6)
             .map_max_entries(MAP_RULES, self.rules_capacity)
             .map_max_entries(MAP_RULE_TABLE, 2 * (self.rules_capacity + 1))
             .map_max_entries(MAP_RULE_STATE, self.rules_capacity + 1)
@@ -116,6 +121,7 @@ pub struct Maps {
     rules: LpmTrie<MapData, RuleAddr, u32>,
     table: Array<MapData, common::Rule>,
     state: HashMap<MapData, FlowKey, gcra::State>,
+    state_v4: HashMap<MapData, FlowKeyV4, gcra::State>,
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
     drops: HashMap<MapData, Addr, u64>,
@@ -149,6 +155,7 @@ impl Maps {
         let rules = take(MAP_RULES)?;
         let table = take(MAP_RULE_TABLE)?;
         let state = take(MAP_STATE)?;
+        let state_v4 = take(MAP_STATE_V4)?;
         let stats = take(MAP_STATS)?;
         let config = take(MAP_CONFIG)?;
         let drops = take(MAP_DROPS)?;
@@ -158,7 +165,8 @@ impl Maps {
         let global = take(MAP_GLOBAL)?;
         let events = take(MAP_EVENTS)?;
         Self::from_maps([
-            rules, table, state, stats, config, drops, wide, seen, rule_state, global, events,
+            rules, table, state, state_v4, stats, config, drops, wide, seen, rule_state, global,
+            events,
         ])
     }
 
@@ -174,6 +182,7 @@ impl Maps {
             open(MAP_RULES)?,
             open(MAP_RULE_TABLE)?,
             open(MAP_STATE)?,
+            open(MAP_STATE_V4)?,
             open(MAP_STATS)?,
             open(MAP_CONFIG)?,
             open(MAP_DROPS)?,
@@ -190,6 +199,7 @@ impl Maps {
             rules,
             table,
             state,
+            state_v4,
             stats,
             config,
             drops,
@@ -198,7 +208,7 @@ impl Maps {
             rule_state,
             global,
             events,
-        ]: [Map; 11],
+        ]: [Map; 12],
     ) -> Result<Self> {
         let seen: Array<MapData, u64> =
             Array::try_from(seen).map_err(map_err("typing", MAP_SEEN))?;
@@ -220,6 +230,7 @@ impl Maps {
             rules: LpmTrie::try_from(rules).map_err(map_err("typing", MAP_RULES))?,
             table: Array::try_from(table).map_err(map_err("typing", MAP_RULE_TABLE))?,
             state: HashMap::try_from(state).map_err(map_err("typing", MAP_STATE))?,
+            state_v4: HashMap::try_from(state_v4).map_err(map_err("typing", MAP_STATE_V4))?,
             stats: PerCpuArray::try_from(stats).map_err(map_err("typing", MAP_STATS))?,
             config: Array::try_from(config).map_err(map_err("typing", MAP_CONFIG))?,
         })
@@ -451,13 +462,22 @@ impl Maps {
         Ok(out)
     }
 
-    /// How many keys have a state now: (gcra's state map, the wide-state map),
-    /// counted with batched reads (a few syscalls per million keys).
+    /// How many keys have a state now: (gcra's IPv4 and IPv6 maps together, the
+    /// wide-state map), counted with batched reads (a few syscalls per million
+    /// keys).
     pub fn tracked(&self) -> Result<(usize, usize)> {
+        let (v4, v6, wide) = self.tracked_by_map()?;
+        Ok((v4 + v6, wide))
+    }
+
+    /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide).
+    pub fn tracked_by_map(&self) -> Result<(usize, usize, usize)> {
         use aya::maps::IterableMap as _;
-        let gcra = count_entries(self.state.map(), MAP_STATE)?;
-        let wide = count_entries(self.wide.map(), common::MAP_WIDE)?;
-        Ok((gcra, wide))
+        Ok((
+            count_entries(self.state_v4.map(), MAP_STATE_V4)?,
+            count_entries(self.state.map(), MAP_STATE)?,
+            count_entries(self.wide.map(), common::MAP_WIDE)?,
+        ))
     }
 
     /// Zeroes every counter (tests).
@@ -492,11 +512,19 @@ impl Maps {
         Ok(out)
     }
 
-    /// Every tracked source and its state.
+    /// Every tracked gcra source and its state (IPv4 first).
     pub fn states(&self) -> impl Iterator<Item = Result<(FlowKey, gcra::State)>> + '_ {
-        self.state
+        self.state_v4
             .iter()
-            .map(|e| e.map_err(map_err("reading", MAP_STATE)))
+            .map(|e| {
+                e.map(|(k, v)| (k.widen(), v))
+                    .map_err(map_err("reading", MAP_STATE_V4))
+            })
+            .chain(
+                self.state
+                    .iter()
+                    .map(|e| e.map_err(map_err("reading", MAP_STATE))),
+            )
     }
 
     /// Drop counts by source address.
@@ -506,9 +534,13 @@ impl Maps {
             .map(|e| e.map_err(map_err("reading", MAP_DROPS)))
     }
 
-    /// The state of one key, if tracked.
+    /// The state of one gcra key, if tracked.
     pub fn state(&self, key: &FlowKey) -> Option<gcra::State> {
-        self.state.get(key, 0).ok()
+        if common::is_v4_mapped(&key.addr) {
+            self.state_v4.get(&key.v4(), 0).ok()
+        } else {
+            self.state.get(key, 0).ok()
+        }
     }
 
     /// Deletes the wide state of `key` (tests).
@@ -518,11 +550,17 @@ impl Maps {
             .map_err(map_err("removing", common::MAP_WIDE))
     }
 
-    /// Deletes the state of `key` (the idle sweep).
+    /// Deletes the gcra state of `key` (the idle sweep).
     pub fn remove_state(&mut self, key: &FlowKey) -> Result<()> {
-        self.state
-            .remove(key)
-            .map_err(map_err("removing", MAP_STATE))
+        if common::is_v4_mapped(&key.addr) {
+            self.state_v4
+                .remove(&key.v4())
+                .map_err(map_err("removing", MAP_STATE_V4))
+        } else {
+            self.state
+                .remove(key)
+                .map_err(map_err("removing", MAP_STATE))
+        }
     }
 }
 

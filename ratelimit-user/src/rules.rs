@@ -79,7 +79,7 @@ impl Prefix {
         source_ip(&bytes)
     }
 
-    /// The rule trie's key: (prefix length with the family byte, family and
+    /// The rule trie's key: (prefix length after the family word, family and
     /// address).
     pub fn lpm(&self) -> (u32, common::RuleAddr) {
         let (fam, addr) = match self.addr {
@@ -88,23 +88,22 @@ impl Prefix {
         };
         (
             common::FAMILY_BITS + u32::from(self.len),
-            common::rule_addr(fam, &addr),
+            common::rule_addr(fam, &common::words(&addr)),
         )
     }
 
     /// Reads a prefix back from a rule trie key.
     pub fn from_lpm(bits: u32, key: common::RuleAddr) -> Self {
         let len = bits.saturating_sub(common::FAMILY_BITS) as u8;
-        if key[0] == common::family::V4 {
+        if key[0].to_ne_bytes()[0] == common::family::V4 {
             Self {
-                addr: IpAddr::from([key[1], key[2], key[3], key[4]]),
+                addr: IpAddr::from(key[1].to_ne_bytes()),
                 len,
             }
         } else {
-            let mut a = [0u8; 16];
-            a.copy_from_slice(&key[1..]);
+            let w = [key[1], key[2], key[3], key[4]];
             Self {
-                addr: IpAddr::from(a),
+                addr: IpAddr::from(common::addr_of(&w)),
                 len,
             }
         }
@@ -584,7 +583,7 @@ impl Action {
                         .kernel()
                         .map_err(|e| Error::invalid(field, format!("{}: {e}", other.name())))?,
                 };
-                common::Rule {
+                let mut rule = common::Rule {
                     id,
                     action: action::LIMIT,
                     flags,
@@ -596,7 +595,9 @@ impl Action {
                     new_sources,
                     aggregate,
                     ..Default::default()
-                }
+                };
+                rule.set_masks();
+                rule
             }
         })
     }
@@ -713,10 +714,13 @@ mod tests {
     fn prefixes() {
         let p = Prefix::parse("cidr", "198.18.7.9/24").unwrap();
         assert_eq!(p.to_string(), "198.18.7.0/24");
-        assert_eq!(p.lpm().0, 32);
+        assert_eq!(p.lpm().0, 56);
         // An IPv6 rule's key never covers an IPv4 one: the family comes first.
         let (bits, key) = Prefix::parse("cidr", "::/0").unwrap().lpm();
-        assert_eq!((bits, key[0]), (8, common::family::V6));
+        assert_eq!((bits, key[0].to_ne_bytes()[0]), (32, common::family::V6));
+        let v6 = Prefix::parse("cidr", "2001:db8:7::/48").unwrap();
+        let (bits, key) = v6.lpm();
+        assert_eq!(Prefix::from_lpm(bits, key), v6);
         let e = Prefix::parse("cidr", "::ffff:198.18.50.0/120")
             .unwrap_err()
             .to_string();

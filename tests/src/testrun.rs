@@ -56,6 +56,7 @@ impl Loaded {
     pub fn with_capacity(rules: &RuleSet, sources: u32) -> Self {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(ratelimit_common::MAP_STATE, sources)
+            .map_max_entries(ratelimit_common::MAP_STATE_V4, sources)
             .load(ratelimit_user::EBPF_OBJECT)
             .expect("loading the object");
         let mut maps = Maps::from_ebpf(&mut ebpf).expect("maps");

@@ -63,7 +63,7 @@ pub fn memory_and_scale(opts: &Opts, report: &mut Report) {
     let _ = writeln!(report.md, "| measure | value | target |\n|---|---:|---|");
     let _ = writeln!(
         report.md,
-        "| kernel memory per tracked source (state map's memlock ÷ capacity) | {} | ≤ 96 B: {} |",
+        "| kernel memory per tracked IPv4 source (IPv4 state map's memlock ÷ capacity) | {} | ≤ 96 B: {} |",
         per_source.map_or("?".into(), |b| format!("{b:.1} B")),
         per_source.map_or("?", |b| met(b <= 96.0))
     );
@@ -117,7 +117,8 @@ fn state_map_memlock() -> Option<u64> {
                 .find_map(|line| line.strip_prefix(k))
                 .and_then(|v| v.trim().parse::<u64>().ok())
         };
-        if field("value_size:") == Some(8) && field("key_size:") == Some(20) {
+        // The IPv4 state map: 8-byte keys, 8-byte values.
+        if field("value_size:") == Some(8) && field("key_size:") == Some(8) {
             best = field("memlock:");
         }
     }

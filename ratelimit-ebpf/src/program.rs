@@ -365,7 +365,7 @@ fn limit(rule: &'static Rule, fam: u8, source: &Words, len: u64, config: &Config
         tracked = true;
     }
     if !tracked {
-        target = untracked(&key, &masked, fam, rule, shared, config, now, cost);
+        target = untracked(&key, &masked, fam, rule, config, now, cost);
     }
     match target.kind {
         Kind::Gcra => two_levels(target.level, agg, now),
@@ -600,7 +600,6 @@ fn untracked(
     masked: &Words,
     fam: u8,
     rule: &'static Rule,
-    shared: *mut RuleState,
     config: &Config,
     now: u64,
     cost: u64,
@@ -658,6 +657,7 @@ fn untracked(
     if !fits {
         return Target::done(Reason::Limited, rule);
     }
+    let shared = rule_state(rule);
     let word = if rule.flags & rule_flags::NEW_SOURCES_UNLIMITED != 0 || shared.is_null() {
         // Unbudgeted: only the aggregate (if any) judges; no own level.
         core::ptr::null_mut()

@@ -32,13 +32,13 @@ impl Params {
     pub const fn new(window_ns: u64, limit: u64) -> Result<Self, ParamError> {
         if window_ns == 0 {
             return Err(ParamError {
-                param: "--window",
+                param: "window",
                 accepted: "must be longer than 0, like 1s or 1min",
             });
         }
         if limit == 0 || limit > u32::MAX as u64 {
             return Err(ParamError {
-                param: "--limit",
+                param: "limit",
                 accepted: "must be 1 to 4294967295",
             });
         }

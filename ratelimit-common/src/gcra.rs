@@ -12,41 +12,58 @@
 //! one request too many after an idle period, the score here is `max(tat, now)`
 //! before every arrival, which admits exactly `C` after any idle time.
 //!
+//! # The state word
+//! One `u64`: the TAT in ticks, modulo 2^62, in the low 62 bits, exactly (never
+//! rounded: a burst of `C` at one instant is always admitted whole), and the
+//! *generation* of the rule that wrote it ([`Params::generation`], mod 4) in the
+//! top two bits.
+//!
 //! # Rule changes
-//! The low two bits of the state word hold the *generation* of the rule that wrote
-//! it ([`Params::generation`], mod 4); TATs are kept at multiples of 4 ticks (a
-//! rounding up of at most half a picosecond per arrival). When a rule's rate or
-//! burst changes, the daemon bumps its generation and records the previous
-//! interval and capacity. A state of the previous generation is then converted on
-//! its next arrival: the tokens it had left (rounded down) are kept, up to the new
-//! capacity. So a change is judged from the next packet, never refills a bucket,
-//! and never holds a source back longer than the new limit allows. That conversion
-//! is written back even on a denial (the one case where a denial writes: what is
-//! stored changes, not what it means). A state two or more generations old (a
-//! source silent through two quick changes) is read with the current interval.
+//! When a rule's rate or burst changes, the daemon bumps its generation and
+//! records the previous interval and capacity. A state of the previous generation
+//! is then converted on its next arrival: the tokens it had left (rounded down)
+//! are kept, up to the new capacity. So a change is judged from the next packet,
+//! never refills a bucket, and never holds a source back longer than the new limit
+//! allows. That conversion is written back even on a denial (the one case where a
+//! denial writes: what is stored changes, not what it means). A state two or more
+//! generations old (a source silent through two quick changes) is read with the
+//! current interval.
 //!
 //! # Wrapping
-//! Ticks wrap every `2^64` ticks (about 26 days). The distance `tat − now` is read
-//! as a signed number:
+//! TATs wrap every 2^62 ticks (about 6.5 days). The distance `tat − now` is read
+//! as a signed 62-bit number:
 //! - `≤ 0`: the bucket is full;
 //! - `(0, tau]`: `tat − now` ticks of refill are owed;
 //! - `(tau, STALE_AHEAD]`: more than the rule allows: another CPU's clock reading
 //!   was a little ahead of ours, or the state predates a rule change. Capped at
-//!   `tau` (an empty bucket); written back capped when it is far over.
-//! - above `STALE_AHEAD`: a state that was idle for about two weeks and wrapped
-//!   around; it is read as a full bucket, which is what an idle key is owed.
+//!   `tau` (an empty bucket) for the decision, written back capped when it is far
+//!   over; a wait it reports still counts from the state as it is, so that it is
+//!   never early.
+//! - above `STALE_AHEAD`: a state that was idle for days and wrapped around; it is
+//!   read as a full bucket, which is what an idle key is owed.
 //!
-//! The one misreading: a key idle for more than about 19 days, whose idle time
-//! modulo the ~26-day tick range falls in the last `STALE_AHEAD` of it, is read as
-//! an empty bucket (it gets the sustained rate, not its burst, once). The daemon's
-//! idle sweep deletes states idle for more than `TAU_MAX` long before that.
+//! The one misreading: a key idle for more than about 4.9 days, whose idle time
+//! modulo the 6.5-day range falls in the last `STALE_AHEAD` of it, is read as an
+//! empty bucket (it gets the sustained rate, not its burst, once). The daemon's
+//! hourly idle sweep deletes states idle for more than `TAU_MAX` long before that.
 
 use crate::clock::{ns_to_ticks, ticks_to_ns_ceil};
 pub use crate::decision::Decision;
+#[cfg(test)]
+use crate::decision::NEVER;
 
-/// The largest `tau` (capacity × interval) a rule may have: `2^62` ticks, about
-/// 6.5 days of refill. Keeps `tat − now` well inside the signed range.
-pub const TAU_MAX: u64 = 1 << 62;
+/// Bits of the state word that hold the TAT.
+pub const TAT_BITS: u32 = 62;
+
+/// The TAT part of the state word.
+pub const TAT_MASK: u64 = (1 << TAT_BITS) - 1;
+
+/// The generation's two bits, as a number (mod 4).
+pub const GENERATION_MASK: u64 = 3;
+
+/// The largest `tau` (capacity × interval) a rule may have: `2^60` ticks, about
+/// 1.6 days of refill. Keeps `tat − now` well inside the signed 62-bit range.
+pub const TAU_MAX: u64 = 1 << 60;
 
 /// How far another CPU's clock may run ahead of ours before a state is taken as
 /// stale: `2^40` ticks, about 134 ms, orders of magnitude above real skew.
@@ -58,18 +75,15 @@ pub const STALE_AHEAD: u64 = TAU_MAX + CLOCK_SKEW_MARGIN;
 /// Largest burst a rule may have, in cost units (packets or bytes).
 pub const CAPACITY_MAX: u64 = 1 << 32;
 
-/// Bits of the state word that hold the rule generation.
-pub const GENERATION_MASK: u64 = 3;
-
-/// The per-key state: the theoretical arrival time in wrapping ticks, with the
-/// rule generation in its low two bits.
+/// The per-key state: the theoretical arrival time in wrapping ticks (low 62
+/// bits), with the rule generation in the top two bits.
 ///
 /// Written by the XDP program (atomic compare-and-swap on the whole word), read by
 /// the daemon for the idle sweep.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct State {
-    /// TAT ticks (a multiple of 4, wrapping) | generation (mod 4).
+    /// generation (mod 4) << 62 | TAT ticks (mod 2^62).
     pub tat: u64,
 }
 const _: () = assert!(core::mem::size_of::<State>() == 8);
@@ -80,7 +94,7 @@ impl State {
     #[inline(always)]
     pub const fn full(now_ns: u64, params: &Params) -> Self {
         Self {
-            tat: (ns_to_ticks(now_ns) & !GENERATION_MASK) | (params.generation & GENERATION_MASK),
+            tat: stored(ns_to_ticks(now_ns), params.generation),
         }
     }
 }
@@ -116,23 +130,30 @@ pub enum ParamsError {
     PeriodZero,
     /// More than one unit of cost per tick (8192 per ns).
     RateTooHigh,
-    /// `burst / rate` is longer than [`TAU_MAX`] (about 6.5 days of refill).
+    /// `burst / rate` is longer than [`TAU_MAX`] (about 1.6 days of refill).
     BurstTooLong,
 }
 
 impl core::fmt::Display for ParamsError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
+        f.write_str(self.message())
+    }
+}
+
+impl ParamsError {
+    /// What is wrong and what is accepted, in words a library user reads.
+    pub const fn message(self) -> &'static str {
+        match self {
             Self::BurstZero => {
                 "burst must be at least 1 (to drop everything, use rate 0 or a deny rule)"
             }
             Self::BurstTooLarge => "burst must be at most 4294967296 (2^32)",
             Self::PeriodZero => "the rate's period must be longer than 0",
-            Self::RateTooHigh => "rate must be at most 2048 per nanosecond",
+            Self::RateTooHigh => "rate must be at most 8192 per nanosecond",
             Self::BurstTooLong => {
-                "burst / rate must be at most 6.5 days (the bucket would take longer to refill); lower the burst or raise the rate"
+                "burst / rate must be at most 1.6 days (the bucket would take longer to refill); lower the burst or raise the rate"
             }
-        })
+        }
     }
 }
 
@@ -168,8 +189,7 @@ impl Params {
         let tokens = u128::from(tokens);
         // Round to the nearest tick: the error is at most half a tick per token.
         let interval = (ticks + tokens / 2) / tokens;
-        // At least 4 ticks, the granularity of a stored TAT.
-        if interval < GENERATION_MASK as u128 + 1 {
+        if interval == 0 {
             return Err(ParamsError::RateTooHigh);
         }
         let tau = interval * u128::from(burst);
@@ -219,14 +239,27 @@ impl Params {
     }
 }
 
+/// How far TAT `tat` is ahead of `now_t` (ticks, both modulo 2^62; bits above
+/// the TAT's are ignored): 0 when it is behind (a full bucket) or so far ahead
+/// that it is a wrapped idle state.
+#[inline(always)]
+fn ahead_of(tat: u64, now_t: u64) -> u64 {
+    // The distance modulo 2^62, as a signed number in the top 62 bits of a
+    // word: the top half of the range is "behind".
+    let d = tat.wrapping_sub(now_t) << (64 - TAT_BITS);
+    if d as i64 <= 0 || d > STALE_AHEAD << (64 - TAT_BITS) {
+        0
+    } else {
+        d >> (64 - TAT_BITS)
+    }
+}
+
 /// How far `tat` is ahead of `now_t` (ticks), capped at `tau`, and whether it was
 /// so far over `tau` that the capped form should be written back.
 #[inline(always)]
 fn owed(tat: u64, now_t: u64, tau: u64) -> (u64, bool) {
-    let ahead = tat.wrapping_sub(now_t);
-    if ahead as i64 <= 0 || ahead > STALE_AHEAD {
-        (0, false)
-    } else if ahead > tau {
+    let ahead = ahead_of(tat, now_t);
+    if ahead > tau {
         (tau, ahead > tau + CLOCK_SKEW_MARGIN)
     } else {
         (ahead, false)
@@ -262,8 +295,8 @@ fn converted(tat: u64, now_t: u64, params: &Params) -> u64 {
 /// than [`TAU_MAX`], which loses nothing (a missing state is a full bucket).
 #[inline(always)]
 pub fn idle_for_ns(state: &State, now_ns: u64) -> Option<u64> {
-    let behind = ns_to_ticks(now_ns).wrapping_sub(state.tat & !GENERATION_MASK);
-    if behind as i64 >= 0 {
+    let behind = ns_to_ticks(now_ns).wrapping_sub(state.tat) & TAT_MASK;
+    if behind < 1 << (TAT_BITS - 1) {
         Some(behind >> crate::clock::TICK_SHIFT)
     } else {
         None
@@ -277,11 +310,16 @@ fn whole_tokens(ticks: u64, interval: u64) -> u64 {
     ticks.checked_div(interval).unwrap_or_default()
 }
 
-/// The stored form of a TAT: rounded up to a multiple of 4 ticks, with the
-/// generation in the low bits.
+/// The stored form of a TAT: its low 62 bits, with the generation on top.
 #[inline(always)]
-fn stored(tat: u64, generation: u64) -> u64 {
-    (tat.wrapping_add(GENERATION_MASK) & !GENERATION_MASK) | generation
+const fn stored(tat: u64, generation: u64) -> u64 {
+    (tat & TAT_MASK) | ((generation & GENERATION_MASK) << TAT_BITS)
+}
+
+/// The generation a state word was written under.
+#[inline(always)]
+const fn generation_of(word: u64) -> u64 {
+    word >> TAT_BITS
 }
 
 /// Decides one arrival of `cost` units at `now_ns` and, if it is admitted, advances
@@ -290,49 +328,95 @@ fn stored(tat: u64, generation: u64) -> u64 {
 /// back (compare-and-swap) whenever it changed.
 #[inline(always)]
 pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
+    let before = *state;
+    if admit(state, params, now_ns, cost) {
+        return Decision {
+            allowed: true,
+            remaining: available(state, params, now_ns),
+            retry_after_ns: 0,
+        };
+    }
+    let remaining = available(&before, params, now_ns);
     if params.capacity == 0 || cost > params.capacity {
+        // Never admitted at once; what is there now is still reported.
         return Decision {
             allowed: false,
-            remaining: 0,
+            remaining,
             retry_after_ns: u64::MAX,
         };
     }
     let now_t = ns_to_ticks(now_ns);
+    let (ahead, _) = owed_by(before.tat, now_t, params);
+    // The wait counts from the state as stored when it runs ahead of this clock
+    // (another CPU's later reading): never early.
+    let real = if generation_of(before.tat) == params.generation & GENERATION_MASK {
+        ahead_of(before.tat & TAT_MASK, now_t).max(ahead)
+    } else {
+        ahead
+    };
+    Decision {
+        allowed: false,
+        remaining,
+        retry_after_ns: ticks_to_ns_ceil(real + cost * params.interval - params.tau),
+    }
+}
+
+/// The decision alone, as [`decide`] makes it, and the new state: what the
+/// kernel program calls (nothing it does not read is computed, and the verifier
+/// walks fewer paths).
+#[inline(always)]
+pub fn admit(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> bool {
+    if params.capacity == 0 || cost > params.capacity {
+        return false;
+    }
+    let now_t = ns_to_ticks(now_ns);
     let generation = params.generation & GENERATION_MASK;
-    let tat = state.tat & !GENERATION_MASK;
-    let state_generation = state.tat & GENERATION_MASK;
-    let (ahead, rewrite) = if state_generation == generation {
+    let (ahead, rewrite) = owed_by(state.tat, now_t, params);
+    // cost ≤ capacity, so cost × interval ≤ tau ≤ TAU_MAX: no overflow, and
+    // ahead + that ≤ 2·TAU_MAX < 2^62.
+    let after = ahead + cost * params.interval;
+    if after <= params.tau {
+        state.tat = stored(now_t.wrapping_add(after), generation);
+        true
+    } else {
+        if rewrite {
+            state.tat = stored(now_t.wrapping_add(ahead), generation);
+        }
+        false
+    }
+}
+
+/// The debt of the state word `word` at `now_t` under `params` (capped at
+/// `tau`, converted from the previous generation), and whether the capped or
+/// converted form should be written back.
+#[inline(always)]
+fn owed_by(word: u64, now_t: u64, params: &Params) -> (u64, bool) {
+    let generation = params.generation & GENERATION_MASK;
+    // The generation bits fall out of the distance (see `ahead_of`): no mask,
+    // which would only give the verifier ranges to tell paths apart by.
+    let tat = word;
+    let state_generation = generation_of(word);
+    if state_generation == generation {
         owed(tat, now_t, params.tau)
     } else if state_generation == (generation + GENERATION_MASK) & GENERATION_MASK {
         (converted(tat, now_t, params), true)
     } else {
         (owed(tat, now_t, params.tau).0, true)
-    };
-    // cost ≤ capacity, so cost × interval ≤ tau ≤ TAU_MAX: no overflow, and
-    // ahead + that ≤ 2·TAU_MAX < 2^64.
-    let after = ahead + cost * params.interval;
-    if after <= params.tau {
-        state.tat = stored(now_t.wrapping_add(after), generation);
-        Decision {
-            allowed: true,
-            remaining: whole_tokens(params.tau - after, params.interval),
-            retry_after_ns: 0,
-        }
-    } else {
-        if rewrite {
-            state.tat = stored(now_t.wrapping_add(ahead), generation);
-        }
-        Decision {
-            allowed: false,
-            remaining: whole_tokens(params.tau - ahead, params.interval),
-            retry_after_ns: ticks_to_ns_ceil(after - params.tau),
-        }
     }
+}
+
+/// Whole units the bucket holds at `now_ns`.
+fn available(state: &State, params: &Params, now_ns: u64) -> u64 {
+    if params.capacity == 0 {
+        return 0;
+    }
+    let (ahead, _) = owed_by(state.tat, ns_to_ticks(now_ns), params);
+    whole_tokens(params.tau - ahead, params.interval)
 }
 
 /// `cost` units in ticks, at most `tau` (a whole bucket). Without a 128-bit
 /// multiplication, which the kernel program cannot have: `cost < capacity ≤ 2^32`
-/// and `capacity × interval = tau ≤ 2^62`.
+/// and `capacity × interval = tau ≤ 2^60`.
 #[inline(always)]
 fn units(cost: u64, params: &Params) -> u64 {
     if cost >= params.capacity {
@@ -349,7 +433,7 @@ fn units(cost: u64, params: &Params) -> u64 {
 pub fn charge(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
     let generation = params.generation & GENERATION_MASK;
     let now_t = ns_to_ticks(now_ns);
-    let (ahead, _) = owed(state.tat & !GENERATION_MASK, now_t, params.tau);
+    let (ahead, _) = owed(state.tat & TAT_MASK, now_t, params.tau);
     let ahead = ahead + units(cost, params);
     let ahead = if ahead > params.tau {
         params.tau
@@ -365,11 +449,11 @@ pub fn charge(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
 #[inline(always)]
 pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
     let generation = params.generation & GENERATION_MASK;
-    if state.tat & GENERATION_MASK != generation {
+    if generation_of(state.tat) != generation {
         return;
     }
     let now_t = ns_to_ticks(now_ns);
-    let (ahead, _) = owed(state.tat & !GENERATION_MASK, now_t, params.tau);
+    let (ahead, _) = owed(state.tat & TAT_MASK, now_t, params.tau);
     let ahead = ahead.saturating_sub(units(cost, params));
     state.tat = stored(now_t.wrapping_add(ahead), generation);
 }
@@ -526,6 +610,53 @@ mod tests {
         );
     }
 
+    /// Regression (3/s with a burst of 3 admitted 2 at one instant): every burst is
+    /// admitted whole at one instant, whatever the interval between tokens.
+    #[test]
+    fn three_per_second_burst_three_at_one_instant() {
+        let p = Params::from_rate(3, 1_000_000_000, 3).expect("valid");
+        let mut s = State::full(77, &p);
+        let got: std::string::String = (0..4)
+            .map(|_| {
+                if decide(&mut s, &p, 77, 1).allowed {
+                    'A'
+                } else {
+                    'D'
+                }
+            })
+            .collect();
+        assert_eq!(got, "AAAD");
+    }
+
+    /// A cost above the capacity is never admitted, but what is there is still
+    /// reported (an `acquire` grants it).
+    #[test]
+    fn cost_above_capacity_reports_what_is_there() {
+        let p = params(100, 5);
+        let mut s = State::full(0, &p);
+        let d = decide(&mut s, &p, 0, 6);
+        assert!(!d.allowed);
+        assert_eq!((d.remaining, d.retry_after_ns), (5, NEVER));
+        assert!(decide(&mut s, &p, 0, 2).allowed);
+        assert_eq!(decide(&mut s, &p, 0, 9).remaining, 3);
+    }
+
+    /// A state written from a later clock (another CPU's, or a clock set back):
+    /// the wait is counted from the state, never early.
+    #[test]
+    fn retry_after_a_clock_step_back_is_never_early() {
+        let p = params(100, 2);
+        let mut s = State::full(10_000 * MS, &p);
+        assert!(decide(&mut s, &p, 10_000 * MS, 1).allowed);
+        assert!(decide(&mut s, &p, 10_000 * MS, 1).allowed);
+        // Now a clock 50 ms behind: the bucket refills from 10 000 ms + 200 ms.
+        let d = decide(&mut s, &p, 9_950 * MS, 1);
+        assert!(!d.allowed);
+        let at = 9_950 * MS + d.retry_after_ns;
+        assert!(!decide(&mut s.clone(), &p, at - 1, 1).allowed, "early");
+        assert!(decide(&mut s.clone(), &p, at, 1).allowed, "late");
+    }
+
     /// 1 packet per hour: one per hour after the burst, not one a little early.
     #[test]
     fn one_per_hour() {
@@ -679,10 +810,12 @@ mod tests {
         let mut s = State::full(0, &p);
         assert!(decide(&mut s, &p, 0, 1).allowed);
         assert!(decide(&mut s, &p, 0, 1).allowed);
-        // Up to 19 days; past that see the module docs (the idle sweep's job).
-        for idle_days in [1u64, 7, 10, 13, 14, 19] {
+        // Up to 4.9 days, and past a wrap; the rest: see the module docs (the
+        // idle sweep's job).
+        for idle_hours in [24u64, 48, 72, 96, 117, 160] {
+            let idle_days = idle_hours / 24;
             let mut t = s;
-            let now = idle_days * 86_400_000 * MS;
+            let now = idle_hours * 3_600_000 * MS;
             assert!(decide(&mut t, &p, now, 1).allowed, "idle {idle_days} days");
             assert!(decide(&mut t, &p, now, 1).allowed, "idle {idle_days} days");
         }

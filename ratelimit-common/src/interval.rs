@@ -41,19 +41,19 @@ impl Params {
     pub const fn new(every_ns: u64, amount: u64, capacity: u64) -> Result<Self, ParamError> {
         if every_ns == 0 {
             return Err(ParamError {
-                param: "--refill-every",
+                param: "refill_every",
                 accepted: "must be longer than 0, like 1s or 200ms",
             });
         }
         if amount == 0 || amount > MAX {
             return Err(ParamError {
-                param: "--refill-amount",
+                param: "refill_amount",
                 accepted: "must be 1 to 2^32",
             });
         }
         if capacity == 0 || capacity > MAX {
             return Err(ParamError {
-                param: "--capacity",
+                param: "capacity",
                 accepted: "must be 1 to 2^32",
             });
         }
@@ -167,8 +167,8 @@ mod tests {
 
     #[test]
     fn refused_params() {
-        assert_eq!(Params::new(0, 1, 1).unwrap_err().param, "--refill-every");
-        assert_eq!(Params::new(1, 0, 1).unwrap_err().param, "--refill-amount");
-        assert_eq!(Params::new(1, 1, 0).unwrap_err().param, "--capacity");
+        assert_eq!(Params::new(0, 1, 1).unwrap_err().param, "refill_every");
+        assert_eq!(Params::new(1, 0, 1).unwrap_err().param, "refill_amount");
+        assert_eq!(Params::new(1, 1, 0).unwrap_err().param, "capacity");
     }
 }

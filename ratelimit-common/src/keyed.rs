@@ -111,14 +111,12 @@ impl Algorithm {
         gcra::Params::from_rate(count, per.as_nanos() as u64, burst)
             .map(Self::Gcra)
             .map_err(|e| ParamError {
-                param: "--rate/--burst",
-                accepted: match e {
-                    gcra::ParamsError::BurstZero => "burst must be at least 1",
-                    gcra::ParamsError::BurstTooLarge => "burst must be at most 2^32",
-                    gcra::ParamsError::PeriodZero => "the period must be longer than 0",
-                    gcra::ParamsError::RateTooHigh => "rate must be at most 2048 per ns",
-                    gcra::ParamsError::BurstTooLong => "burst / rate must be at most 6.5 days",
+                param: match e {
+                    gcra::ParamsError::PeriodZero => "per",
+                    gcra::ParamsError::RateTooHigh => "count",
+                    _ => "burst",
                 },
+                accepted: e.message(),
             })
     }
 

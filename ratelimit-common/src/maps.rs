@@ -686,8 +686,9 @@ impl Reason {
 
 /// How many times the program retries a compare-and-swap on a contended state
 /// before giving up ([`Reason::Contended`]). Each failed attempt means another CPU
-/// updated the same key in between.
-pub const CAS_RETRIES: u32 = 16;
+/// updated the same key in between. Every retry is a path the verifier walks,
+/// for every level: 8 keeps the program well inside its limit.
+pub const CAS_RETRIES: u32 = 8;
 
 /// How many times the program tries to take a wide state's lock word before
 /// giving up ([`Reason::Contended`]). The holder runs with preemption off and

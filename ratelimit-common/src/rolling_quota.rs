@@ -56,33 +56,33 @@ impl Params {
     ) -> Result<Self, ParamError> {
         if period_ns == 0 {
             return Err(ParamError {
-                param: "--period",
+                param: "period",
                 accepted: "must be longer than 0, like 1h",
             });
         }
         if window_ns == 0 || !window_ns.is_multiple_of(period_ns) {
             return Err(ParamError {
-                param: "--window",
-                accepted: "must be a whole number of periods, like 24h for --period 1h",
+                param: "window",
+                accepted: "must be a whole number of periods, like 24h for a period of 1h",
             });
         }
         let periods = window_ns / period_ns;
         if periods > MAX_PERIODS {
             return Err(ParamError {
-                param: "--window",
-                accepted: "must be at most 64 periods (make --period longer)",
+                param: "window",
+                accepted: "must be at most 64 periods (make the period longer)",
             });
         }
         if quota == 0 || quota > u32::MAX as u64 {
             return Err(ParamError {
-                param: "--quota",
+                param: "quota",
                 accepted: "must be 1 to 4294967295",
             });
         }
         if rate_cap == 0 || rate_cap > quota {
             return Err(ParamError {
-                param: "--rate-cap",
-                accepted: "must be 1 to --quota",
+                param: "rate_cap",
+                accepted: "must be 1 to the quota",
             });
         }
         Ok(Self {
@@ -218,15 +218,9 @@ mod tests {
     fn refused_params() {
         assert_eq!(
             Params::new(3500 * MS, 1000 * MS, 5, 2).unwrap_err().param,
-            "--window"
+            "window"
         );
-        assert_eq!(
-            Params::new(65 * MS, MS, 5, 2).unwrap_err().param,
-            "--window"
-        );
-        assert_eq!(
-            Params::new(4 * MS, MS, 5, 6).unwrap_err().param,
-            "--rate-cap"
-        );
+        assert_eq!(Params::new(65 * MS, MS, 5, 2).unwrap_err().param, "window");
+        assert_eq!(Params::new(4 * MS, MS, 5, 6).unwrap_err().param, "rate_cap");
     }
 }

@@ -48,14 +48,14 @@ impl Params {
     pub const fn new(window_ns: u64, limit: u64) -> Result<Self, ParamError> {
         if window_ns == 0 {
             return Err(ParamError {
-                param: "--window",
+                param: "window",
                 accepted: "must be longer than 0, like 1s or 1min",
             });
         }
         if limit == 0 || limit > MAX_LIMIT {
             return Err(ParamError {
-                param: "--limit",
-                accepted: "must be 1 to 64 for the sliding window log (one timestamp per unit is kept); use --algorithm sliding-window for larger limits",
+                param: "limit",
+                accepted: "must be 1 to 64 for the sliding window log (one timestamp per unit is kept); use the sliding-window algorithm for larger limits",
             });
         }
         Ok(Self { window_ns, limit })

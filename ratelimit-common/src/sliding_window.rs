@@ -45,18 +45,20 @@ impl Params {
     pub const fn new(window_ns: u64, limit: u64) -> Result<Self, ParamError> {
         if window_ns == 0 {
             return Err(ParamError {
-                param: "--window",
+                param: "window",
                 accepted: "must be longer than 0, like 1s or 1min",
             });
         }
         if limit == 0 || limit > MAX_LIMIT {
             return Err(ParamError {
-                param: "--limit",
+                param: "limit",
                 accepted: "must be 1 to 2^31",
             });
         }
+        // The finest unit (1 ns when it fits) for which the weighted sums stay
+        // in 64 bits: limit × window units ≤ 2^62.
         let mut unit_ns = 1;
-        while window_ns / unit_ns > (1 << 31) {
+        while (window_ns / unit_ns).saturating_mul(limit) > (1 << 62) {
             unit_ns *= 2;
         }
         Ok(Self {
@@ -89,14 +91,14 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
     );
     let into = into.min(params.window_units);
     let w = params.window_units;
-    // prev ≤ 2^31, w ≤ 2^31 (+1): products < 2^63.
+    // prev, cur ≤ limit and limit × w ≤ 2^62: the sums below stay under 2^64.
     let weighted_prev = prev * (w - into);
     let budget = params.limit * w;
-    if cost > params.limit {
-        return Decision::deny(0, NEVER);
-    }
     let used = weighted_prev + cur * w;
     let room = div(budget.saturating_sub(used), w);
+    if cost > params.limit {
+        return Decision::deny(room, NEVER);
+    }
     if used + cost * w <= budget {
         *state = State {
             window: index,
@@ -105,18 +107,24 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
         };
         return Decision::allow(room - cost);
     }
-    // Room grows as the previous window's weight shrinks: `prev` units of weight
-    // per window of time. If the current window alone is too full, wait for the next.
-    let need = used + cost * w - budget;
-    let retry = if prev > 0 && cur + cost <= params.limit {
-        let units = div(need + prev - 1, prev);
-        units.saturating_mul(params.unit_ns)
+    // The first unit at which the arrival fits. In this window the previous
+    // window's weight falls by `prev` per unit; if this window alone is too full,
+    // in the next one, where this window's count is the previous one.
+    let window_start = index.wrapping_mul(params.window_ns);
+    let ready = if cur + cost <= params.limit {
+        // need ≤ prev × (w − into), so prev > 0 and into + k ≤ w.
+        let need = used + cost * w - budget;
+        let k = div(need + prev - 1, prev);
+        window_start.saturating_add((into + k).saturating_mul(params.unit_ns))
     } else {
+        // cur ≥ 1 here (cost ≤ limit < cur + cost).
+        let need = (cur + cost - params.limit) * w;
+        let k = div(need + cur - 1, cur);
         (index + 1)
             .saturating_mul(params.window_ns)
-            .saturating_sub(now_ns)
+            .saturating_add(k.saturating_mul(params.unit_ns))
     };
-    Decision::deny(room, retry.max(1))
+    Decision::deny(room, ready.saturating_sub(now_ns).max(1))
 }
 
 /// Makes a fresh `state` one that admitted `n` units at `now_ns` (at most the

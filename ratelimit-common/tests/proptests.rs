@@ -239,3 +239,134 @@ mod charged {
         }
     }
 }
+
+/// The edges: a burst is admitted whole at one instant for any rate (not only
+/// whole-nanosecond intervals), and a reported wait is never early, even when
+/// the clock steps back.
+mod edges {
+    use super::*;
+    use ratelimit_common::{Decision, NEVER};
+
+    /// Arrivals whose clock sometimes steps back (another CPU's reading, a
+    /// test clock set back): times in ns from a large start.
+    fn wobbly(max_gap: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+        prop::collection::vec((0..max_gap, 1u64..=3, 0u8..10), 1..150).prop_map(move |v| {
+            let mut t = 1_000_000_000u64;
+            v.into_iter()
+                .map(|(gap, cost, back)| {
+                    if back == 0 {
+                        t = t.saturating_sub(gap / 2 + 1);
+                    } else {
+                        t += gap;
+                    }
+                    (t, cost)
+                })
+                .collect()
+        })
+    }
+
+    /// After each denial with a finite wait `r` at `t`: the same arrival on a
+    /// copy of the state is still denied at `t + r − 1` (never early) and, where
+    /// `exact`, admitted at `t + r`.
+    fn check<S: Clone>(
+        seq: &[(u64, u64)],
+        mut state: S,
+        exact: bool,
+        mut decide: impl FnMut(&mut S, u64, u64) -> Decision,
+    ) -> Result<(), TestCaseError> {
+        for &(t, n) in seq {
+            let d = decide(&mut state, t, n);
+            if d.allowed || d.retry_after_ns == NEVER {
+                continue;
+            }
+            let r = d.retry_after_ns;
+            prop_assert!(r >= 1, "a denial at {} with a wait of 0", t);
+            prop_assert!(
+                !decide(&mut state.clone(), t + r - 1, n).allowed,
+                "denied at {} (cost {}) with a wait of {} ns, but admitted at {}",
+                t,
+                n,
+                r,
+                t + r - 1
+            );
+            if exact {
+                prop_assert!(
+                    decide(&mut state.clone(), t + r, n).allowed,
+                    "denied at {} (cost {}) with a wait of {} ns, still denied then",
+                    t,
+                    n,
+                    r
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn gcra_admits_the_whole_burst_at_one_instant(tokens in 1u64..1_000_000, period in 1u64..100_000_000_000, burst in 1u64..=64, now in 0u64..1_000_000_000_000_000) {
+            let Ok(p) = gcra::Params::from_rate(tokens, period, burst) else {
+                return Ok(());
+            };
+            let mut s = gcra::State::full(now, &p);
+            for k in 0..burst {
+                let d = gcra::decide(&mut s, &p, now, 1);
+                prop_assert!(d.allowed, "{}/{} ns burst {}: only {} of the burst at one instant", tokens, period, burst, k);
+                prop_assert_eq!(d.remaining, burst - k - 1);
+            }
+            prop_assert!(!gcra::decide(&mut s, &p, now, 1).allowed);
+        }
+
+        #[test]
+        fn gcra_waits_are_never_early_and_exact(wob in wobbly(3_000), seq in arrivals(3_000), tokens in 1u64..10, period in 1u64..3_000, cap in 1u64..8) {
+            let p = gcra::Params::from_rate(tokens, period, cap).unwrap();
+            check(&wob, gcra::State::full(wob[0].0, &p), false, |s, t, n| gcra::decide(s, &p, t, n))?;
+            check(&seq, gcra::State::full(seq[0].0, &p), true, |s, t, n| gcra::decide(s, &p, t, n))?;
+        }
+
+        #[test]
+        fn fixed_window_waits_are_never_early_and_exact(wob in wobbly(3_000), seq in arrivals(3_000), window in 1u64..2_000, limit in 1u64..10) {
+            let p = fixed_window::Params::new(window, limit).unwrap();
+            check(&wob, fixed_window::State::default(), false, |s, t, n| fixed_window::decide(s, &p, t, n))?;
+            check(&seq, fixed_window::State::default(), true, |s, t, n| fixed_window::decide(s, &p, t, n))?;
+        }
+
+        #[test]
+        fn interval_waits_are_never_early_and_exact(wob in wobbly(300), seq in arrivals(300), every in 1u64..400, amount in 1u64..4, cap in 1u64..8) {
+            let p = interval::Params::new(every, amount, cap).unwrap();
+            check(&wob, interval::State::default(), false, |s, t, n| interval::decide(s, &p, t, n))?;
+            check(&seq, interval::State::default(), true, |s, t, n| interval::decide(s, &p, t, n))?;
+        }
+
+        #[test]
+        fn sliding_log_waits_are_never_early_and_exact(wob in wobbly(3_000), seq in arrivals(3_000), window in 1u64..2_000, limit in 1u64..=64) {
+            let p = sliding_log::Params::new(window, limit).unwrap();
+            check(&wob, sliding_log::State::default(), false, |s, t, n| sliding_log::decide(s, &p, t, n))?;
+            check(&seq, sliding_log::State::default(), true, |s, t, n| sliding_log::decide(s, &p, t, n))?;
+        }
+
+        #[test]
+        fn sliding_window_waits_are_never_early_and_exact(wob in wobbly(3_000), seq in arrivals(3_000), window in 1u64..2_000, limit in 1u64..10) {
+            let p = sliding_window::Params::new(window, limit).unwrap();
+            check(&wob, sliding_window::State::default(), false, |s, t, n| sliding_window::decide(s, &p, t, n))?;
+            check(&seq, sliding_window::State::default(), true, |s, t, n| sliding_window::decide(s, &p, t, n))?;
+        }
+
+        /// Regression: a 60 s window kept time in units of 32 ns, and its waits
+        /// were late by up to a unit.
+        #[test]
+        fn sliding_window_over_a_minute_waits_to_the_nanosecond(seq in arrivals(60_000_000_000), limit in 1u64..1_000) {
+            let p = sliding_window::Params::new(60_000_000_000, limit).unwrap();
+            check(&seq, sliding_window::State::default(), true, |s, t, n| sliding_window::decide(s, &p, t, n))?;
+        }
+
+        #[test]
+        fn rolling_quota_waits_are_never_early_and_exact(wob in wobbly(300), seq in arrivals(300), period in 1u64..300, periods in 1u64..8, quota in 1u64..12) {
+            let p = rolling_quota::Params::new(period * periods, period, quota, quota.div_ceil(2)).unwrap();
+            check(&wob, rolling_quota::State::default(), false, |s, t, n| rolling_quota::decide(s, &p, t, n))?;
+            check(&seq, rolling_quota::State::default(), true, |s, t, n| rolling_quota::decide(s, &p, t, n))?;
+        }
+    }
+}

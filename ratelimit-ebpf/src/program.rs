@@ -454,7 +454,7 @@ fn two_levels(own: Level, agg: Aggregate, now: u64) -> Reason {
         // through compare-and-swap.
         seen = unsafe { read_volatile(own.word) };
         next.tat = seen;
-        if !gcra::decide(&mut next, params, now, own.cost).allowed {
+        if !gcra::admit(&mut next, params, now, own.cost) {
             if next.tat != seen {
                 // A converted or capped debt (see gcra): stored even on a denial.
                 cas(own.word, seen, next.tat);
@@ -486,7 +486,7 @@ fn two_levels(own: Level, agg: Aggregate, now: u64) -> Reason {
         }
         seen = found;
         next = gcra::State { tat: seen };
-        if !gcra::decide(&mut next, params, now, own.cost).allowed {
+        if !gcra::admit(&mut next, params, now, own.cost) {
             end = Commit::Denied;
             break;
         }
@@ -514,7 +514,7 @@ fn peek(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) -> bool {
     let mut next = gcra::State {
         tat: unsafe { read_volatile(word) },
     };
-    gcra::decide(&mut next, params, now, cost).allowed
+    gcra::admit(&mut next, params, now, cost)
 }
 
 /// Whether units were taken from a shared bucket.
@@ -532,7 +532,7 @@ fn take(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) -> Taken {
     let mut taken = Taken::Contended;
     for _ in 0..CAS_RETRIES {
         let mut next = gcra::State { tat: seen };
-        let allowed = gcra::decide(&mut next, params, now, cost).allowed;
+        let allowed = gcra::admit(&mut next, params, now, cost);
         let (found, swapped) = if next.tat == seen {
             (seen, true)
         } else {
@@ -708,7 +708,7 @@ fn take_new_state(config: &Config, now: u64) -> bool {
     // SAFETY: as in `two_levels`.
     let seen = unsafe { read_volatile(word) };
     let mut next = gcra::State { tat: seen };
-    gcra::decide(&mut next, &config.new_states, now, 1).allowed && cas(word, seen, next.tat).1
+    gcra::admit(&mut next, &config.new_states, now, 1) && cas(word, seen, next.tat).1
 }
 
 /// Gives `key` a state charged with the `admitted` units of cost (frames, or

@@ -646,7 +646,7 @@ mod tests {
         for (text, needle) in [
             (
                 "algorithm = \"sliding-log\"\nlimit = 100\nwindow = \"1s\"",
-                "use --algorithm sliding-window",
+                "use the sliding-window algorithm",
             ),
             (
                 "algorithm = \"fixed-window\"\nlimit = 10",

@@ -760,6 +760,6 @@ mod tests {
             .to_kernel(1, "default")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("6.5 days"), "{e}");
+        assert!(e.contains("1.6 days"), "{e}");
     }
 }

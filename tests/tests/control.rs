@@ -388,7 +388,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 "--burst",
                 "1000",
             ],
-            "6.5 days",
+            "1.6 days",
         ),
         (vec!["unset", "198.18.0.0/16"], "no rule for 198.18.0.0/16"),
         (

@@ -154,7 +154,7 @@ fn on_two_cpus(l: &Loaded, frames: [&[Vec<u8>]; 2]) {
 fn the_new_source_budget_is_exact_on_two_cpus() {
     privileged!("the_new_source_budget_is_exact_on_two_cpus");
     for trial in 0..5u32 {
-        let mut lim = limit("1/hour", 100);
+        let mut lim = limit("1/min", 100);
         lim.new_sources = NewSources::Budget(shared("1/min", 500));
         let l = Loaded::new(&rules(lim));
         let base = trial * 4000;
@@ -175,9 +175,9 @@ fn the_new_source_budget_is_exact_on_two_cpus() {
 
 /// Per-source burst 300 and an aggregate of 500, both refilling once an hour.
 fn two_levels() -> RuleSet {
-    let mut lim = limit("1/hour", 150);
+    let mut lim = limit("1/min", 150);
     lim.aggregate = Some(shared("1/min", 500));
-    let mut set = rules(limit("1/hour", 150));
+    let mut set = rules(limit("1/min", 150));
     set.rules.insert(
         Prefix::parse("cidr", "198.18.0.0/15").expect("prefix"),
         Action::Limit(lim),
@@ -212,10 +212,10 @@ fn two_levels_on_two_cpus_never_over_admit_at_either_level() {
         // Each source's own bucket holds exactly what it did not get.
         let mut per = [0u64; 4];
         l.maps.clear_counters().expect("clear");
-        let mut lifted = rules(limit("1/hour", 150));
+        let mut lifted = rules(limit("1/min", 150));
         lifted.rules.insert(
             Prefix::parse("cidr", "198.18.0.0/15").expect("prefix"),
-            Action::Limit(limit("1/hour", 150)),
+            Action::Limit(limit("1/min", 150)),
         );
         l.maps.apply(&lifted).expect("lifting the aggregate");
         for (k, more) in per.iter_mut().enumerate() {

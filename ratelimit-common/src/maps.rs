@@ -12,8 +12,13 @@ use crate::{fixed_window, gcra, interval, rolling_quota, sliding_log, sliding_wi
 pub const PROGRAM_NAME: &str = "ratelimit";
 
 /// `LpmTrie<RuleAddr, u32>`: source prefixes (family byte, then the address) →
-/// the index of their rule in [`MAP_RULE_TABLE`]. Written by the daemon.
+/// the index of their rule in [`MAP_RULE_TABLE`]. One of two: the daemon writes a
+/// whole new rule set into the one the program does not use
+/// ([`Config::active_rules`]), then switches the config to it, so a change is
+/// all or nothing. Written by the daemon.
 pub const MAP_RULES: &str = "RL_RULES";
+/// The second rule trie (see [`MAP_RULES`]).
+pub const MAP_RULES_B: &str = "RL_RULES_B";
 /// `Array<Rule>`: rule values, at the indexes [`MAP_RULES`] and
 /// [`Config::default_rule`] hold. Written by the daemon, copy on write: a changed
 /// rule goes to a free index and the trie entry (or the config) is switched to
@@ -50,9 +55,10 @@ pub const MAP_GLOBAL: &str = "RL_GLOBAL";
 /// verdicts. Written by the program.
 pub const MAP_EVENTS: &str = "RL_EVENTS";
 
-/// Every map, for tests and pinning.
-pub const ALL_MAPS: [&str; 13] = [
+/// Every map.
+pub const ALL_MAPS: [&str; 14] = [
     MAP_RULES,
+    MAP_RULES_B,
     MAP_RULE_TABLE,
     MAP_STATE,
     MAP_STATE_V4,
@@ -61,6 +67,23 @@ pub const ALL_MAPS: [&str; 13] = [
     MAP_DROPS,
     MAP_WIDE,
     MAP_WIDE_ZERO,
+    MAP_SEEN,
+    MAP_RULE_STATE,
+    MAP_GLOBAL,
+    MAP_EVENTS,
+];
+
+/// The maps pinned for a restart to adopt: all but the per-CPU scratch.
+pub const PINNED_MAPS: [&str; 13] = [
+    MAP_RULES,
+    MAP_RULES_B,
+    MAP_RULE_TABLE,
+    MAP_STATE,
+    MAP_STATE_V4,
+    MAP_STATS,
+    MAP_CONFIG,
+    MAP_DROPS,
+    MAP_WIDE,
     MAP_SEEN,
     MAP_RULE_STATE,
     MAP_GLOBAL,
@@ -573,7 +596,8 @@ pub mod config_flags {
 pub struct Config {
     /// Bits of [`config_flags`].
     pub flags: u32,
-    /// Number of entries in [`MAP_RULES`]; 0 lets the program skip the trie lookup.
+    /// Number of entries in the active rule trie; 0 lets the program skip the
+    /// trie lookup.
     pub rule_count: u32,
     /// The doorkeeper's hash seed: random, picked by the daemon when it creates
     /// the maps, so that nobody can aim hash collisions at a source.
@@ -587,8 +611,12 @@ pub struct Config {
     /// promotions): what a flood of sources that each repeat can cost in
     /// inserts and evictions. State in [`GlobalState::new_states`].
     pub new_states: gcra::Params,
+    /// Which rule trie the program reads: 0 [`MAP_RULES`], 1 [`MAP_RULES_B`].
+    pub active_rules: u32,
+    /// Zero.
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 72);
+const _: () = assert!(core::mem::size_of::<Config>() == 80);
 
 /// One counter of [`MAP_STATS`]: packets and bytes (whole frame lengths).
 #[repr(C)]

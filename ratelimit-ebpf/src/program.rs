@@ -55,6 +55,9 @@ use ratelimit_common::{
 #[map(name = "RL_RULES")]
 static RL_RULES: LpmTrie<RuleAddr, u32> = LpmTrie::with_max_entries(DEFAULT_RULES_CAPACITY, 0);
 
+#[map(name = "RL_RULES_B")]
+static RL_RULES_B: LpmTrie<RuleAddr, u32> = LpmTrie::with_max_entries(DEFAULT_RULES_CAPACITY, 0);
+
 // Every rule can change at once: twice the rules and the default rule.
 #[map(name = "RL_RULE_TABLE")]
 static RL_RULE_TABLE: Array<Rule> = Array::with_max_entries(2 * (DEFAULT_RULES_CAPACITY + 1), 0);
@@ -970,12 +973,40 @@ fn count_drop(source: &Words, weight: u64) {
 #[inline(always)]
 fn lookup_rule(fam: u8, addr: &Words, config: &Config) -> Option<&'static Rule> {
     let mut index = config.default_rule;
-    if config.rule_count != 0
-        && let Some(i) = RL_RULES.get(Key::new(128 + FAMILY_BITS, rule_addr(fam, addr)))
-    {
-        index = *i;
+    if config.rule_count != 0 {
+        let key = Key::new(128 + FAMILY_BITS, rule_addr(fam, addr));
+        let found = if config.active_rules == 0 {
+            in_rules_a(&key)
+        } else {
+            in_rules_b(&key)
+        };
+        if found != NO_RULE {
+            index = found;
+        }
     }
     RL_RULE_TABLE.get(index)
+}
+
+/// What [`in_rules_a`] and [`in_rules_b`] return when no prefix matches.
+const NO_RULE: u32 = u32::MAX;
+
+/// The rule index of the longest prefix of `key` in the first trie. Not inlined,
+/// nor is [`in_rules_b`]: see [`state_v4`].
+#[inline(never)]
+fn in_rules_a(key: &Key<RuleAddr>) -> u32 {
+    match RL_RULES.get(key) {
+        Some(i) => *i,
+        None => NO_RULE,
+    }
+}
+
+/// The rule index of the longest prefix of `key` in the second trie.
+#[inline(never)]
+fn in_rules_b(key: &Key<RuleAddr>) -> u32 {
+    match RL_RULES_B.get(key) {
+        Some(i) => *i,
+        None => NO_RULE,
+    }
 }
 
 /// Counts the frame under `reason`; returns this CPU's count for it.

@@ -7,16 +7,13 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 
 use crate::{
-    config::{RawBurst, RawLimit},
+    config::{RawBurst, RawConfig, RawLimit},
     control::{self, Request},
     daemon::{self, RunOptions},
     error::{Error, Result},
     kernel::{AttachMode, LoadOptions},
-    rate::{parse_burst, parse_rate},
-    rules::{
-        Action, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, NewSources, RuleSet,
-        Shared, default_limit, default_new_states,
-    },
+    rate::parse_rate,
+    rules::{Clock, MalformedPolicy},
 };
 
 /// A per-source packet rate limiter at the NIC driver (XDP).
@@ -41,6 +38,8 @@ pub enum Command {
     Deny(CidrArgs),
     /// Remove the rule of a CIDR.
     Unset(CidrArgs),
+    /// Read the config file again; live changes stay on top (unless --replace).
+    Reload(ReloadArgs),
     /// Show the rules.
     List(ReadArgs),
     /// Show what runs and how.
@@ -66,12 +65,12 @@ pub struct RunArgs {
     /// Default burst [default: one second's worth of the rate].
     #[arg(long)]
     pub burst: Option<String>,
-    /// IPv4 key prefix: 32 limits each address, 24 each /24.
-    #[arg(long, default_value_t = DEFAULT_PER_V4)]
-    pub per_v4: u8,
-    /// IPv6 key prefix: 64 limits each /64.
-    #[arg(long, default_value_t = DEFAULT_PER_V6)]
-    pub per_v6: u8,
+    /// IPv4 key prefix: 32 limits each address, 24 each /24 [default: 32].
+    #[arg(long)]
+    pub per_v4: Option<u8>,
+    /// IPv6 key prefix: 64 limits each /64 [default: 64].
+    #[arg(long)]
+    pub per_v6: Option<u8>,
     /// Attach mode.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub mode: AttachMode,
@@ -84,7 +83,8 @@ pub struct RunArgs {
     /// Leave the program attached and enforcing after exit.
     #[arg(long)]
     pub keep_attached: bool,
-    /// Ignore pinned state (buckets, rules) and start fresh.
+    /// Fresh maps, sized by the --max-* options: buckets and counters start
+    /// over; the rules are kept.
     #[arg(long)]
     pub reset: bool,
     /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9477.
@@ -203,6 +203,16 @@ pub struct CidrArgs {
     pub target: Target,
 }
 
+/// `ratelimit reload`.
+#[derive(Debug, Args)]
+pub struct ReloadArgs {
+    /// Drop the live changes (set, allow, deny, unset): the config file alone.
+    #[arg(long)]
+    pub replace: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
 /// A read command.
 #[derive(Debug, Args)]
 pub struct ReadArgs {
@@ -234,56 +244,41 @@ pub struct TopArgs {
 }
 
 impl RunArgs {
-    /// The validated run options.
-    pub fn options(&self) -> Result<RunOptions> {
-        let mut limit = default_limit();
-        if let Some(rate) = &self.rate {
-            limit.rate = parse_rate("--rate", rate)?;
-            if limit.rate.tokens == 0 {
-                return Err(Error::invalid(
-                    "--rate",
-                    "0/s for the default rule would drop every source; to drop a network use `ratelimit deny CIDR`",
-                ));
-            }
-            limit.burst = limit.rate.default_burst();
-        }
-        if let Some(burst) = &self.burst {
-            limit.burst = parse_burst("--burst", burst, limit.rate.unit)?;
-        }
-        limit.per_v4 = self.per_v4;
-        limit.per_v6 = self.per_v6;
-        if let Some(n) = &self.new_sources {
-            limit.new_sources = if n == "unlimited" {
-                NewSources::Unlimited
-            } else {
-                NewSources::Budget(Shared::of(parse_rate("--new-sources", n)?))
-            };
-        }
-        let explicit = self.rate.is_some()
-            || self.burst.is_some()
-            || self.per_v4 != DEFAULT_PER_V4
-            || self.per_v6 != DEFAULT_PER_V6
-            || self.dry_run
-            || self.drop_malformed
-            || self.new_sources.is_some()
-            || self.new_states.is_some()
-            || self.clock.is_some();
-        let base = RuleSet {
-            dry_run: self.dry_run,
-            malformed: if self.drop_malformed {
-                MalformedPolicy::Drop
-            } else {
-                MalformedPolicy::Pass
-            },
-            default: Action::Limit(Limit { ..limit }),
-            rules: Default::default(),
-            clock: self.clock.unwrap_or_default(),
-            new_states: match &self.new_states {
-                Some(n) => Shared::of(parse_rate("--new-states", n)?),
-                None => default_new_states(),
-            },
+    /// The command line's rule options as a config (only what was given).
+    fn rules(&self) -> RawConfig {
+        let mut default = RawLimit {
+            rate: self.rate.clone(),
+            burst: self.burst.clone().map(RawBurst::Text),
+            per_v4: self.per_v4,
+            per_v6: self.per_v6,
+            new_sources: self.new_sources.clone(),
+            ..Default::default()
         };
-        base.validate()?;
+        let any_default = default != RawLimit::default();
+        if any_default {
+            default.action = None;
+        }
+        RawConfig {
+            dry_run: self.dry_run.then_some(true),
+            malformed: self.drop_malformed.then_some(MalformedPolicy::Drop),
+            clock: self.clock,
+            new_states: self.new_states.clone(),
+            default: any_default.then_some(default),
+            rules: Vec::new(),
+        }
+    }
+
+    /// The validated run options: the rule options are checked (alone, and
+    /// against the config file) before anything else happens.
+    pub fn options(&self) -> Result<RunOptions> {
+        if let Some(rate) = &self.rate
+            && parse_rate("--rate", rate)?.tokens == 0
+        {
+            return Err(Error::invalid(
+                "--rate",
+                "0/s for the default rule would drop every source; to drop a network use `ratelimit deny CIDR`",
+            ));
+        }
         if !self.doorkeeper_slots.is_power_of_two() || self.doorkeeper_slots < 1024 {
             return Err(Error::invalid(
                 "--doorkeeper-slots",
@@ -293,24 +288,31 @@ impl RunArgs {
                 ),
             ));
         }
-        Action::Limit(limit).to_kernel(0, "--rate/--burst")?;
-        if self.max_sources == 0 {
-            return Err(Error::invalid("--max-sources", "must be at least 1"));
+        for (flag, n) in [
+            ("--max-sources", self.max_sources),
+            ("--max-sources-v6", self.max_sources_v6),
+            ("--max-rules", self.max_rules),
+            ("--max-wide-sources", self.max_wide_sources),
+        ] {
+            if n == 0 {
+                return Err(Error::invalid(flag, "must be at least 1"));
+            }
         }
-        if self.max_sources_v6 == 0 {
-            return Err(Error::invalid("--max-sources-v6", "must be at least 1"));
-        }
-        if self.max_rules == 0 {
-            return Err(Error::invalid("--max-rules", "must be at least 1"));
-        }
-        if self.max_wide_sources == 0 {
-            return Err(Error::invalid("--max-wide-sources", "must be at least 1"));
-        }
-        Ok(RunOptions {
+        // The options alone first, so that an error names the flag typed.
+        let cli = self.rules();
+        RawConfig::merge(RawConfig::default(), &cli, "")
+            .and_then(|alone| alone.validate(&crate::rules::RuleSet::default()))
+            .map_err(|e| match e {
+                Error::Invalid { field, message } => Error::Invalid {
+                    field: as_flag(&field),
+                    message,
+                },
+                e => e,
+            })?;
+        let opts = RunOptions {
             iface: self.iface.clone(),
             config: self.config.clone(),
-            base,
-            explicit,
+            cli,
             mode: self.mode,
             keep_attached: self.keep_attached,
             reset: self.reset,
@@ -322,8 +324,18 @@ impl RunArgs {
                 wide_capacity: self.max_wide_sources,
                 seen_slots: self.doorkeeper_slots,
             },
-        })
+        };
+        // Checked now: a bad file or a conflicting option changes nothing.
+        opts.given()?;
+        Ok(opts)
     }
+}
+
+/// The run flag of a config key the command line set: `default.burst` is
+/// `--burst`, `new-states` is `--new-states`.
+fn as_flag(field: &str) -> String {
+    let key = field.strip_prefix("default.").unwrap_or(field);
+    format!("--{}", key.replace('_', "-"))
 }
 
 fn iface(t: &Target) -> Result<String> {
@@ -398,6 +410,12 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Allow(a) => cidr_command(a, |cidr| Request::Allow { cidr }).await,
         Command::Deny(a) => cidr_command(a, |cidr| Request::Deny { cidr }).await,
         Command::Unset(a) => cidr_command(a, |cidr| Request::Unset { cidr }).await,
+        Command::Reload(r) => {
+            let data =
+                control::call(&iface(&r.target)?, &Request::Reload { replace: r.replace }).await?;
+            print_list(&data);
+            Ok(())
+        }
         Command::List(r) => {
             let data = control::call(&iface(&r.target)?, &Request::List).await?;
             if r.json {

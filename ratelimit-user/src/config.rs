@@ -470,6 +470,63 @@ impl From<&RuleSet> for RawConfig {
 }
 
 impl RawConfig {
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        *self == RawConfig::default()
+    }
+
+    /// The config file `file` with what the command line set (`cli`): setting
+    /// one thing in both places is refused, naming both (the file's path is
+    /// `path`).
+    pub fn merge(mut file: RawConfig, cli: &RawConfig, path: &str) -> Result<RawConfig> {
+        let conflict = |flag: &str, key: &str| {
+            Error::invalid(
+                flag,
+                format!("{flag} conflicts with `{key}` in {path}: set it in one place"),
+            )
+        };
+        macro_rules! one {
+            ($field:ident, $flag:expr, $key:expr) => {
+                if let Some(v) = &cli.$field {
+                    if file.$field.is_some() {
+                        return Err(conflict($flag, $key));
+                    }
+                    file.$field = Some(v.clone());
+                }
+            };
+        }
+        one!(dry_run, "--dry-run", "dry-run");
+        one!(malformed, "--drop-malformed", "malformed");
+        one!(clock, "--clock", "clock");
+        one!(new_states, "--new-states", "new-states");
+        if let Some(c) = &cli.default {
+            let d = file.default.get_or_insert_with(RawLimit::default);
+            macro_rules! field {
+                ($field:ident, $flag:expr, $key:expr) => {
+                    if let Some(v) = &c.$field {
+                        if d.$field.is_some() {
+                            return Err(conflict($flag, $key));
+                        }
+                        d.$field = Some(v.clone());
+                    }
+                };
+            }
+            field!(rate, "--rate", "[default] rate");
+            field!(burst, "--burst", "[default] burst");
+            field!(per_v4, "--per-v4", "[default] per-v4");
+            field!(per_v6, "--per-v6", "[default] per-v6");
+            field!(new_sources, "--new-sources", "[default] new-sources");
+            if d.rate.is_none()
+                && d.action.as_deref().unwrap_or("limit") == "limit"
+                && d.algorithm.is_none()
+            {
+                // A burst or key prefix alone keeps the default rate.
+                d.rate = Some(default_limit().rate.to_string());
+            }
+        }
+        Ok(file)
+    }
+
     /// Parses TOML text. Unknown keys are errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
         toml::from_str(text).map_err(|e| {

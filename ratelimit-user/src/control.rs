@@ -1,30 +1,34 @@
 //! The control socket: one JSON request per line from the CLI, one JSON response
-//! per line from the daemon. The socket is `RUN_DIR/<iface>.sock`, mode 0600.
+//! per line from the daemon. Each daemon's socket is
+//! `<run root>/<network namespace>/<iface>.sock`, mode 0600, in a directory only
+//! root owns; the CLI checks the socket's owner and the peer's credentials
+//! before it trusts an answer.
 
-use std::path::{Path, PathBuf};
+use std::{
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader},
     net::UnixStream,
 };
 
 use crate::{
     config::RawLimit,
     error::{Error, Result},
+    identity::{self, Identity},
+    rundir,
 };
 
-/// Where daemons keep their lock, socket and state files. `RATELIMIT_RUN_DIR`
-/// overrides it (tests).
-pub fn run_dir() -> PathBuf {
-    std::env::var_os("RATELIMIT_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/run/ratelimit"))
-}
+/// The longest request line a daemon reads, bytes: far more than any rule.
+pub const MAX_REQUEST: usize = 1 << 20;
 
-/// The control socket of the daemon on `iface`.
-pub fn socket_path(iface: &str) -> PathBuf {
-    run_dir().join(format!("{iface}.sock"))
+/// The control socket of `id`'s daemon.
+pub fn socket_path(id: &Identity) -> PathBuf {
+    rundir::file(id, "sock")
 }
 
 /// A request from the CLI.
@@ -53,17 +57,26 @@ pub enum Request {
         /// The CIDR.
         cidr: String,
     },
+    /// Read the config file again (keeping live changes unless `replace`).
+    Reload {
+        /// Drop the live changes: the file alone.
+        #[serde(default)]
+        replace: bool,
+    },
     /// The rules.
     List,
     /// What runs and how.
     Status,
     /// Counters by reason.
     Stats,
-    /// Sources with the most drops.
+    /// Sources with the most drops (the CLI's connection task takes two
+    /// snapshots of [`Request::Drops`] a little apart).
     Top {
         /// How many.
         n: usize,
     },
+    /// Drop counts by source, now.
+    Drops,
 }
 
 /// The daemon's answer.
@@ -79,46 +92,146 @@ pub struct Response {
     pub data: serde_json::Value,
 }
 
-/// Finds the interface of the only running daemon, for commands without `--iface`.
-pub fn only_daemon() -> Result<String> {
-    let dir = run_dir();
+impl Response {
+    /// A refusal.
+    pub fn refused(why: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            error: Some(why.into()),
+            data: serde_json::Value::Null,
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn not_root() -> Error {
+    Error::Permission(
+        "the daemons' control sockets are root's; run the command as root (for example with sudo)"
+            .into(),
+    )
+}
+
+/// The interfaces of the daemons running in the calling thread's network
+/// namespace. A socket nobody answers on (its daemon was killed) is removed.
+pub fn daemons_here() -> Result<Vec<String>> {
+    if !is_root() {
+        return Err(not_root());
+    }
+    let here = Identity::here("")?;
+    let dir = rundir::netns_dir(&here);
     let mut found = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(&dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(iface) = name.strip_suffix(".sock") {
-                found.push(iface.to_string());
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(found);
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(iface) = name.strip_suffix(".sock") else {
+            continue;
+        };
+        let path = e.path();
+        match std::os::unix::net::UnixStream::connect(&path) {
+            Ok(_) => found.push(iface.to_string()),
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
+                // Nobody listens: a daemon killed before it could clean up.
+                if owned_by_root(&path) {
+                    rundir::remove(&path);
+                }
             }
+            Err(_) => {}
         }
     }
     found.sort();
+    Ok(found)
+}
+
+fn owned_by_root(path: &Path) -> bool {
+    std::fs::symlink_metadata(path)
+        .map(|m| m.uid() == 0 && !m.file_type().is_symlink())
+        .unwrap_or(false)
+}
+
+/// The interface of the only daemon of this network namespace, for commands
+/// without `--iface`.
+pub fn only_daemon() -> Result<String> {
+    let mut found = daemons_here()?;
+    let here = Identity::here("")?;
     match found.len() {
-        0 => Err(Error::Refused(format!(
-            "no ratelimit daemon is running (no socket in {}); start one with `ratelimit run --iface IFACE`",
-            dir.display()
-        ))),
+        0 => Err(Error::NoDaemon {
+            iface: "any interface".into(),
+            socket: rundir::netns_dir(&here),
+        }),
         1 => Ok(found.remove(0)),
         _ => Err(Error::invalid(
             "--iface",
             format!(
-                "daemons run on {}: say which with --iface",
+                "daemons run on {} in this network namespace: say which with --iface",
                 found.join(", ")
             ),
         )),
     }
 }
 
-/// Sends one request to the daemon on `iface` and returns its data, or its error.
+/// Sends one request to the daemon on `iface` (in this network namespace) and
+/// returns its data, or its error.
 pub async fn call(iface: &str, request: &Request) -> Result<serde_json::Value> {
-    let path = socket_path(iface);
-    let stream = UnixStream::connect(&path)
-        .await
-        .map_err(|_| Error::NoDaemon {
-            iface: iface.to_string(),
-            socket: path.clone(),
-        })?;
+    if !is_root() {
+        return Err(not_root());
+    }
+    let id = Identity::here(iface)?;
+    let path = socket_path(&id);
+    let no_daemon = || Error::NoDaemon {
+        iface: id.to_string(),
+        socket: path.clone(),
+    };
+    // The socket must be root's, in a directory root owns: anybody else's
+    // listener would be answering in the daemon's name.
+    let meta = std::fs::symlink_metadata(&path).map_err(|_| no_daemon())?;
+    if meta.file_type().is_symlink() || meta.uid() != 0 {
+        return Err(Error::Refused(format!(
+            "{} is not root's socket (uid {}): not talking to it; remove it and restart the daemon",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    rundir::secure(&id)?;
+    let stream = UnixStream::connect(&path).await.map_err(|_| no_daemon())?;
+    let peer = peer_uid(&stream);
+    if peer != Some(0) {
+        return Err(Error::Refused(format!(
+            "the process listening on {} is not root's (uid {peer:?}): not talking to it",
+            path.display()
+        )));
+    }
     exchange(stream, &path, request).await
 }
+
+/// The uid of the process at the other end of `stream` (SO_PEERCRED).
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket fd and an out buffer of `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
+/// How long the CLI waits for an answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<serde_json::Value> {
     let (read, mut write) = stream.into_split();
@@ -130,10 +243,20 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
         .await
         .map_err(Error::io(ctx()))?;
     let mut answer = String::new();
-    BufReader::new(read)
-        .read_line(&mut answer)
-        .await
-        .map_err(Error::io(ctx()))?;
+    let mut reader = BufReader::new(read).take(64 << 20);
+    let read = reader.read_line(&mut answer);
+    match tokio::time::timeout(ANSWER_TIMEOUT, read).await {
+        Ok(r) => {
+            r.map_err(Error::io(ctx()))?;
+        }
+        Err(_) => {
+            return Err(Error::Refused(format!(
+                "the daemon on {} did not answer within {} s",
+                path.display(),
+                ANSWER_TIMEOUT.as_secs()
+            )));
+        }
+    }
     let response: Response = serde_json::from_str(&answer)
         .map_err(|e| Error::Refused(format!("the daemon sent a bad answer ({e}): {answer:?}")))?;
     if response.ok {
@@ -143,4 +266,9 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
             response.error.unwrap_or_else(|| "refused".into()),
         ))
     }
+}
+
+/// Where the pins of `id`'s daemon are (the bpffs this process shares with PID 1).
+pub fn pin_dir(id: &Identity) -> Result<PathBuf> {
+    Ok(identity::pin_dir(&identity::bpffs_root()?, id))
 }

@@ -102,9 +102,43 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The daemon refused a control request.
+    /// The daemon refused a control request, or a precondition failed (a run
+    /// directory someone else owns, ...). Nothing was changed.
     #[error("{0}")]
     Refused(String),
+    /// Something does not fit in a map whose size was fixed when it was created.
+    #[error(
+        "{wanted} {what} do not fit in {capacity}: nothing was changed; to make room, restart the daemon with --reset {option} N (N at least {wanted}); the rules are kept, buckets and counters start over"
+    )]
+    Capacity {
+        /// What does not fit.
+        what: String,
+        /// How many were asked for.
+        wanted: usize,
+        /// How many fit.
+        capacity: usize,
+        /// The option that sizes the map.
+        option: &'static str,
+    },
+    /// No permission (the CLI as a user other than root).
+    #[error("permission denied: {0}")]
+    Permission(String),
+}
+
+/// An error and every error it came from, on one line: `a: b: c`. What the
+/// daemon logs, so that an errno is never lost behind "writing map X failed".
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
 }
 
 impl Error {

@@ -8,11 +8,13 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod identity;
 pub mod kernel;
 pub mod logs;
 pub mod metrics;
 pub mod rate;
 pub mod rules;
+pub mod rundir;
 
 pub use error::{Error, Result};
 

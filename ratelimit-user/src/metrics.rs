@@ -1,157 +1,277 @@
-//! Prometheus metrics: the text exposition format over a minimal HTTP/1.1 server.
-//! The server asks the daemon's loop for a fresh rendering on each scrape.
+//! Prometheus metrics over HTTP: hyper serves the connections, axum routes
+//! `/metrics` (anything else is 404), and the official `prometheus-client`
+//! encodes a snapshot the daemon's loop takes on each scrape.
+//!
+//! What a flood of idle or slow clients can cost is bounded: at most
+//! [`MAX_CONNECTIONS`] are accepted at a time (the rest wait in the kernel's
+//! backlog, holding no file descriptor of ours), a connection must send its
+//! request headers within [`HEADER_TIMEOUT`] and lives at most
+//! [`CONNECTION_LIFETIME`], an accept error backs off before the next accept,
+//! and a repeated error is logged once per [`LOG_EVERY`] with the count of the
+//! ones not logged.
 
-use std::fmt::Write as _;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
+use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
 use ratelimit_common::{Counter, EVENT_COUNT, Event, REASON_COUNT, Reason};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
-    sync::{mpsc, oneshot},
+    sync::{Semaphore, mpsc, oneshot},
 };
 
 use crate::kernel::Attached;
 
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send its request headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may live, however busy.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// A repeated error is logged at most this often.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// What one scrape reports.
-pub struct Snapshot<'a> {
+#[derive(Clone, Debug)]
+pub struct Snapshot {
     /// The interface.
-    pub iface: &'a str,
+    pub iface: String,
     /// The attach mode.
     pub mode: Attached,
+    /// Whether the program is attached to the interface now.
+    pub attached: bool,
     /// Counters by reason.
-    pub counters: &'a [Counter; REASON_COUNT as usize],
+    pub counters: [Counter; REASON_COUNT as usize],
+    /// Counters by event.
+    pub events: [u64; EVENT_COUNT as usize],
     /// Tracked sources.
     pub tracked: usize,
     /// Rules.
     pub rules: usize,
-    /// Counters by event.
-    pub events: &'a [u64; EVENT_COUNT as usize],
 }
 
-/// Renders the exposition text.
-pub fn render(s: &Snapshot<'_>) -> String {
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let iface = ("iface", self.iface.clone());
+        let counter = |encoder: &mut DescriptorEncoder,
+                       name: &str,
+                       help: &str,
+                       rows: Vec<(Vec<(&'static str, String)>, u64)>|
+         -> Result<(), std::fmt::Error> {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (labels, v) in rows {
+                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+            }
+            Ok(())
+        };
+        let gauge = |encoder: &mut DescriptorEncoder,
+                     name: &str,
+                     help: &str,
+                     rows: Vec<(Vec<(&'static str, String)>, i64)>|
+         -> Result<(), std::fmt::Error> {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (labels, v) in rows {
+                ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+            }
+            Ok(())
+        };
+        let by_reason = |f: fn(&Counter) -> u64| {
+            Reason::ALL
+                .iter()
+                .map(|r| {
+                    (
+                        vec![iface.clone(), ("reason", r.name().to_string())],
+                        f(&self.counters[*r as usize]),
+                    )
+                })
+                .collect()
+        };
+        counter(
+            &mut encoder,
+            "ratelimit_packets",
+            "Frames seen by the XDP program, by the reason of their verdict.",
+            by_reason(|c| c.packets),
+        )?;
+        counter(
+            &mut encoder,
+            "ratelimit_bytes",
+            "Bytes of those frames (whole frames from the Ethernet header).",
+            by_reason(|c| c.bytes),
+        )?;
+        counter(
+            &mut encoder,
+            "ratelimit_state_events",
+            "States created for sources the doorkeeper saw twice, and promotions refused by the state-creation cap.",
+            Event::ALL
+                .iter()
+                .map(|e| {
+                    (
+                        vec![iface.clone(), ("event", e.name().to_string())],
+                        self.events[*e as usize],
+                    )
+                })
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "ratelimit_tracked_sources",
+            "Sources with a state of their own (refreshed every 10 s at most).",
+            vec![(vec![iface.clone()], self.tracked as i64)],
+        )?;
+        gauge(
+            &mut encoder,
+            "ratelimit_rules",
+            "Prefix rules, besides the default rule.",
+            vec![(vec![iface.clone()], self.rules as i64)],
+        )?;
+        gauge(
+            &mut encoder,
+            "ratelimit_attached",
+            "1 while the program is attached to the interface, 0 while the interface is gone.",
+            vec![(vec![iface.clone()], i64::from(self.attached))],
+        )?;
+        gauge(
+            &mut encoder,
+            "ratelimit_attach_mode",
+            "The XDP attach mode (1 for the mode in use).",
+            [Attached::Native, Attached::Generic]
+                .iter()
+                .map(|m| {
+                    (
+                        vec![iface.clone(), ("mode", m.to_string())],
+                        i64::from(*m == self.mode),
+                    )
+                })
+                .collect(),
+        )?;
+        Ok(())
+    }
+}
+
+/// Renders the exposition text (OpenMetrics).
+pub fn render(s: &Snapshot) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(s.clone()));
     let mut out = String::new();
-    let iface = s.iface.replace('\\', "\\\\").replace('"', "\\\"");
-    let _ = writeln!(
-        out,
-        "# HELP ratelimit_packets_total Frames seen by the XDP program, by the reason of their verdict."
-    );
-    let _ = writeln!(out, "# TYPE ratelimit_packets_total counter");
-    for r in Reason::ALL {
-        let _ = writeln!(
-            out,
-            "ratelimit_packets_total{{iface=\"{iface}\",reason=\"{}\"}} {}",
-            r.name(),
-            s.counters[r as usize].packets
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP ratelimit_bytes_total Bytes of those frames (whole frames from the Ethernet header)."
-    );
-    let _ = writeln!(out, "# TYPE ratelimit_bytes_total counter");
-    for r in Reason::ALL {
-        let _ = writeln!(
-            out,
-            "ratelimit_bytes_total{{iface=\"{iface}\",reason=\"{}\"}} {}",
-            r.name(),
-            s.counters[r as usize].bytes
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP ratelimit_state_events_total States created for sources the doorkeeper saw twice, and promotions refused by the state-creation cap."
-    );
-    let _ = writeln!(out, "# TYPE ratelimit_state_events_total counter");
-    for e in Event::ALL {
-        let _ = writeln!(
-            out,
-            "ratelimit_state_events_total{{iface=\"{iface}\",event=\"{}\"}} {}",
-            e.name(),
-            s.events[e as usize]
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP ratelimit_tracked_sources Sources with a bucket (refreshed every 10 s at most)."
-    );
-    let _ = writeln!(out, "# TYPE ratelimit_tracked_sources gauge");
-    let _ = writeln!(
-        out,
-        "ratelimit_tracked_sources{{iface=\"{iface}\"}} {}",
-        s.tracked
-    );
-    let _ = writeln!(
-        out,
-        "# HELP ratelimit_rules Prefix rules, besides the default rule."
-    );
-    let _ = writeln!(out, "# TYPE ratelimit_rules gauge");
-    let _ = writeln!(out, "ratelimit_rules{{iface=\"{iface}\"}} {}", s.rules);
-    let _ = writeln!(
-        out,
-        "# HELP ratelimit_attach_mode The XDP attach mode (1 for the mode in use)."
-    );
-    let _ = writeln!(out, "# TYPE ratelimit_attach_mode gauge");
-    for m in [Attached::Native, Attached::Generic] {
-        let _ = writeln!(
-            out,
-            "ratelimit_attach_mode{{iface=\"{iface}\",mode=\"{m}\"}} {}",
-            u8::from(m == s.mode)
-        );
-    }
+    prometheus_client::encoding::text::encode(&mut out, &registry)
+        .expect("writing to a String cannot fail");
     out
 }
 
-/// Largest request head read.
-const MAX_REQUEST: usize = 8192;
+/// A request for a snapshot, answered by the daemon's loop.
+pub type SnapshotRequest = oneshot::Sender<Snapshot>;
 
-/// Serves `GET /metrics` until the daemon goes away.
-pub async fn serve(listener: TcpListener, ask: mpsc::Sender<oneshot::Sender<String>>) {
+async fn scrape(State(tx): State<mpsc::Sender<SnapshotRequest>>) -> impl IntoResponse {
+    let (reply, answer) = oneshot::channel();
+    let snapshot = match tx.send(reply).await {
+        Ok(()) => tokio::time::timeout(Duration::from_secs(5), answer).await,
+        Err(_) => {
+            return (axum::http::StatusCode::SERVICE_UNAVAILABLE, String::new()).into_response();
+        }
+    };
+    match snapshot {
+        Ok(Ok(s)) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            render(&s),
+        )
+            .into_response(),
+        _ => (axum::http::StatusCode::SERVICE_UNAVAILABLE, String::new()).into_response(),
+    }
+}
+
+/// Logs an error at most once per [`LOG_EVERY`], with how many were not.
+pub struct QuietLog {
+    last: Option<Instant>,
+    skipped: u64,
+}
+
+impl Default for QuietLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QuietLog {
+    /// A fresh one.
+    pub const fn new() -> Self {
+        Self {
+            last: None,
+            skipped: 0,
+        }
+    }
+
+    /// Logs `what` unless one was logged less than [`LOG_EVERY`] ago.
+    pub fn warn(&mut self, what: &str, error: &dyn std::fmt::Display) {
+        if self.last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+            self.skipped += 1;
+            return;
+        }
+        tracing::warn!(error = %error, repeated = self.skipped, "{what}");
+        self.last = Some(Instant::now());
+        self.skipped = 0;
+    }
+}
+
+/// Serves `/metrics` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, snapshots: mpsc::Sender<SnapshotRequest>) {
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(snapshots);
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut log = QuietLog::new();
+    let mut backoff = Duration::from_millis(10);
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
+        // A slot first, then the connection: past the cap, clients wait in the
+        // kernel's backlog, holding none of our file descriptors.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
         };
-        let ask = ask.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; MAX_REQUEST];
-            let mut len = 0;
-            let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-                while len < buf.len() {
-                    match stream.read(&mut buf[len..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            len += n;
-                            if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                                break;
-                            }
-                        }
-                    }
-                }
-            })
-            .await;
-            if read.is_err() {
-                return;
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = Duration::from_millis(10);
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .serve_connection(
+                            TokioIo::new(stream),
+                            hyper_util::service::TowerToHyperService::new(app),
+                        );
+                    let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+                    drop(permit);
+                });
             }
-            let head = String::from_utf8_lossy(&buf[..len]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = if head.starts_with("GET ") && (path == "/metrics" || path == "/")
-            {
-                let (tx, rx) = oneshot::channel();
-                if ask.send(tx).await.is_err() {
-                    return;
-                }
-                match rx.await {
-                    Ok(body) => ("200 OK", body),
-                    Err(_) => return,
-                }
-            } else {
-                ("404 Not Found", "not found: try /metrics\n".to_string())
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
+            Err(e) => {
+                // Out of file descriptors, or the like: wait before trying again
+                // rather than spin.
+                log.warn("metrics: accepting a connection failed; backing off", &e);
+                drop(permit);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
     }
 }

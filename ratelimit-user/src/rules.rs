@@ -526,7 +526,122 @@ impl fmt::Display for Action {
     }
 }
 
+/// The rate of GCRA parameters, exactly: `TICKS_PER_NS` tokens per `interval`
+/// ns is one token per `interval` ticks, which `gcra::Params::from_rate` turns
+/// back into the same interval.
+fn rate_of(p: &gcra::Params, unit: Unit) -> Rate {
+    if p.is_deny_all() {
+        return Rate {
+            tokens: 0,
+            period_ns: 1_000_000_000,
+            unit,
+        };
+    }
+    Rate {
+        tokens: common::TICKS_PER_NS,
+        period_ns: p.interval,
+        unit,
+    }
+}
+
 impl Action {
+    /// The action a kernel rule value enforces: what a daemon falls back to when
+    /// its own record of the rules is lost or damaged. Rates come back exact
+    /// (as ticks per token), not always in the form they were written.
+    pub fn from_kernel(r: &common::Rule) -> Self {
+        match r.action {
+            action::ALLOW => Action::Allow,
+            action::DENY => Action::Deny {
+                dry_run: r.flags & rule_flags::DRY_RUN != 0,
+            },
+            _ => {
+                let p = &r.params;
+                // SAFETY (of the union reads): plain integers; see AlgoParams.
+                let algo = match r.algorithm {
+                    algorithm::INTERVAL => {
+                        let i = unsafe { p.interval };
+                        Algo::Interval {
+                            every_ns: i.every_ns,
+                            amount: i.amount,
+                            capacity: i.capacity,
+                        }
+                    }
+                    algorithm::FIXED_WINDOW => {
+                        let w = unsafe { p.fixed_window };
+                        Algo::FixedWindow {
+                            window_ns: w.window_ns,
+                            limit: w.limit,
+                        }
+                    }
+                    algorithm::SLIDING_LOG => {
+                        let w = unsafe { p.sliding_log };
+                        Algo::SlidingLog {
+                            window_ns: w.window_ns,
+                            limit: w.limit,
+                        }
+                    }
+                    algorithm::SLIDING_WINDOW => {
+                        let w = unsafe { p.sliding_window };
+                        Algo::SlidingWindow {
+                            window_ns: w.window_ns,
+                            limit: w.limit,
+                        }
+                    }
+                    algorithm::ROLLING_QUOTA => {
+                        let q = unsafe { p.rolling_quota };
+                        Algo::RollingQuota {
+                            window_ns: q.period_ns * q.periods,
+                            period_ns: q.period_ns,
+                            quota: q.quota,
+                            rate_cap: q.rate_cap,
+                        }
+                    }
+                    _ => Algo::Gcra,
+                };
+                let (rate, burst) = if algo == Algo::Gcra {
+                    let unit = if r.flags & rule_flags::BYTES != 0 {
+                        Unit::Bytes
+                    } else {
+                        Unit::Packets
+                    };
+                    let g = r.gcra();
+                    (rate_of(&g, unit), g.capacity.max(1))
+                } else {
+                    (default_limit().rate, 1)
+                };
+                let new_sources = if r.flags & rule_flags::NEW_SOURCES_UNLIMITED != 0 {
+                    NewSources::Unlimited
+                } else {
+                    NewSources::Budget(Shared {
+                        rate: rate_of(&r.new_sources, Unit::Packets),
+                        burst: r.new_sources.capacity.max(1),
+                    })
+                };
+                let aggregate = (r.flags & rule_flags::AGGREGATE != 0).then(|| Shared {
+                    rate: rate_of(
+                        &r.aggregate,
+                        if r.flags & rule_flags::AGGREGATE_BYTES != 0 {
+                            Unit::Bytes
+                        } else {
+                            Unit::Packets
+                        },
+                    ),
+                    burst: r.aggregate.capacity.max(1),
+                });
+                Action::Limit(Limit {
+                    rate,
+                    burst,
+                    algo,
+                    per_v4: r.key_prefix_v4,
+                    per_v6: r.key_prefix_v6,
+                    dry_run: r.flags & rule_flags::DRY_RUN != 0,
+                    new_sources,
+                    aggregate,
+                })
+            }
+        }
+    }
+
     /// The kernel's rule value, with identity `id`.
     pub fn to_kernel(&self, id: u32, field: &str) -> Result<common::Rule> {
         Ok(match self {
@@ -664,6 +779,72 @@ impl Default for RuleSet {
 }
 
 impl RuleSet {
+    /// The rule set kernel values enforce (see [`Action::from_kernel`]).
+    pub fn from_kernel(
+        config: &common::Config,
+        default: &common::Rule,
+        rules: &BTreeMap<Prefix, common::Rule>,
+    ) -> Self {
+        use common::config_flags::{COARSE_CLOCK, DROP_MALFORMED, DRY_RUN};
+        RuleSet {
+            dry_run: config.flags & DRY_RUN != 0,
+            malformed: if config.flags & DROP_MALFORMED != 0 {
+                MalformedPolicy::Drop
+            } else {
+                MalformedPolicy::Pass
+            },
+            clock: if config.flags & COARSE_CLOCK != 0 {
+                Clock::Coarse
+            } else {
+                Clock::Precise
+            },
+            new_states: Shared {
+                rate: rate_of(&config.new_states, Unit::Packets),
+                burst: config.new_states.capacity.max(1),
+            },
+            default: Action::from_kernel(default),
+            rules: rules
+                .iter()
+                .map(|(p, r)| (*p, Action::from_kernel(r)))
+                .collect(),
+        }
+    }
+
+    /// Whether `self` and `other` put the same values in the kernel (whatever
+    /// forms their rates were written in): what tells a saved record that is
+    /// still true from one that is not.
+    pub fn same_in_kernel(&self, other: &RuleSet) -> bool {
+        fn strip(mut r: common::Rule) -> common::Rule {
+            r.id = 0;
+            r.slot = 0;
+            let mut g = r.gcra();
+            if r.algorithm == algorithm::GCRA {
+                g.generation = 0;
+                g.prev_interval = 0;
+                g.prev_capacity = 0;
+                r.params = AlgoParams::from_gcra(g);
+            }
+            for p in [&mut r.new_sources, &mut r.aggregate] {
+                p.generation = 0;
+                p.prev_interval = 0;
+                p.prev_capacity = 0;
+            }
+            r
+        }
+        let kernel = |set: &RuleSet| -> Option<(common::Config, Vec<common::Rule>)> {
+            let mut config = set.kernel_config().ok()?;
+            config.new_states.generation = 0;
+            config.new_states.prev_interval = 0;
+            config.new_states.prev_capacity = 0;
+            let mut rules = vec![strip(set.default.to_kernel(0, "default").ok()?)];
+            for (p, a) in &set.rules {
+                rules.push(strip(a.to_kernel(0, &p.to_string()).ok()?));
+            }
+            Some((config, rules))
+        };
+        self.rules.keys().eq(other.rules.keys()) && kernel(self) == kernel(other)
+    }
+
     /// Checks every rule, returning the kernel values (default first). Nothing is
     /// written anywhere; ids are assigned by the caller.
     pub fn validate(&self) -> Result<()> {

@@ -198,8 +198,26 @@ impl Drop for Pair {
     /// A daemon killed with SIGKILL leaves its pins; they would keep the maps (and
     /// their memory) alive after the interface is gone.
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(Path::new("/sys/fs/bpf/ratelimit").join(&self.rx_if));
+        for iface in [&self.rx_if, &self.tx_if] {
+            for dir in pin_dirs(iface) {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
     }
+}
+
+/// The pin directories of `iface`, in any network namespace
+/// (`/sys/fs/bpf/ratelimit/v2/<namespace>/<iface>`): the tests' interface names
+/// are unique.
+pub fn pin_dirs(iface: &str) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/bpf/ratelimit/v2") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path().join(iface))
+        .filter(|p| p.exists())
+        .collect()
 }
 
 impl Default for Pair {

@@ -2,7 +2,6 @@
 //! restart after SIGKILL, SIGTERM, bad input, JSON output, metrics.
 
 use std::{
-    path::Path,
     thread::sleep,
     time::{Duration, Instant},
 };
@@ -10,7 +9,7 @@ use std::{
 use ratelimit_tests::{
     Daemon, TempDir,
     check::{counter, ip, within},
-    net::{Flow, Pair, Receiver, send_async},
+    net::{Flow, Pair, Receiver, pin_dirs, send_async},
     privileged, ratelimit_bin,
 };
 
@@ -26,7 +25,7 @@ fn until(start: Instant, at: Duration) {
 }
 
 fn pins_exist(iface: &str) -> bool {
-    Path::new("/sys/fs/bpf/ratelimit").join(iface).exists()
+    !pin_dirs(iface).is_empty()
 }
 
 #[test]
@@ -402,7 +401,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 "--window",
                 "1s",
             ],
-            "use --algorithm sliding-window",
+            "use the sliding-window algorithm",
         ),
         (
             vec![
@@ -675,19 +674,45 @@ fn daemons_on_two_interfaces_do_not_disturb_each_other() {
         "{lb}"
     );
     assert_eq!(lb["rules"].as_array().map(Vec::len), Some(0), "{lb}");
-    // Without --iface, the CLI refuses to guess between two daemons.
-    let out = one
-        .rx
-        .command(ratelimit_bin())
-        .arg("list")
-        .env("RATELIMIT_RUN_DIR", &run.0)
-        .output()
-        .expect("cli");
+    let list_here = |ns: &ratelimit_tests::net::NetNs| {
+        ns.command(ratelimit_bin())
+            .args(["list", "--json"])
+            .env("RATELIMIT_RUN_DIR", &run.0)
+            .output()
+            .expect("cli")
+    };
+    // Without --iface, the CLI talks to the only daemon of its namespace.
+    let out = list_here(&two.rx);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("300/s"));
+    // With two daemons in one namespace, it refuses to guess.
+    let extra = format!("{}x", one.rx_if);
+    let peer = format!("{}y", one.rx_if);
+    for args in [
+        vec!["link", "add", &extra, "type", "veth", "peer", "name", &peer],
+        vec!["link", "set", &extra, "up"],
+        vec!["link", "set", &peer, "up"],
+    ] {
+        let ok = std::process::Command::new("ip")
+            .args(["-n", &one.rx.name])
+            .args(&args)
+            .status()
+            .expect("ip");
+        assert!(ok.success(), "ip {args:?}");
+    }
+    let c = Daemon::start(&one.rx, &extra, &run.0, &[]);
+    let out = list_here(&one.rx);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("say which with --iface"),
         "{err}"
     );
+    c.child.signal(libc::SIGTERM);
+    let _ = c.child.wait(Duration::from_secs(10));
     // Stopping one leaves the other enforcing.
     a.child.signal(libc::SIGTERM);
     let _ = a.child.wait(Duration::from_secs(10));

@@ -70,9 +70,7 @@ fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
         "the XDP program is still attached after SIGINT"
     );
     assert!(
-        !std::path::Path::new("/sys/fs/bpf/ratelimit")
-            .join(&pair.rx_if)
-            .exists(),
+        ratelimit_tests::net::pin_dirs(&pair.rx_if).is_empty(),
         "pins left behind after SIGINT"
     );
 }

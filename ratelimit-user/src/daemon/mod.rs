@@ -1,0 +1,472 @@
+//! The daemon: load, give the maps their rules, attach, serve the control
+//! socket and metrics, follow the interface, and detach on shutdown. [`run`]
+//! takes its shutdown as a future so tests can run it in-process.
+//!
+//! - [`store`]: where the rules come from (the file, live changes on top, the
+//!   kernel as the fallback) and where they are saved;
+//! - [`server`]: the control socket (concurrent connections, one writer);
+//! - `requests`: what each request does.
+//!
+//! Order at start, so that a failure anywhere leaves what enforced before
+//! enforcing, with its pins and saved rules: the user's input is checked; the
+//! run directory is checked and the lock taken; the program is loaded (adopting
+//! pinned maps) and verified; the rules are decided and written whole (into the
+//! trie the running program does not read); only then is the program attached
+//! or swapped into the pinned link.
+
+mod requests;
+pub mod server;
+pub mod store;
+
+use std::{
+    fs::File,
+    future::Future,
+    os::fd::AsRawFd,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use ratelimit_common::{Counter, Event, REASON_COUNT, gcra};
+use tokio::{
+    net::UnixListener,
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+use tracing::{error, info, warn};
+
+use crate::{
+    config::RawConfig,
+    control::{Response, socket_path},
+    error::{Error, Result, chain},
+    identity::Identity,
+    kernel::{AttachMode, Enforcer, InterfaceState, LoadOptions},
+    metrics::{self, SnapshotRequest},
+    rules::RuleSet,
+    rundir,
+};
+use store::Rules;
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The interface.
+    pub iface: String,
+    /// A TOML config file, re-read on SIGHUP.
+    pub config: Option<PathBuf>,
+    /// What the command line's rule options set (nothing else): merged with the
+    /// config file, where setting one thing in both places is refused.
+    pub cli: RawConfig,
+    /// Attach mode.
+    pub mode: AttachMode,
+    /// Leave the program enforcing after exit.
+    pub keep_attached: bool,
+    /// Fresh maps (new sizes; buckets and counters start over), rules kept.
+    pub reset: bool,
+    /// Sizes of maps created now.
+    pub load: LoadOptions,
+    /// Where to serve Prometheus metrics.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+impl RunOptions {
+    /// The base rules the user gave (config file and command line), checked;
+    /// `None` if they gave none.
+    pub fn given(&self) -> Result<Option<RuleSet>> {
+        let file = self.config.as_deref().map(RawConfig::load).transpose()?;
+        if file.is_none() && self.cli.is_empty() {
+            return Ok(None);
+        }
+        let path = self
+            .config
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let merged = RawConfig::merge(file.unwrap_or_default(), &self.cli, &path)?;
+        merged.validate(&RuleSet::default()).map(Some)
+    }
+}
+
+/// How often counters are sampled for per-second rates.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// How often idle states are swept (see `ratelimit_common::gcra`, "Wrapping").
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+/// How often the interface is checked (deleted? re-created?).
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How stale the tracked-sources gauge may be.
+const TRACKED_MAX_AGE: Duration = Duration::from_secs(10);
+
+struct Sample {
+    at: Instant,
+    counters: [Counter; REASON_COUNT as usize],
+}
+
+/// What the state maps held and had created when this daemon started, and
+/// what its sweeps removed since: for the estimate of evictions.
+#[derive(Clone, Copy, Default)]
+struct Baseline {
+    tracked: usize,
+    created: u64,
+    swept: u64,
+}
+
+struct Daemon {
+    opts: RunOptions,
+    id: Identity,
+    enforcer: Enforcer,
+    rules: Rules,
+    started: Instant,
+    last: Sample,
+    prev: Option<Sample>,
+    tracked: Option<(Instant, usize)>,
+    baseline: Baseline,
+    /// The interface as last seen.
+    interface: InterfaceState,
+}
+
+/// An exclusive lock on the daemon's identity, released on drop.
+struct Lock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        rundir::remove(&self.path);
+    }
+}
+
+fn lock(id: &Identity) -> Result<Lock> {
+    let path = rundir::file(id, "lock");
+    let file = rundir::open_lock(&path)?;
+    // SAFETY: a valid open fd.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(Error::AlreadyRunning {
+            iface: id.to_string(),
+            lock: path,
+        });
+    }
+    Ok(Lock { _file: file, path })
+}
+
+/// Runs the daemon on `opts.iface` until `shutdown` completes.
+pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let id = Identity::here(&opts.iface)?;
+    // Everything the user gave is checked before anything else is touched.
+    let given = opts.given()?;
+    rundir::secure(&id)?;
+    let lock = lock(&id)?;
+    let found = store::load(&id);
+    let mut prepared = Enforcer::prepare(&id, &opts.load, opts.reset)?;
+    let kernel = if prepared.adopted_maps {
+        Some(prepared.maps.rule_set()?)
+    } else {
+        None
+    };
+    let rules = store::initial(&id, given, found, kernel)?;
+    let sizes = prepared.maps.capacities();
+    if prepared.adopted_maps && sizes != opts.load {
+        info!(
+            "the pinned maps keep the sizes they were created with ({} rules, {} IPv4 and {} IPv6 sources, {} wide-state sources); restart with --reset to resize (rules are kept)",
+            sizes.rules_capacity,
+            sizes.state_capacity,
+            sizes.state_capacity_v6,
+            sizes.wide_capacity
+        );
+    }
+    let effective = rules.effective();
+    // Written into the trie the running program (if any) does not read: a
+    // failure here changes nothing it enforces.
+    prepared.maps.apply(&effective)?;
+    let adopting = prepared.will_adopt();
+    let enforcer = prepared.attach(opts.mode)?;
+    let counters = enforcer.maps.counters()?;
+    let (gcra_keys, wide_keys) = enforcer.maps.tracked()?;
+    let baseline = Baseline {
+        tracked: gcra_keys + wide_keys,
+        created: enforcer.maps.events()?[Event::StateCreated as usize],
+        swept: 0,
+    };
+    let mut daemon = Daemon {
+        opts,
+        id: id.clone(),
+        enforcer,
+        rules,
+        started: Instant::now(),
+        last: Sample {
+            at: Instant::now(),
+            counters,
+        },
+        prev: None,
+        tracked: None,
+        baseline,
+        interface: InterfaceState::Attached,
+    };
+    daemon.save();
+    daemon.announce();
+
+    // From here a failure to start leaves an adopted program enforcing (it was
+    // enforcing before); one this daemon attached goes with it.
+    let started = daemon.serve_setup().await;
+    let (listener, metrics_rx) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            let keep = adopting || daemon.opts.keep_attached;
+            daemon.shutdown(keep);
+            return Err(e);
+        }
+    };
+    let (jobs_tx, jobs_rx) = mpsc::channel::<server::Job>(64);
+    tokio::spawn(server::serve(listener, jobs_tx));
+    daemon.run_loop(shutdown, jobs_rx, metrics_rx).await?;
+    let keep = daemon.opts.keep_attached;
+    rundir::remove(&socket_path(&daemon.id));
+    daemon.shutdown(keep);
+    drop(lock);
+    Ok(())
+}
+
+impl Daemon {
+    /// The control socket and the metrics listener.
+    async fn serve_setup(&mut self) -> Result<(UnixListener, mpsc::Receiver<SnapshotRequest>)> {
+        let sock = socket_path(&self.id);
+        // A socket left by a killed daemon (we hold the lock: nobody listens).
+        rundir::remove(&sock);
+        let listener = UnixListener::bind(&sock).map_err(Error::io(format!(
+            "binding the control socket {}",
+            sock.display()
+        )))?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600));
+        }
+        let (metrics_tx, metrics_rx) = mpsc::channel::<SnapshotRequest>(8);
+        if let Some(addr) = self.opts.metrics {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(Error::io(format!("binding --metrics {addr}")))?;
+            info!(%addr, "serving Prometheus metrics at /metrics");
+            tokio::spawn(metrics::serve(l, metrics_tx));
+        }
+        if let Some(logger) = self.enforcer.take_logger() {
+            crate::logs::forward(logger);
+        }
+        Ok((listener, metrics_rx))
+    }
+
+    async fn run_loop(
+        &mut self,
+        shutdown: impl Future<Output = ()>,
+        mut jobs: mpsc::Receiver<server::Job>,
+        mut metrics_rx: mpsc::Receiver<SnapshotRequest>,
+    ) -> Result<()> {
+        let mut hup =
+            signal(SignalKind::hangup()).map_err(Error::io("installing SIGHUP handler"))?;
+        let mut sample = tokio::time::interval(SAMPLE_EVERY);
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        let mut watch = tokio::time::interval(WATCH_EVERY);
+        sweep.tick().await;
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                _ = hup.recv() => {
+                    if let Err(e) = self.reload(false) {
+                        error!(error = %chain(&e), "reload refused; nothing changed");
+                    }
+                }
+                _ = sample.tick() => self.sample(),
+                _ = sweep.tick() => self.sweep(),
+                _ = watch.tick() => self.watch(),
+                Some(reply) = metrics_rx.recv() => {
+                    let _ = reply.send(self.metrics());
+                }
+                Some((request, reply)) = jobs.recv() => {
+                    let response = match self.handle(request) {
+                        Ok(data) => Response { ok: true, error: None, data },
+                        Err(e) => Response::refused(chain(&e)),
+                    };
+                    let _ = reply.send(response);
+                }
+            }
+        }
+    }
+
+    /// Makes `next` the rules: written whole or not at all, then saved.
+    fn apply(&mut self, next: Rules) -> Result<()> {
+        let effective = next.effective();
+        effective.validate()?;
+        self.enforcer.maps.apply(&effective)?;
+        self.rules = next;
+        self.save();
+        Ok(())
+    }
+
+    fn save(&self) {
+        if let Err(e) = store::save(&self.id, &self.rules) {
+            error!(error = %chain(&e), "could not save the rules for a restart (the kernel enforces them; a restart will read them back from it)");
+        }
+    }
+
+    fn announce(&self) {
+        let e = &self.enforcer;
+        let set = self.rules.effective();
+        println!(
+            "ratelimit: enforcing on {} ({} mode{}): default {}; {} rule(s){}",
+            e.id(),
+            e.mode(),
+            match (e.took_over_link, e.adopted) {
+                (true, true) => ", took over the running program, its rules and buckets",
+                (true, false) =>
+                    ", replaced the running program; fresh buckets and counters (--reset)",
+                (false, true) => ", attached anew with the pinned rules and buckets",
+                (false, false) => "",
+            },
+            set.default,
+            set.rules.len(),
+            if set.dry_run {
+                "; DRY RUN: nothing is dropped"
+            } else {
+                ""
+            },
+        );
+        for (p, a) in &set.rules {
+            println!("ratelimit:   {p}: {a}");
+        }
+    }
+
+    /// Reads the config file again: the new base with the live changes on top
+    /// (or alone, with `replace`). All or nothing.
+    fn reload(&mut self, replace: bool) -> Result<()> {
+        let Some(path) = self.opts.config.clone() else {
+            if replace {
+                let next = Rules::of(self.rules.base.clone());
+                self.apply(next)?;
+                info!("live changes dropped");
+                return Ok(());
+            }
+            warn!("reload without --config: nothing to read");
+            return Err(Error::Refused(
+                "the daemon was started without --config: there is no file to reload".into(),
+            ));
+        };
+        let base = self.opts.given()?.expect("a config file gives a base");
+        let live = if replace {
+            store::Overlay::default()
+        } else {
+            self.rules.live.clone()
+        };
+        self.apply(Rules { base, live })?;
+        info!(config = %path.display(), replace, "reloaded");
+        self.announce();
+        Ok(())
+    }
+
+    fn sample(&mut self) {
+        match self.enforcer.maps.counters() {
+            Ok(counters) => {
+                let now = Sample {
+                    at: Instant::now(),
+                    counters,
+                };
+                self.prev = Some(std::mem::replace(&mut self.last, now));
+            }
+            Err(e) => warn!(error = %chain(&e), "reading counters failed"),
+        }
+    }
+
+    /// Deletes states idle for longer than any bucket takes to refill: they read
+    /// as full buckets anyway, and deleting them keeps the tick wrap harmless.
+    fn sweep(&mut self) {
+        let now = monotonic_ns();
+        let limit_ns = gcra::TAU_MAX >> ratelimit_common::TICK_SHIFT;
+        let idle: Vec<_> = self
+            .enforcer
+            .maps
+            .states()
+            .filter_map(|e| e.ok())
+            .filter(|(_, s)| gcra::idle_for_ns(s, now).is_some_and(|idle| idle > limit_ns))
+            .map(|(k, _)| k)
+            .collect();
+        for key in &idle {
+            if self.enforcer.maps.remove_state(key).is_ok() {
+                self.baseline.swept += 1;
+            }
+        }
+        if !idle.is_empty() {
+            info!(removed = idle.len(), "idle sweep");
+        }
+    }
+
+    /// Follows the interface: when it is deleted, nothing is enforced (said
+    /// once, and in `status`); when one of that name comes back, the program is
+    /// attached to it again with its rules and buckets.
+    fn watch(&mut self) {
+        let now = self.enforcer.check_interface();
+        match (self.interface, now) {
+            (_, InterfaceState::Recreated) => match self.enforcer.reattach() {
+                Ok(()) => {
+                    warn!(iface = %self.id, mode = %self.enforcer.mode(), "the interface was re-created: attached to it again, rules and buckets kept");
+                    self.interface = InterfaceState::Attached;
+                }
+                Err(e) => {
+                    if self.interface != InterfaceState::Recreated {
+                        error!(iface = %self.id, error = %chain(&e), "the interface was re-created but attaching to it failed; nothing is enforced on it");
+                    }
+                    self.interface = InterfaceState::Recreated;
+                }
+            },
+            (InterfaceState::Attached, InterfaceState::Gone) => {
+                error!(iface = %self.id, "the interface is gone: nothing is enforced until it comes back");
+                self.interface = InterfaceState::Gone;
+            }
+            (_, state) => self.interface = state,
+        }
+    }
+
+    fn metrics(&mut self) -> metrics::Snapshot {
+        if self
+            .tracked
+            .is_none_or(|(at, _)| at.elapsed() > TRACKED_MAX_AGE)
+        {
+            let (gcra_keys, wide_keys) = self.enforcer.maps.tracked().unwrap_or_default();
+            self.tracked = Some((Instant::now(), gcra_keys + wide_keys));
+        }
+        metrics::Snapshot {
+            iface: self.enforcer.iface().to_string(),
+            mode: self.enforcer.mode(),
+            attached: self.interface == InterfaceState::Attached,
+            counters: self.enforcer.maps.counters().unwrap_or_default(),
+            events: self.enforcer.maps.events().unwrap_or_default(),
+            tracked: self.tracked.map_or(0, |(_, n)| n),
+            rules: self.rules.effective().rules.len(),
+        }
+    }
+
+    fn shutdown(self, keep: bool) {
+        let id = self.id.clone();
+        if keep {
+            self.enforcer.keep();
+            println!(
+                "ratelimit: exiting; the program stays attached to {id} and keeps enforcing (--keep-attached)"
+            );
+        } else {
+            // The saved rules stay: the live changes come back with the next
+            // start (see `store`).
+            match self.enforcer.detach() {
+                Ok(()) => println!("ratelimit: detached from {id}"),
+                Err(e) => error!(error = %chain(&e), "detaching failed"),
+            }
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,136 @@
+//! The control socket's server: connections are served concurrently, so that a
+//! slow or idle client holds up nobody; each request is handed to the daemon's
+//! loop, which carries them out one at a time (one writer of the maps).
+//!
+//! Bounded: at most [`MAX_CONNECTIONS`] at a time (the rest wait in the
+//! backlog), a request line of at most [`MAX_REQUEST`] bytes that must arrive
+//! within [`REQUEST_TIMEOUT`], and accept errors back off.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    net::{UnixListener, UnixStream},
+    sync::{Semaphore, mpsc, oneshot},
+};
+
+use crate::{
+    control::{MAX_REQUEST, Request, Response},
+    metrics::QuietLog,
+};
+
+/// A request and where its answer goes.
+pub type Job = (Request, oneshot::Sender<Response>);
+
+/// Control connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// A request line must arrive within this time.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long `top` watches the drop counters.
+const TOP_WINDOW: Duration = Duration::from_millis(250);
+
+/// Serves `listener` until the task is dropped.
+pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut log = QuietLog::new();
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = Duration::from_millis(10);
+                let jobs = jobs.clone();
+                tokio::spawn(async move {
+                    connection(stream, &jobs).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                log.warn(
+                    "control socket: accepting a connection failed; backing off",
+                    &e,
+                );
+                drop(permit);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+async fn connection(stream: UnixStream, jobs: &mpsc::Sender<Job>) {
+    let (read, mut write) = stream.into_split();
+    let mut line = Vec::new();
+    let mut reader = BufReader::new(read).take(MAX_REQUEST as u64 + 1);
+    let reading = reader.read_until(b'\n', &mut line);
+    let response = match tokio::time::timeout(REQUEST_TIMEOUT, reading).await {
+        // Idle, closed or broken: nothing to answer.
+        Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return,
+        Ok(Ok(_)) if line.len() > MAX_REQUEST => {
+            Response::refused(format!("request longer than {MAX_REQUEST} bytes"))
+        }
+        Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
+            Err(e) => Response::refused(format!("bad request: {e}")),
+            Ok(Request::Top { n }) => top(n, jobs).await,
+            Ok(request) => ask(jobs, request).await,
+        },
+    };
+    let mut out = serde_json::to_vec(&response).expect("responses serialize");
+    out.push(b'\n');
+    let _ = tokio::time::timeout(REQUEST_TIMEOUT, write.write_all(&out)).await;
+}
+
+async fn ask(jobs: &mpsc::Sender<Job>, request: Request) -> Response {
+    let (reply, answer) = oneshot::channel();
+    if jobs.send((request, reply)).await.is_err() {
+        return Response::refused("the daemon is stopping");
+    }
+    answer
+        .await
+        .unwrap_or_else(|_| Response::refused("the daemon is stopping"))
+}
+
+/// The sources with the most drops: two readings of the drop counters a little
+/// apart, ranked by the drop rate between them (then by total).
+async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
+    let read = |r: Response| -> Option<HashMap<String, u64>> {
+        serde_json::from_value(r.data.get("drops")?.clone()).ok()
+    };
+    let first = ask(jobs, Request::Drops).await;
+    if !first.ok {
+        return first;
+    }
+    tokio::time::sleep(TOP_WINDOW).await;
+    let second = ask(jobs, Request::Drops).await;
+    if !second.ok {
+        return second;
+    }
+    let iface = second.data.get("iface").cloned().unwrap_or(Value::Null);
+    let (Some(before), Some(after)) = (read(first), read(second)) else {
+        return Response::refused("the daemon sent unreadable drop counters");
+    };
+    let mut rows: Vec<(String, u64, f64)> = after
+        .into_iter()
+        .map(|(source, total)| {
+            let was = before.get(&source).copied().unwrap_or(0);
+            let rate = total.saturating_sub(was) as f64 / TOP_WINDOW.as_secs_f64();
+            (source, total, rate)
+        })
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.1.cmp(&a.1)));
+    rows.truncate(n);
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|(source, total, rate)| {
+            json!({"source": source, "dropped": total, "dropped_per_s": rate.round() as u64})
+        })
+        .collect();
+    Response {
+        ok: true,
+        error: None,
+        data: json!({"iface": iface, "top": rows}),
+    }
+}

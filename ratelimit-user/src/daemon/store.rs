@@ -1,0 +1,351 @@
+//! Where a daemon's rules come from, and where they are kept.
+//!
+//! The **base** is the config file (with the command line's options), or the
+//! command line alone. **Live changes** (`set`, `allow`, `deny`, `unset`) are
+//! kept on top of the base, across reloads (SIGHUP, `ratelimit reload`) and
+//! restarts, until they are unset or dropped with `ratelimit reload --replace`.
+//! Both are saved in the run directory, whole or not at all, after every change.
+//!
+//! A daemon that adopts a running program and is given no rules continues with
+//! the saved base and live changes; if the saved record is damaged or does not
+//! match what the kernel enforces, it takes the rules the kernel enforces (the
+//! pinned maps are the truth) and logs why, loudly. It never falls back to the
+//! defaults in silence. The record outlives a clean stop (it lives in /run, so
+//! not a reboot): live changes come back with the next start.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tracing::{error, warn};
+
+use crate::{
+    config::{RawConfig, RawLimit},
+    error::{Error, Result},
+    identity::Identity,
+    rules::{Action, Prefix, RuleSet},
+    rundir,
+};
+
+/// Live changes on top of the base.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overlay {
+    /// The default rule, if set live.
+    pub default: Option<Action>,
+    /// Rules set live (`Some`) or unset live (`None`: a base rule removed).
+    pub rules: BTreeMap<Prefix, Option<Action>>,
+}
+
+/// A daemon's rules: the base and the live changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// From the config file and the command line.
+    pub base: RuleSet,
+    /// Made live, kept until unset.
+    pub live: Overlay,
+}
+
+impl Rules {
+    /// Rules from a base alone.
+    pub fn of(base: RuleSet) -> Self {
+        Self {
+            base,
+            live: Overlay::default(),
+        }
+    }
+
+    /// What is enforced: the base with the live changes on top.
+    pub fn effective(&self) -> RuleSet {
+        let mut set = self.base.clone();
+        if let Some(d) = self.live.default {
+            set.default = d;
+        }
+        for (p, a) in &self.live.rules {
+            match a {
+                Some(a) => {
+                    set.rules.insert(*p, *a);
+                }
+                None => {
+                    set.rules.remove(p);
+                }
+            }
+        }
+        set
+    }
+
+    /// Where the rule of `p` comes from: `live` or `config`.
+    pub fn origin(&self, p: &Prefix) -> &'static str {
+        if self.live.rules.contains_key(p) {
+            "live"
+        } else {
+            "config"
+        }
+    }
+}
+
+/// The saved record.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    version: u32,
+    base: RawConfig,
+    #[serde(default)]
+    live: RawOverlay,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct RawOverlay {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    default: Option<RawLimit>,
+    #[serde(default)]
+    rules: Vec<RawLive>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RawLive {
+    cidr: String,
+    /// `None`: unset.
+    rule: Option<RawLimit>,
+}
+
+const VERSION: u32 = 2;
+
+/// The saved record of `id`'s daemon.
+pub fn path(id: &Identity) -> std::path::PathBuf {
+    rundir::file(id, "rules.json")
+}
+
+/// Saves `rules`, whole or not at all.
+pub fn save(id: &Identity, rules: &Rules) -> Result<()> {
+    let saved = Saved {
+        version: VERSION,
+        base: RawConfig::from(&rules.base),
+        live: RawOverlay {
+            default: rules.live.default.as_ref().map(RawLimit::from),
+            rules: rules
+                .live
+                .rules
+                .iter()
+                .map(|(p, a)| RawLive {
+                    cidr: p.to_string(),
+                    rule: a.as_ref().map(RawLimit::from),
+                })
+                .collect(),
+        },
+    };
+    let json = serde_json::to_vec_pretty(&saved).expect("the record serializes");
+    rundir::write_atomic(&path(id), &json)
+}
+
+/// What was found in the run directory.
+pub enum Found {
+    /// No record: a first start.
+    Missing,
+    /// A readable record.
+    Rules(Box<Rules>),
+    /// A record that cannot be read: why.
+    Damaged(String),
+}
+
+/// Reads the saved record of `id`'s daemon.
+pub fn load(id: &Identity) -> Found {
+    let p = path(id);
+    let text = match rundir::read(&p) {
+        Ok(None) => return Found::Missing,
+        Ok(Some(t)) => t,
+        Err(e) => return Found::Damaged(format!("{e}")),
+    };
+    match parse(&text) {
+        Ok(r) => Found::Rules(Box::new(r)),
+        Err(e) => Found::Damaged(e),
+    }
+}
+
+fn parse(text: &str) -> std::result::Result<Rules, String> {
+    if text.trim().is_empty() {
+        return Err("it is empty".into());
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("it is not JSON ({e})"))?;
+    let saved: Saved = if value.get("version").is_some() {
+        serde_json::from_value(value).map_err(|e| format!("it is not a rules record ({e})"))?
+    } else {
+        // The first turn's record: a rule set alone.
+        Saved {
+            version: 1,
+            base: serde_json::from_value(value)
+                .map_err(|e| format!("it is not a rules record ({e})"))?,
+            live: RawOverlay::default(),
+        }
+    };
+    let base = saved
+        .base
+        .validate(&RuleSet::default())
+        .map_err(|e| format!("its base rules are invalid ({e})"))?;
+    let mut live = Overlay::default();
+    if let Some(d) = &saved.live.default {
+        live.default = Some(
+            d.validate("default", None)
+                .map_err(|e| format!("its live default is invalid ({e})"))?,
+        );
+    }
+    for r in &saved.live.rules {
+        let p = Prefix::parse("cidr", &r.cidr).map_err(|e| format!("{e}"))?;
+        let a = match &r.rule {
+            Some(l) => Some(
+                l.validate(&p.to_string(), Some(p.addr.is_ipv4()))
+                    .map_err(|e| format!("its live rule for {p} is invalid ({e})"))?,
+            ),
+            None => None,
+        };
+        live.rules.insert(p, a);
+    }
+    let rules = Rules { base, live };
+    rules
+        .effective()
+        .validate()
+        .map_err(|e| format!("its rules are invalid together ({e})"))?;
+    Ok(rules)
+}
+
+/// The rules a starting daemon enforces: the base is `given` (from `--config`
+/// and the command line), or, when it adopts a running program (`kernel`: what
+/// its maps enforce) and is given nothing, the saved base, else the defaults;
+/// the saved live changes go on top. See the module docs.
+pub fn initial(
+    id: &Identity,
+    given: Option<RuleSet>,
+    found: Found,
+    kernel: Option<RuleSet>,
+) -> Result<Rules> {
+    let where_ = path(id);
+    match (given, found, kernel) {
+        (Some(base), Found::Rules(saved), _) => Ok(Rules {
+            base,
+            live: saved.live,
+        }),
+        (Some(base), Found::Damaged(why), _) => {
+            error!(
+                record = %where_.display(),
+                "the saved live rule changes cannot be read ({why}); the rules given on the command line and in the config file are applied without them"
+            );
+            Ok(Rules::of(base))
+        }
+        (Some(base), Found::Missing, _) => Ok(Rules::of(base)),
+        (None, Found::Rules(saved), Some(k)) if !saved.effective().same_in_kernel(&k) => {
+            warn!(
+                record = %where_.display(),
+                "the saved rules differ from what the kernel enforces (a daemon killed between a change and its record?); keeping what the kernel enforces"
+            );
+            Ok(Rules::of(k))
+        }
+        (None, Found::Rules(saved), Some(_)) => Ok(*saved),
+        // Nothing runs: the base is what was given (nothing: the defaults), the
+        // live changes come back on top.
+        (None, Found::Rules(saved), None) => {
+            let rules = Rules {
+                base: RuleSet::default(),
+                live: saved.live,
+            };
+            if let Err(e) = rules.effective().validate() {
+                return Err(Error::Refused(format!(
+                    "the saved live changes in {} do not fit the default rules ({e}): give the rules with --config or the rule options, or remove the file",
+                    where_.display()
+                )));
+            }
+            Ok(rules)
+        }
+        (None, Found::Damaged(why), Some(k)) => {
+            error!(
+                record = %where_.display(),
+                rules = k.rules.len(),
+                "THE SAVED RULES CANNOT BE READ ({why}): keeping exactly what the kernel enforces, read back from the pinned maps; the record is rewritten from them"
+            );
+            Ok(Rules::of(k))
+        }
+        (None, Found::Damaged(why), None) => Err(Error::Refused(format!(
+            "the saved rules {} cannot be read ({why}) and no program runs to take them from: give the rules with --config or the rule options, or remove the file to start from the defaults",
+            where_.display()
+        ))),
+        (None, Found::Missing, Some(k)) => {
+            warn!(
+                rules = k.rules.len(),
+                "no saved rules: keeping what the kernel enforces, read back from the pinned maps"
+            );
+            Ok(Rules::of(k))
+        }
+        (None, Found::Missing, None) => Ok(Rules::of(RuleSet::default())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Prefix {
+        Prefix::parse("cidr", s).unwrap()
+    }
+
+    #[test]
+    fn live_changes_sit_on_top_of_the_base() {
+        let mut base = RuleSet::default();
+        base.rules.insert(p("198.18.1.0/24"), Action::Allow);
+        base.rules.insert(p("198.18.2.0/24"), Action::Allow);
+        let mut rules = Rules::of(base);
+        rules
+            .live
+            .rules
+            .insert(p("198.18.9.0/24"), Some(Action::Deny { dry_run: false }));
+        rules.live.rules.insert(p("198.18.2.0/24"), None);
+        let e = rules.effective();
+        assert!(e.rules.contains_key(&p("198.18.1.0/24")));
+        assert!(!e.rules.contains_key(&p("198.18.2.0/24")), "unset live");
+        assert!(e.rules.contains_key(&p("198.18.9.0/24")));
+        assert_eq!(rules.origin(&p("198.18.9.0/24")), "live");
+        assert_eq!(rules.origin(&p("198.18.1.0/24")), "config");
+    }
+
+    #[test]
+    fn damaged_records_say_why() {
+        for (text, why) in [
+            ("", "empty"),
+            ("{\"version\": 2, \"ba", "not JSON"),
+            ("\u{1}\u{2}garbage", "not JSON"),
+            (
+                "{\"version\":2,\"base\":{\"default\":{\"rate\":\"10/fortnight\"}}}",
+                "base rules are invalid",
+            ),
+        ] {
+            let e = parse(text).map(|_| ()).unwrap_err();
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_whole() {
+        let mut base = RuleSet::default();
+        base.rules.insert(p("198.18.1.0/24"), Action::Allow);
+        let mut rules = Rules::of(base);
+        rules.live.rules.insert(p("198.18.1.0/24"), None);
+        rules
+            .live
+            .rules
+            .insert(p("2001:db8::/32"), Some(Action::Deny { dry_run: true }));
+        let saved = Saved {
+            version: VERSION,
+            base: RawConfig::from(&rules.base),
+            live: RawOverlay {
+                default: None,
+                rules: rules
+                    .live
+                    .rules
+                    .iter()
+                    .map(|(p, a)| RawLive {
+                        cidr: p.to_string(),
+                        rule: a.as_ref().map(RawLimit::from),
+                    })
+                    .collect(),
+            },
+        };
+        let text = serde_json::to_string(&saved).unwrap();
+        assert_eq!(parse(&text).unwrap(), rules);
+    }
+}

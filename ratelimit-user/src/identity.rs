@@ -1,0 +1,222 @@
+//! Who a daemon is: (network namespace, interface). Two interfaces with one name
+//! in two namespaces are two daemons, with their own lock, socket, saved rules
+//! and pins; and where those pins live so that they outlive the process.
+
+use std::{
+    fmt,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use crate::error::{Error, Result};
+
+/// A daemon's identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// The network namespace's cookie: unique for the life of the system, never
+    /// reused (inode numbers are, as soon as a namespace is deleted).
+    pub netns: u64,
+    /// The network namespace's inode (`/proc/self/ns/net`), as `ip netns
+    /// identify` and `lsns` show it; the host's is always 4026531840.
+    pub netns_inode: u64,
+    /// The interface.
+    pub iface: String,
+}
+
+impl Identity {
+    /// The identity of `iface` in the calling thread's network namespace.
+    pub fn here(iface: &str) -> Result<Self> {
+        let netns_inode = std::fs::metadata("/proc/self/ns/net")
+            .map(|m| m.ino())
+            .map_err(Error::io("reading /proc/self/ns/net"))?;
+        Ok(Self {
+            netns: netns_cookie()?,
+            netns_inode,
+            iface: iface.to_string(),
+        })
+    }
+
+    /// Whether this is the host's (initial) network namespace.
+    pub fn is_host(&self) -> bool {
+        self.netns_inode == HOST_NETNS
+    }
+
+    /// The directory of this namespace's daemons under `root`: `host`, or
+    /// `ns<cookie>` (a deleted namespace's directory is never reused by a new
+    /// one).
+    pub fn netns_dir(&self, root: &Path) -> PathBuf {
+        if self.is_host() {
+            root.join("host")
+        } else {
+            root.join(format!("ns{}", self.netns))
+        }
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_host() {
+            f.write_str(&self.iface)
+        } else {
+            write!(f, "{} (network namespace {})", self.iface, self.netns_inode)
+        }
+    }
+}
+
+/// The inode of the initial network namespace (`PROC_NET_INIT_INO`).
+pub const HOST_NETNS: u64 = 4_026_531_840;
+
+/// `SO_NETNS_COOKIE` (Linux 5.14), not in the libc crate.
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// The cookie of the calling thread's network namespace.
+fn netns_cookie() -> Result<u64> {
+    // SAFETY: plain socket(2); the fd is owned below.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(Error::Io {
+            what: "creating a socket to learn the network namespace".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid fd and an out buffer of `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Io {
+            what: "reading the network namespace's cookie (SO_NETNS_COOKIE needs Linux 5.14)"
+                .into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(cookie)
+}
+
+const BPFFS: &str = "/sys/fs/bpf";
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+fn is_bpffs(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: a zeroed statfs is a valid out value; the path is a C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
+}
+
+fn same_mount_ns_as_init() -> bool {
+    let ino = |p: &str| std::fs::metadata(p).map(|m| m.ino()).ok();
+    match (ino("/proc/self/ns/mnt"), ino("/proc/1/ns/mnt")) {
+        (Some(a), Some(b)) => a == b,
+        // Unreadable (not root): assume the usual case.
+        _ => true,
+    }
+}
+
+/// The bpffs where pins outlive this process: `/sys/fs/bpf` (mounted if it is
+/// missing) when this process shares PID 1's mount namespace; else PID 1's own
+/// `/sys/fs/bpf`, reached through `/proc/1/root` (`ip netns exec` gives its
+/// command a mount namespace of its own, where a bpffs would vanish with it).
+pub fn bpffs_root() -> Result<PathBuf> {
+    if same_mount_ns_as_init() {
+        ensure_bpffs()?;
+        return Ok(PathBuf::from(BPFFS));
+    }
+    let host = Path::new("/proc/1/root").join(BPFFS.trim_start_matches('/'));
+    if is_bpffs(&host) {
+        return Ok(host);
+    }
+    Err(Error::Refused(format!(
+        "this process runs in a mount namespace of its own (as under `ip netns exec`), and the \
+         host has no bpffs at {BPFFS}: pins made here would vanish with the process and \
+         enforcement with them. Mount it on the host (`mount -t bpf bpf {BPFFS}`), or enter only \
+         the network namespace (`nsenter --net=/run/netns/NAME ratelimit run ...`)"
+    )))
+}
+
+/// Mounts bpffs at /sys/fs/bpf unless it is there already (some containers and
+/// minimal systems lack it).
+fn ensure_bpffs() -> Result<()> {
+    if is_bpffs(Path::new(BPFFS)) {
+        return Ok(());
+    }
+    let _ = std::fs::create_dir_all(BPFFS);
+    let path = std::ffi::CString::new(BPFFS).expect("no NUL");
+    let fstype = std::ffi::CString::new("bpf").expect("no NUL");
+    // SAFETY: C strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            path.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Io {
+            what: format!("{BPFFS} is not bpffs and mounting it failed (mount -t bpf bpf {BPFFS})"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    tracing::info!("mounted bpffs at {BPFFS}");
+    Ok(())
+}
+
+/// The layout of the maps this build pins. A daemon never adopts pins of another
+/// layout: they live under another directory.
+pub const PIN_LAYOUT: &str = "v2";
+
+/// Where the daemon of `id` pins its link and maps under `root`.
+pub fn pin_dir(root: &Path, id: &Identity) -> PathBuf {
+    id.netns_dir(&root.join("ratelimit").join(PIN_LAYOUT))
+        .join(&id.iface)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_are_per_namespace_and_interface() {
+        let host = Identity {
+            netns: 1,
+            netns_inode: HOST_NETNS,
+            iface: "eth0".into(),
+        };
+        let other = |cookie| Identity {
+            netns: cookie,
+            netns_inode: 4_026_532_000,
+            iface: "eth0".into(),
+        };
+        let root = Path::new("/sys/fs/bpf");
+        assert_eq!(
+            pin_dir(root, &host),
+            Path::new("/sys/fs/bpf/ratelimit/v2/host/eth0")
+        );
+        // One inode, reused by a later namespace: another directory.
+        assert_ne!(pin_dir(root, &other(7)), pin_dir(root, &other(8)));
+        assert_eq!(
+            pin_dir(root, &other(7)),
+            Path::new("/sys/fs/bpf/ratelimit/v2/ns7/eth0")
+        );
+    }
+
+    #[test]
+    fn the_calling_threads_namespace_has_a_cookie() {
+        let id = Identity::here("lo").unwrap();
+        assert_ne!(id.netns, 0);
+        assert_eq!(id, Identity::here("lo").unwrap());
+    }
+}

@@ -1,0 +1,446 @@
+//! The program loaded, attached and pinned for one (network namespace,
+//! interface): prepared first (maps loaded or adopted from pins, the program
+//! verified), given its rules, and only then attached or swapped into the pinned
+//! link, so that a failure at any step leaves whatever enforced before enforcing.
+
+use std::{
+    ffi::CString,
+    fs,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf,
+    programs::{
+        Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::XdpLink,
+    },
+};
+use ratelimit_common::{self as common, PROGRAM_NAME};
+use tracing::warn;
+
+use super::{AttachMode, Attached, LINK_PIN, LoadOptions, Maps};
+use crate::{
+    error::{Error, Result},
+    identity::{self, Identity},
+    rundir,
+};
+
+/// A program loaded and verified with its maps, not attached yet: give the maps
+/// their rules, then [`Prepared::attach`].
+pub struct Prepared {
+    id: Identity,
+    ebpf: Ebpf,
+    logger: Option<aya_log::EbpfLogger<crate::logs::TracingLog>>,
+    /// The maps.
+    pub maps: Maps,
+    dir: PathBuf,
+    /// The maps are a previous daemon's (from its pins): buckets, counters and
+    /// rules carry over.
+    pub adopted_maps: bool,
+    /// A pinned link on this very interface: the program will be swapped into it.
+    live_link: bool,
+    ifindex: u32,
+}
+
+/// The program attached and pinned for one interface.
+pub struct Enforcer {
+    id: Identity,
+    mode: Attached,
+    /// Present while the link is pinned; `None` once released.
+    link: Option<PinnedLink>,
+    /// Keeps the program's fd (and so the maps' fds) open.
+    ebpf: Ebpf,
+    /// Reads the program's aya-log records (see [`crate::logs`]).
+    logger: Option<aya_log::EbpfLogger<crate::logs::TracingLog>>,
+    /// The maps.
+    pub maps: Maps,
+    /// Whether the maps are a previous daemon's: its rules, buckets and
+    /// counters carried over.
+    pub adopted: bool,
+    /// Whether the program was swapped into a previous daemon's live link (no
+    /// moment without enforcement), rather than attached anew.
+    pub took_over_link: bool,
+    /// The interface index the program is attached to.
+    ifindex: u32,
+    dir: PathBuf,
+}
+
+/// Whether the interface is still the one the program is attached to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InterfaceState {
+    /// Attached to it.
+    Attached,
+    /// The interface is gone: nothing is enforced until it comes back.
+    Gone,
+    /// An interface of that name is back, a new one: the program must be
+    /// attached to it.
+    Recreated,
+}
+
+fn ifindex(iface: &str) -> u32 {
+    let Ok(name) = CString::new(iface) else {
+        return 0;
+    };
+    // SAFETY: a valid C string.
+    unsafe { libc::if_nametoindex(name.as_ptr()) }
+}
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// The interface index of the XDP link pinned at `path` (0 once its interface
+/// is gone), or `None` if there is no such link.
+fn pinned_link_ifindex(path: &Path) -> Option<u32> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct ObjAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut attr = ObjAttr {
+        pathname: c.as_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: a valid bpf_attr prefix and C string, outliving the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &mut attr as *mut ObjAttr,
+            std::mem::size_of::<ObjAttr>(),
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // struct bpf_link_info: type, id, prog_id, then (8-aligned) the union whose
+    // xdp member starts with the ifindex.
+    let mut info = [0u8; 64];
+    let mut attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: info.len() as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    // SAFETY: as above; the buffer is `info_len` bytes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some(u32::from_ne_bytes([info[16], info[17], info[18], info[19]]))
+}
+
+impl Enforcer {
+    /// Loads and verifies the program for `id`, its maps adopted from a previous
+    /// daemon's pins (unless `reset`, or there are none) or created with the
+    /// sizes of `opts`. Nothing is attached, and nothing pinned changes.
+    pub fn prepare(id: &Identity, opts: &LoadOptions, reset: bool) -> Result<Prepared> {
+        let iface = &id.iface;
+        if iface.is_empty() || iface.len() >= libc::IFNAMSIZ || iface.contains('/') {
+            return Err(Error::UnknownInterface(iface.clone()));
+        }
+        let index = ifindex(iface);
+        if index == 0 {
+            return Err(Error::UnknownInterface(iface.clone()));
+        }
+        let root = identity::bpffs_root()?;
+        let dir = identity::pin_dir(&root, id);
+        fs::create_dir_all(&dir).map_err(Error::io(format!(
+            "creating {} (is bpffs mounted at /sys/fs/bpf?)",
+            dir.display()
+        )))?;
+        let pinned_maps = common::PINNED_MAPS.iter().all(|m| dir.join(m).exists());
+        let adopt_maps = pinned_maps && !reset;
+        let mut loader = opts.loader();
+        if adopt_maps {
+            for name in common::PINNED_MAPS {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let mut ebpf = loader.load(crate::EBPF_OBJECT).map_err(Error::Load)?;
+        let maps = Maps::from_ebpf(&mut ebpf)?;
+        let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::logs::TracingLog)
+        {
+            Ok(l) => Some(l),
+            Err(e) => {
+                warn!(error = %e, "the XDP program's log records will not be forwarded");
+                None
+            }
+        };
+        program(&mut ebpf)?
+            .load()
+            .map_err(|source| Error::Program {
+                op: "loading the XDP program (the verifier's log is in the source chain)",
+                source,
+            })?;
+        let live_link = match pinned_link_ifindex(&dir.join(LINK_PIN)) {
+            Some(i) if i == index => true,
+            Some(i) => {
+                warn!(
+                    iface = %id,
+                    pinned = i,
+                    now = index,
+                    "the pinned link leads to an interface that is gone (deleted or re-created): attaching anew"
+                );
+                false
+            }
+            None => false,
+        };
+        Ok(Prepared {
+            id: id.clone(),
+            ebpf,
+            logger,
+            maps,
+            dir,
+            adopted_maps: adopt_maps,
+            live_link,
+            ifindex: index,
+        })
+    }
+}
+
+fn program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
+    ebpf.program_mut(PROGRAM_NAME)
+        .ok_or_else(|| Error::Program {
+            op: "finding the XDP program in the object",
+            source: aya::programs::ProgramError::UnexpectedProgramType,
+        })?
+        .try_into()
+        .map_err(|source| Error::Program {
+            op: "typing the XDP program",
+            source,
+        })
+}
+
+impl Prepared {
+    /// Whether attaching will take over a previous daemon's live link.
+    pub fn will_adopt(&self) -> bool {
+        self.live_link
+    }
+
+    /// Attaches the program: swapped atomically into the pinned link of a
+    /// previous daemon (no moment without enforcement), else attached anew in
+    /// `mode`; then pins the link and, if they are new, the maps.
+    pub fn attach(mut self, mode: AttachMode) -> Result<Enforcer> {
+        let link_path = self.dir.join(LINK_PIN);
+        let program = program(&mut self.ebpf)?;
+        let (link, mode) = if self.live_link {
+            let pinned = PinnedLink::from_pin(&link_path).map_err(|source| Error::Link {
+                path: link_path.clone(),
+                source,
+            })?;
+            let fd_link: FdLink = pinned.into();
+            let id = program
+                .attach_to_link(XdpLink::try_from(fd_link).map_err(|source| Error::Link {
+                    path: link_path.clone(),
+                    source,
+                })?)
+                .map_err(|source| Error::Program {
+                    op: "replacing the program in the pinned link",
+                    source,
+                })?;
+            let link = program.take_link(id).map_err(|source| Error::Program {
+                op: "taking the XDP link",
+                source,
+            })?;
+            // Our fd now holds the link: replace the old pin with ours.
+            fs::remove_file(&link_path)
+                .map_err(Error::io(format!("replacing {}", link_path.display())))?;
+            (pin_link(link, &link_path)?, read_mode(&self.id))
+        } else {
+            let (id, mode) = attach(program, &self.id.iface, mode)?;
+            let link = program.take_link(id).map_err(|source| Error::Program {
+                op: "taking the XDP link",
+                source,
+            })?;
+            // A stale pin (its interface gone) goes; the program is attached now.
+            let _ = fs::remove_file(&link_path);
+            (pin_link(link, &link_path)?, mode)
+        };
+        if !self.adopted_maps {
+            self.maps.pin(&self.dir)?;
+        }
+        write_mode(&self.id, mode);
+        Ok(Enforcer {
+            adopted: self.adopted_maps,
+            took_over_link: self.live_link,
+            id: self.id,
+            mode,
+            link: Some(link),
+            ebpf: self.ebpf,
+            logger: self.logger,
+            maps: self.maps,
+            ifindex: self.ifindex,
+            dir: self.dir,
+        })
+    }
+}
+
+impl Enforcer {
+    /// Takes the program's log reader, to be polled by the daemon.
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<crate::logs::TracingLog>> {
+        self.logger.take()
+    }
+
+    /// Who this is.
+    pub fn id(&self) -> &Identity {
+        &self.id
+    }
+
+    /// The interface.
+    pub fn iface(&self) -> &str {
+        &self.id.iface
+    }
+
+    /// The attach mode.
+    pub fn mode(&self) -> Attached {
+        self.mode
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the program is still attached to the interface of its name.
+    pub fn check_interface(&self) -> InterfaceState {
+        let now = ifindex(&self.id.iface);
+        let linked = pinned_link_ifindex(&self.dir.join(LINK_PIN)).unwrap_or(0);
+        if now == 0 {
+            InterfaceState::Gone
+        } else if now != self.ifindex || linked != now {
+            InterfaceState::Recreated
+        } else {
+            InterfaceState::Attached
+        }
+    }
+
+    /// Attaches the program anew to the interface of its name (it was deleted
+    /// and re-created), in the mode it ran in; the maps (rules, buckets) carry
+    /// over.
+    pub fn reattach(&mut self) -> Result<()> {
+        let mode = match self.mode {
+            Attached::Native => AttachMode::Native,
+            Attached::Generic => AttachMode::Generic,
+        };
+        let link_path = self.dir.join(LINK_PIN);
+        let program = program(&mut self.ebpf)?;
+        let (id, mode) = attach(program, &self.id.iface, mode)?;
+        let link = program.take_link(id).map_err(|source| Error::Program {
+            op: "taking the XDP link",
+            source,
+        })?;
+        if let Some(old) = self.link.take() {
+            let _ = old.unpin();
+        }
+        let _ = fs::remove_file(&link_path);
+        self.link = Some(pin_link(link, &link_path)?);
+        self.mode = mode;
+        self.ifindex = ifindex(&self.id.iface);
+        write_mode(&self.id, mode);
+        Ok(())
+    }
+
+    /// Detaches the program and removes every pin of the interface.
+    pub fn detach(mut self) -> Result<()> {
+        if let Some(link) = self.link.take() {
+            let link = link.unpin().map_err(Error::io("unpinning the XDP link"))?;
+            drop(link);
+        }
+        rundir::remove(&rundir::file(&self.id, "mode"));
+        remove_pins(&self.dir)
+    }
+
+    /// Leaves the program attached and pinned: it keeps enforcing after exit.
+    pub fn keep(mut self) {
+        drop(self.link.take());
+    }
+}
+
+fn write_mode(id: &Identity, mode: Attached) {
+    let path = rundir::file(id, "mode");
+    if let Err(e) = rundir::write_atomic(&path, mode.to_string().as_bytes()) {
+        warn!(path = %path.display(), error = %e, "could not record the attach mode");
+    }
+}
+
+fn read_mode(id: &Identity) -> Attached {
+    rundir::read(&rundir::file(id, "mode"))
+        .ok()
+        .flatten()
+        .and_then(|s| Attached::parse(&s))
+        .unwrap_or(Attached::Native)
+}
+
+fn pin_link(link: XdpLink, path: &Path) -> Result<PinnedLink> {
+    let fd_link = FdLink::try_from(link).map_err(|source| Error::Link {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    fd_link.pin(path).map_err(|source| Error::Pin {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn attach(
+    program: &mut Xdp,
+    iface: &str,
+    mode: AttachMode,
+) -> Result<(aya::programs::xdp::XdpLinkId, Attached)> {
+    let native = |p: &mut Xdp| p.attach(iface, XdpMode::Driver);
+    let generic = |p: &mut Xdp| p.attach(iface, XdpMode::Skb);
+    let err = |mode: &'static str| {
+        move |source| Error::Attach {
+            iface: iface.to_string(),
+            mode,
+            source,
+        }
+    };
+    match mode {
+        AttachMode::Native => Ok((native(program).map_err(err("native"))?, Attached::Native)),
+        AttachMode::Generic => Ok((generic(program).map_err(err("generic"))?, Attached::Generic)),
+        AttachMode::Auto => match native(program) {
+            Ok(id) => Ok((id, Attached::Native)),
+            Err(e) => {
+                warn!(iface, error = %e, "native XDP attach failed; falling back to generic (skb) mode, which runs later and costs more per packet");
+                Ok((generic(program).map_err(err("generic"))?, Attached::Generic))
+            }
+        },
+    }
+}
+
+/// Removes a pin directory and everything in it.
+pub fn remove_pins(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::Io {
+            what: format!("removing {}", dir.display()),
+            source: e,
+        }),
+    }
+}

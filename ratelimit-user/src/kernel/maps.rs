@@ -1,0 +1,643 @@
+//! The typed maps: rule sets written whole (into the idle trie, then switched),
+//! counters, events and states read back, and the rule set the kernel enforces
+//! read back when the daemon's own record is lost.
+
+use std::{collections::BTreeMap, path::Path};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
+};
+use ratelimit_common::{
+    self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GlobalState, MAP_CONFIG,
+    MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B,
+    MAP_SEEN, MAP_STATE, MAP_STATE_V4, MAP_STATS, REASON_COUNT, Reason, RuleAddr, RuleState, gcra,
+};
+
+use super::LoadOptions;
+use crate::{
+    error::{Error, Result},
+    rules::{Prefix, RuleSet},
+};
+
+/// The typed maps.
+pub struct Maps {
+    /// The two rule tries; `Config::active_rules` says which the program reads.
+    tries: [LpmTrie<MapData, RuleAddr, u32>; 2],
+    table: Array<MapData, common::Rule>,
+    state: HashMap<MapData, FlowKey, gcra::State>,
+    state_v4: HashMap<MapData, FlowKeyV4, gcra::State>,
+    stats: PerCpuArray<MapData, Counter>,
+    config: Array<MapData, common::Config>,
+    drops: HashMap<MapData, Addr, u64>,
+    wide: HashMap<MapData, FlowKey, common::WideState>,
+    rule_state: Array<MapData, RuleState>,
+    /// Held for the program; not read by the daemon.
+    global: Array<MapData, GlobalState>,
+    events: PerCpuArray<MapData, u64>,
+    /// Held for the program; not read by the daemon.
+    seen: Array<MapData, u64>,
+}
+
+/// The maps' names, in the order [`Maps::from_maps`] takes them.
+const NAMES: [&str; 13] = [
+    MAP_RULES,
+    MAP_RULES_B,
+    MAP_RULE_TABLE,
+    MAP_STATE,
+    MAP_STATE_V4,
+    MAP_STATS,
+    MAP_CONFIG,
+    MAP_DROPS,
+    common::MAP_WIDE,
+    MAP_SEEN,
+    MAP_RULE_STATE,
+    MAP_GLOBAL,
+    MAP_EVENTS,
+];
+
+fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
+    move |source| Error::Map { op, map, source }
+}
+
+impl Maps {
+    /// Takes the maps out of a loaded object.
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self> {
+        let mut maps = Vec::with_capacity(NAMES.len());
+        for name in NAMES {
+            maps.push(ebpf.take_map(name).ok_or_else(|| Error::Map {
+                op: "finding",
+                map: name,
+                source: aya::maps::MapError::InvalidName {
+                    name: name.to_string(),
+                },
+            })?);
+        }
+        Self::from_maps(maps)
+    }
+
+    /// Opens the maps pinned in `dir` (a daemon's pin directory).
+    pub fn from_pins(dir: &Path) -> Result<Self> {
+        let mut maps = Vec::with_capacity(NAMES.len());
+        for name in NAMES {
+            let data =
+                MapData::from_pin(dir.join(name)).map_err(map_err("opening pinned", name))?;
+            maps.push(Map::from_map_data(data).map_err(map_err("opening pinned", name))?);
+        }
+        Self::from_maps(maps)
+    }
+
+    fn from_maps(maps: Vec<Map>) -> Result<Self> {
+        let mut it = maps.into_iter();
+        let mut next = || it.next().expect("one map per name");
+        let rules_a = next();
+        let rules_b = next();
+        let (table, state, state_v4, stats, config, drops, wide, seen, rule_state, global, events) = (
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+        );
+        let seen: Array<MapData, u64> =
+            Array::try_from(seen).map_err(map_err("typing", MAP_SEEN))?;
+        if !seen.len().is_power_of_two() {
+            return Err(Error::invalid(
+                "--doorkeeper-slots",
+                format!("{} is not a power of two", seen.len()),
+            ));
+        }
+        Ok(Self {
+            tries: [
+                LpmTrie::try_from(rules_a).map_err(map_err("typing", MAP_RULES))?,
+                LpmTrie::try_from(rules_b).map_err(map_err("typing", MAP_RULES_B))?,
+            ],
+            seen,
+            rule_state: Array::try_from(rule_state).map_err(map_err("typing", MAP_RULE_STATE))?,
+            global: Array::try_from(global).map_err(map_err("typing", MAP_GLOBAL))?,
+            events: PerCpuArray::try_from(events).map_err(map_err("typing", MAP_EVENTS))?,
+            wide: HashMap::try_from(wide).map_err(map_err("typing", common::MAP_WIDE))?,
+            drops: HashMap::try_from(drops).map_err(map_err("typing", MAP_DROPS))?,
+            table: Array::try_from(table).map_err(map_err("typing", MAP_RULE_TABLE))?,
+            state: HashMap::try_from(state).map_err(map_err("typing", MAP_STATE))?,
+            state_v4: HashMap::try_from(state_v4).map_err(map_err("typing", MAP_STATE_V4))?,
+            stats: PerCpuArray::try_from(stats).map_err(map_err("typing", MAP_STATS))?,
+            config: Array::try_from(config).map_err(map_err("typing", MAP_CONFIG))?,
+        })
+    }
+
+    /// Pins every map in `dir`, replacing what was pinned there.
+    pub fn pin(&self, dir: &Path) -> Result<()> {
+        let data: [(&'static str, &MapData); 13] = [
+            (MAP_RULES, self.tries[0].map()),
+            (MAP_RULES_B, self.tries[1].map()),
+            (MAP_RULE_TABLE, self.table.map()),
+            (MAP_STATE, self.state.map()),
+            (MAP_STATE_V4, self.state_v4.map()),
+            (MAP_STATS, self.stats.map()),
+            (MAP_CONFIG, self.config.map()),
+            (MAP_DROPS, self.drops.map()),
+            (common::MAP_WIDE, self.wide.map()),
+            (MAP_SEEN, self.seen.map()),
+            (MAP_RULE_STATE, self.rule_state.map()),
+            (MAP_GLOBAL, self.global.map()),
+            (MAP_EVENTS, self.events.map()),
+        ];
+        debug_assert!(data.iter().map(|(n, _)| *n).eq(common::PINNED_MAPS));
+        for (name, map) in data {
+            let path = dir.join(name);
+            let _ = std::fs::remove_file(&path);
+            map.pin(&path).map_err(|source| Error::Pin {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The sizes the maps were created with.
+    pub fn capacities(&self) -> LoadOptions {
+        let max = |m: &MapData| m.info().map(|i| i.max_entries()).unwrap_or(0);
+        LoadOptions {
+            state_capacity: max(self.state_v4.map()),
+            state_capacity_v6: max(self.state.map()),
+            rules_capacity: max(self.tries[0].map()),
+            wide_capacity: max(self.wide.map()),
+            seen_slots: self.seen.len(),
+        }
+    }
+
+    /// The active trie's index (0 or 1).
+    fn active(&self) -> Result<usize> {
+        Ok((self.config()?.active_rules & 1) as usize)
+    }
+
+    /// Where each prefix's rule is in the rule table, in trie `which`.
+    fn rule_indexes(&self, which: usize) -> Result<BTreeMap<Prefix, u32>> {
+        let mut out = BTreeMap::new();
+        let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
+        for entry in self.tries[which].iter() {
+            let (key, index) = entry.map_err(map_err("reading", name))?;
+            out.insert(Prefix::from_lpm(key.prefix_len(), key.data()), index);
+        }
+        Ok(out)
+    }
+
+    fn table_rule(&self, index: u32) -> Result<common::Rule> {
+        self.table
+            .get(&index, 0)
+            .map_err(map_err("reading", MAP_RULE_TABLE))
+    }
+
+    /// The rules the program reads now, by prefix.
+    pub fn rules(&self) -> Result<BTreeMap<Prefix, common::Rule>> {
+        self.rule_indexes(self.active()?)?
+            .into_iter()
+            .map(|(p, i)| Ok((p, self.table_rule(i)?)))
+            .collect()
+    }
+
+    /// The rule set the kernel enforces now, read back from the maps (see
+    /// [`RuleSet::from_kernel`]).
+    pub fn rule_set(&self) -> Result<RuleSet> {
+        Ok(RuleSet::from_kernel(
+            &self.config()?,
+            &self.default_rule()?,
+            &self.rules()?,
+        ))
+    }
+
+    /// The default rule in the kernel.
+    pub fn default_rule(&self) -> Result<common::Rule> {
+        self.table_rule(self.config()?.default_rule)
+    }
+
+    /// The global config in the kernel.
+    pub fn config(&self) -> Result<common::Config> {
+        self.config
+            .get(&0, 0)
+            .map_err(map_err("reading", MAP_CONFIG))
+    }
+
+    /// Writes `set` whole, or nothing: every value is computed and checked, the
+    /// rules that change are written to free places of the rule table and the
+    /// whole set into the trie the program does not read; one write of the
+    /// config then switches the program to it. A failure before that switch
+    /// leaves the kernel enforcing exactly what it did. Prefixes that stay keep
+    /// their rule id and slot, so their buckets carry over.
+    pub fn apply(&mut self, set: &RuleSet) -> Result<()> {
+        let old_config = self.config()?;
+        let active = (old_config.active_rules & 1) as usize;
+        let idle = 1 - active;
+        let capacity = self.tries[0]
+            .map()
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(0);
+        if set.rules.len() > capacity as usize {
+            return Err(Error::Capacity {
+                what: "rules".into(),
+                wanted: set.rules.len(),
+                capacity: capacity as usize,
+                option: "--max-rules",
+            });
+        }
+        let old_indexes = self.rule_indexes(active)?;
+        let old: BTreeMap<Prefix, common::Rule> = old_indexes
+            .iter()
+            .map(|(p, i)| Ok((*p, self.table_rule(*i)?)))
+            .collect::<Result<_>>()?;
+        let old_default = self.table_rule(old_config.default_rule)?;
+        let mut next_id = old
+            .values()
+            .map(|r| r.id)
+            .chain([old_default.id])
+            .max()
+            .unwrap_or(0);
+        let mut fresh_id = || {
+            next_id = next_id.checked_add(1).ok_or_else(|| {
+                Error::invalid("rules", "rule ids exhausted; restart with --reset")
+            })?;
+            Ok::<u32, Error>(next_id)
+        };
+        // Slot 0 is the default rule's; a rule that stays keeps its slot; a new
+        // one takes a slot no old rule had if there is one (a removed rule's
+        // frames may still meet its slot while this change is written).
+        let mut values = Vec::with_capacity(set.rules.len());
+        let mut taken = std::collections::BTreeSet::from([0u32]);
+        for (prefix, action) in &set.rules {
+            let mut rule = action.to_kernel(0, &prefix.to_string())?;
+            match old.get(prefix) {
+                Some(previous) if carry_over(previous, &mut rule) => {
+                    rule.id = previous.id;
+                    rule.slot = previous.slot;
+                    taken.insert(rule.slot);
+                }
+                _ => rule.id = fresh_id()?,
+            }
+            values.push((*prefix, rule));
+        }
+        let old_slots: std::collections::BTreeSet<u32> = old.values().map(|r| r.slot).collect();
+        let slots = self.rule_state.len();
+        for (prefix, rule) in values.iter_mut() {
+            if old.get(prefix).is_some_and(|p| p.id == rule.id) {
+                continue;
+            }
+            let pick = (1..slots)
+                .find(|i| !taken.contains(i) && !old_slots.contains(i))
+                .or_else(|| (1..slots).find(|i| !taken.contains(i)))
+                .ok_or(Error::Capacity {
+                    what: "rules".into(),
+                    wanted: set.rules.len(),
+                    capacity: slots as usize - 1,
+                    option: "--max-rules",
+                })?;
+            rule.slot = pick;
+            taken.insert(pick);
+        }
+        let mut default = set.default.to_kernel(0, "default")?;
+        default.id = if carry_over(&old_default, &mut default) {
+            old_default.id
+        } else {
+            fresh_id()?
+        };
+        default.slot = 0;
+        let mut config = set.kernel_config()?;
+        config.new_states = config.new_states.succeeding(&old_config.new_states);
+        config.hash_seed = if old_config.hash_seed != 0 {
+            old_config.hash_seed
+        } else {
+            random_seed()
+        };
+        config.seen_mask = self.seen.len() - 1;
+        config.active_rules = idle as u32;
+
+        // Copy on write: a rule that changes goes to a table index no rule the
+        // program can read uses.
+        let in_use: std::collections::BTreeSet<u32> = old_indexes
+            .values()
+            .copied()
+            .chain([old_config.default_rule])
+            .collect();
+        let mut free = (0..self.table.len()).filter(|i| !in_use.contains(i));
+        let mut place = |rule: &common::Rule, previous: Option<(u32, &common::Rule)>| match previous
+        {
+            Some((index, p)) if p == rule => Ok((index, false)),
+            _ => free.next().map(|i| (i, true)).ok_or(Error::Capacity {
+                what: "rule table entries".into(),
+                wanted: set.rules.len() + 1,
+                capacity: self.table.len() as usize / 2,
+                option: "--max-rules",
+            }),
+        };
+        let mut writes = Vec::new();
+        let mut entries = Vec::with_capacity(values.len());
+        for (prefix, rule) in &values {
+            let previous = old_indexes
+                .get(prefix)
+                .and_then(|i| old.get(prefix).map(|r| (*i, r)));
+            let (index, write) = place(rule, previous)?;
+            if write {
+                writes.push((index, *rule));
+            }
+            entries.push((*prefix, index));
+        }
+        let (default_index, write) =
+            place(&default, Some((old_config.default_rule, &old_default)))?;
+        if write {
+            writes.push((default_index, default));
+        }
+        config.default_rule = default_index;
+
+        // Fresh shared buckets for new rules (and for levels a rule gains).
+        for (prefix, rule) in &values {
+            let previous = old.get(prefix).filter(|p| p.id == rule.id);
+            self.reset_shared(rule, previous)?;
+        }
+        let previous_default = (old_default.id == default.id).then_some(&old_default);
+        self.reset_shared(&default, previous_default)?;
+
+        for (index, rule) in &writes {
+            self.table
+                .set(*index, rule, 0)
+                .map_err(map_err("writing", MAP_RULE_TABLE))?;
+        }
+        self.fill_idle_trie(idle, &entries)?;
+        // The switch: one value, read once per frame.
+        self.config
+            .set(0, config, 0)
+            .map_err(map_err("writing", MAP_CONFIG))?;
+        Ok(())
+    }
+
+    /// Empties trie `which` (the one the program does not read) and writes
+    /// `entries` into it.
+    fn fill_idle_trie(&mut self, which: usize, entries: &[(Prefix, u32)]) -> Result<()> {
+        let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
+        let stale: Vec<Key<RuleAddr>> = self.tries[which]
+            .keys()
+            .collect::<std::result::Result<_, _>>()
+            .map_err(map_err("reading", name))?;
+        for key in &stale {
+            self.tries[which]
+                .remove(key)
+                .map_err(map_err("removing", name))?;
+        }
+        for (prefix, index) in entries {
+            let (bits, key) = prefix.lpm();
+            self.tries[which]
+                .insert(&Key::new(bits, key), index, 0)
+                .map_err(map_err("writing", name))?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes (fills) the shared buckets of `rule` that it does not carry over
+    /// from `previous`: all of them for a new rule, a level the rule gains.
+    fn reset_shared(&mut self, rule: &common::Rule, previous: Option<&common::Rule>) -> Result<()> {
+        use common::rule_flags::{AGGREGATE, NEW_SOURCES_UNLIMITED};
+        let had = |flag: u8, on: bool| previous.is_some_and(|p| (p.flags & flag != 0) == on);
+        let keep_new = had(NEW_SOURCES_UNLIMITED, false) && rule.flags & NEW_SOURCES_UNLIMITED == 0;
+        let keep_agg = had(AGGREGATE, true) && rule.flags & AGGREGATE != 0;
+        if keep_new && keep_agg {
+            return Ok(());
+        }
+        let mut state = self
+            .rule_state
+            .get(&rule.slot, 0)
+            .map_err(map_err("reading", MAP_RULE_STATE))?;
+        if !keep_new {
+            state.new_sources = 0;
+        }
+        if !keep_agg {
+            state.aggregate = 0;
+        }
+        self.rule_state
+            .set(rule.slot, state, 0)
+            .map_err(map_err("writing", MAP_RULE_STATE))
+    }
+
+    /// Counters of [`Event`]s, summed over CPUs.
+    pub fn events(&self) -> Result<[u64; EVENT_COUNT as usize]> {
+        let mut out = [0; EVENT_COUNT as usize];
+        for e in Event::ALL {
+            let per_cpu = self
+                .events
+                .get(&(e as u32), 0)
+                .map_err(map_err("reading", MAP_EVENTS))?;
+            out[e as usize] = per_cpu.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// How many keys have a state now: (gcra's IPv4 and IPv6 maps together, the
+    /// wide-state map), counted with batched reads (a few syscalls per million
+    /// keys).
+    pub fn tracked(&self) -> Result<(usize, usize)> {
+        let (v4, v6, wide) = self.tracked_by_map()?;
+        Ok((v4 + v6, wide))
+    }
+
+    /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide).
+    pub fn tracked_by_map(&self) -> Result<(usize, usize, usize)> {
+        use aya::maps::IterableMap as _;
+        Ok((
+            count_entries(self.state_v4.map(), MAP_STATE_V4)?,
+            count_entries(self.state.map(), MAP_STATE)?,
+            count_entries(self.wide.map(), common::MAP_WIDE)?,
+        ))
+    }
+
+    /// Zeroes every counter (tests).
+    pub fn clear_counters(&mut self) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io {
+            what: "counting CPUs".into(),
+            source: e,
+        })?;
+        for reason in Reason::ALL {
+            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); cpus])
+                .map_err(Error::io("building per-CPU values"))?;
+            self.stats
+                .set(reason as u32, zero, 0)
+                .map_err(map_err("writing", MAP_STATS))?;
+        }
+        Ok(())
+    }
+
+    /// Counters by reason, summed over CPUs.
+    pub fn counters(&self) -> Result<[Counter; REASON_COUNT as usize]> {
+        let mut out = [Counter::default(); REASON_COUNT as usize];
+        for reason in Reason::ALL {
+            let per_cpu = self
+                .stats
+                .get(&(reason as u32), 0)
+                .map_err(map_err("reading", MAP_STATS))?;
+            for c in per_cpu.iter() {
+                out[reason as usize].packets += c.packets;
+                out[reason as usize].bytes += c.bytes;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every tracked gcra source and its state (IPv4 first).
+    pub fn states(&self) -> impl Iterator<Item = Result<(FlowKey, gcra::State)>> + '_ {
+        self.state_v4
+            .iter()
+            .map(|e| {
+                e.map(|(k, v)| (k.widen(), v))
+                    .map_err(map_err("reading", MAP_STATE_V4))
+            })
+            .chain(
+                self.state
+                    .iter()
+                    .map(|e| e.map_err(map_err("reading", MAP_STATE))),
+            )
+    }
+
+    /// Drop counts by source address.
+    pub fn drops(&self) -> impl Iterator<Item = Result<(Addr, u64)>> + '_ {
+        self.drops
+            .iter()
+            .map(|e| e.map_err(map_err("reading", MAP_DROPS)))
+    }
+
+    /// The state of one gcra key, if tracked.
+    pub fn state(&self, key: &FlowKey) -> Option<gcra::State> {
+        if common::is_v4_mapped(&key.addr) {
+            self.state_v4.get(&key.v4(), 0).ok()
+        } else {
+            self.state.get(key, 0).ok()
+        }
+    }
+
+    /// Deletes the wide state of `key` (tests).
+    pub fn remove_wide_state(&mut self, key: &FlowKey) -> Result<()> {
+        self.wide
+            .remove(key)
+            .map_err(map_err("removing", common::MAP_WIDE))
+    }
+
+    /// Deletes the gcra state of `key` (the idle sweep).
+    pub fn remove_state(&mut self, key: &FlowKey) -> Result<()> {
+        if common::is_v4_mapped(&key.addr) {
+            self.state_v4
+                .remove(&key.v4())
+                .map_err(map_err("removing", MAP_STATE_V4))
+        } else {
+            self.state
+                .remove(key)
+                .map_err(map_err("removing", MAP_STATE))
+        }
+    }
+}
+
+/// A random 64-bit seed from the kernel.
+fn random_seed() -> u64 {
+    let mut seed = [0u8; 8];
+    // SAFETY: a valid buffer of that length.
+    let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+    let seed = u64::from_ne_bytes(seed);
+    if n == 8 && seed != 0 {
+        seed
+    } else {
+        // Not reached on Linux ≥ 3.17; a seed from the clock still differs per host.
+        crate::daemon::monotonic_ns() | 1
+    }
+}
+
+/// `BPF_MAP_LOOKUP_BATCH`: the `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Entries of a hash map, read in batches (two syscalls per entry with the
+/// iterator; a few per million this way).
+fn count_entries(map: &MapData, name: &'static str) -> Result<usize> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let info = map.info().map_err(map_err("reading", name))?;
+    let key_size = info.key_size() as usize;
+    let value_size = (info.value_size() as usize).next_multiple_of(8);
+    const BATCH: usize = 16 * 1024;
+    let mut keys = vec![0u8; BATCH * key_size];
+    let mut values = vec![0u8; BATCH * value_size];
+    // The batch token is a bucket index (u32) for hash maps.
+    let (mut token_in, mut token_out) = ([0u8; 8], [0u8; 8]);
+    let mut first = true;
+    let mut total = 0usize;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token_in.as_ptr() as u64 },
+            out_batch: token_out.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: BATCH as u32,
+            map_fd: map.fd().as_fd().as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: attr is a valid bpf_attr prefix whose buffers hold BATCH keys
+        // and values and outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        total += attr.count as usize;
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                return Ok(total);
+            }
+            return Err(Error::Io {
+                what: format!("counting the entries of map {name}"),
+                source: e,
+            });
+        }
+        token_in = token_out;
+        first = false;
+    }
+}
+
+/// Makes `rule` the next generation of `previous` (same prefix) and returns
+/// true, when the keys' states can carry over: both are limits with the same
+/// algorithm. Otherwise returns false and the caller gives the rule a new id, so
+/// its keys start fresh (another algorithm keeps its state in another form).
+fn carry_over(previous: &common::Rule, rule: &mut common::Rule) -> bool {
+    use common::action::LIMIT;
+    if rule.action != LIMIT {
+        // Allow and deny keep no state: the id may stay.
+        return true;
+    }
+    if previous.action != LIMIT || previous.algorithm != rule.algorithm {
+        return false;
+    }
+    if rule.algorithm == common::algorithm::GCRA {
+        let gcra = rule.gcra().succeeding(&previous.gcra());
+        rule.params = common::AlgoParams::from_gcra(gcra);
+    }
+    // The shared levels carry over their tokens too, where both rules have them
+    // (see `Maps::reset_shared` for a level a rule gains).
+    rule.new_sources = rule.new_sources.succeeding(&previous.new_sources);
+    rule.aggregate = rule.aggregate.succeeding(&previous.aggregate);
+    true
+}

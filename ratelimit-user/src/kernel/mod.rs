@@ -1,0 +1,112 @@
+//! The kernel side as the daemon sees it: [`maps`] (the typed maps, rule sets
+//! written whole, counters and states read back) and [`enforcer`] (loading the
+//! embedded object, attaching and pinning, adopting what a previous daemon
+//! pinned, following the interface).
+
+mod enforcer;
+mod maps;
+
+use std::fmt;
+
+use aya::EbpfLoader;
+use ratelimit_common::{
+    self as common, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATE,
+    MAP_STATE_V4,
+};
+
+pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins};
+pub use maps::Maps;
+
+/// The name of the link's pin in a daemon's pin directory.
+const LINK_PIN: &str = "link";
+
+/// How to attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AttachMode {
+    /// Native (driver) mode, falling back to generic with a warning.
+    #[default]
+    Auto,
+    /// Native (driver) mode only.
+    Native,
+    /// Generic (skb) mode only.
+    Generic,
+}
+
+/// The mode a program runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attached {
+    /// In the driver.
+    Native,
+    /// In the kernel's generic path, after the skb is built.
+    Generic,
+}
+
+impl Attached {
+    /// Reads the name written by [`fmt::Display`].
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "native" => Some(Attached::Native),
+            "generic" => Some(Attached::Generic),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Attached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Attached::Native => "native",
+            Attached::Generic => "generic",
+        })
+    }
+}
+
+/// Load-time settings: the sizes of the maps when they are created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// IPv4 sources tracked at once (gcra).
+    pub state_capacity: u32,
+    /// IPv6 sources tracked at once (gcra).
+    pub state_capacity_v6: u32,
+    /// Rules at most.
+    pub rules_capacity: u32,
+    /// Sources tracked at once under the wide-state algorithms.
+    pub wide_capacity: u32,
+    /// Doorkeeper slots (a power of two).
+    pub seen_slots: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            state_capacity: common::DEFAULT_STATE_CAPACITY,
+            state_capacity_v6: common::DEFAULT_STATE_V6_CAPACITY,
+            rules_capacity: common::DEFAULT_RULES_CAPACITY,
+            wide_capacity: common::DEFAULT_WIDE_CAPACITY,
+            seen_slots: common::DEFAULT_SEEN_SLOTS,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// Sets every map's size on `loader`.
+    fn size(&self, loader: &mut EbpfLoader) {
+        loader
+            .map_max_entries(MAP_STATE_V4, self.state_capacity)
+            .map_max_entries(MAP_STATE, self.state_capacity_v6)
+            .map_max_entries(MAP_RULES, self.rules_capacity)
+            .map_max_entries(MAP_RULES_B, self.rules_capacity)
+            .map_max_entries(MAP_RULE_TABLE, 2 * (self.rules_capacity + 1))
+            .map_max_entries(MAP_RULE_STATE, self.rules_capacity + 1)
+            .map_max_entries(common::MAP_WIDE, self.wide_capacity)
+            .map_max_entries(MAP_SEEN, self.seen_slots);
+    }
+
+    /// A loader with every map sized.
+    pub fn loader(&self) -> EbpfLoader<'static> {
+        let mut loader = EbpfLoader::new();
+        self.size(&mut loader);
+        loader
+    }
+}

@@ -19,12 +19,12 @@ use tokio::{
 use crate::{
     config::RawLimit,
     error::{Error, Result},
-    identity::{self, Identity},
+    identity::Identity,
     rundir,
 };
 
 /// The longest request line a daemon reads, bytes: far more than any rule.
-pub const MAX_REQUEST: usize = 1 << 20;
+pub const MAX_REQUEST: usize = 64 << 10;
 
 /// The control socket of `id`'s daemon.
 pub fn socket_path(id: &Identity) -> PathBuf {
@@ -266,9 +266,4 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
             response.error.unwrap_or_else(|| "refused".into()),
         ))
     }
-}
-
-/// Where the pins of `id`'s daemon are (the bpffs this process shares with PID 1).
-pub fn pin_dir(id: &Identity) -> Result<PathBuf> {
-    Ok(identity::pin_dir(&identity::bpffs_root()?, id))
 }

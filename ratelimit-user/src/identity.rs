@@ -115,42 +115,92 @@ fn is_bpffs(path: &Path) -> bool {
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
 }
 
-fn same_mount_ns_as_init() -> bool {
-    let ino = |p: &str| std::fs::metadata(p).map(|m| m.ino()).ok();
-    match (ino("/proc/self/ns/mnt"), ino("/proc/1/ns/mnt")) {
-        (Some(a), Some(b)) => a == b,
-        // Unreadable (not root): assume the usual case.
-        _ => true,
-    }
+/// The mount namespace inode of process `pid` (`self` for this one).
+fn mount_ns(pid: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+        .map(|m| m.ino())
+        .ok()
 }
 
-/// The bpffs where pins outlive this process: `/sys/fs/bpf` (mounted if it is
-/// missing) when this process shares PID 1's mount namespace; else PID 1's own
-/// `/sys/fs/bpf`, reached through `/proc/1/root` (`ip netns exec` gives its
-/// command a mount namespace of its own, where a bpffs would vanish with it).
-pub fn bpffs_root() -> Result<PathBuf> {
-    if same_mount_ns_as_init() {
-        ensure_bpffs()?;
-        return Ok(PathBuf::from(BPFFS));
-    }
-    let host = Path::new("/proc/1/root").join(BPFFS.trim_start_matches('/'));
-    if is_bpffs(&host) {
-        return Ok(host);
-    }
-    Err(Error::Refused(format!(
-        "this process runs in a mount namespace of its own (as under `ip netns exec`), and the \
-         host has no bpffs at {BPFFS}: pins made here would vanish with the process and \
-         enforcement with them. Mount it on the host (`mount -t bpf bpf {BPFFS}`), or enter only \
-         the network namespace (`nsenter --net=/run/netns/NAME ratelimit run ...`)"
-    )))
+/// The parent process's pid.
+fn parent_pid() -> u32 {
+    std::os::unix::process::parent_id()
 }
 
-/// Mounts bpffs at /sys/fs/bpf unless it is there already (some containers and
-/// minimal systems lack it).
-fn ensure_bpffs() -> Result<()> {
-    if is_bpffs(Path::new(BPFFS)) {
-        return Ok(());
+/// The bpffs where a daemon pins: one that outlives the process.
+pub struct BpfRoot {
+    /// The path to use in system calls: `/sys/fs/bpf`, or a descriptor of
+    /// another mount namespace's `/sys/fs/bpf` held open (`/proc/self/fd/N`).
+    pub path: PathBuf,
+    /// The path as the operator knows it (`/sys/fs/bpf`).
+    pub shown: PathBuf,
+    /// Keeps `path` valid when it is a descriptor.
+    _fd: Option<std::fs::File>,
+}
+
+/// Finds the bpffs whose pins outlive this process:
+/// - `/sys/fs/bpf` if it is one;
+/// - else, when this process has a mount namespace of its own (`ip netns exec`
+///   gives its command one, with a fresh /sys where a bpffs would vanish with
+///   the process), the `/sys/fs/bpf` of its parent's or PID 1's namespace,
+///   held open by a descriptor;
+/// - else it mounts one at `/sys/fs/bpf` (some containers and minimal systems
+///   lack it), where the system sees it.
+pub fn bpffs_root() -> Result<BpfRoot> {
+    let shown = PathBuf::from(BPFFS);
+    if is_bpffs(&shown) {
+        return Ok(BpfRoot {
+            path: shown.clone(),
+            shown,
+            _fd: None,
+        });
     }
+    let mine = mount_ns("self");
+    let parent = parent_pid().to_string();
+    let private = [parent.as_str(), "1"]
+        .iter()
+        .all(|pid| mount_ns(pid).is_none_or(|ns| Some(ns) != mine));
+    if private {
+        for pid in [parent.as_str(), "1"] {
+            let other = Path::new("/proc")
+                .join(pid)
+                .join("root")
+                .join(BPFFS.trim_start_matches('/'));
+            if mount_ns(pid).is_some_and(|ns| Some(ns) != mine) && is_bpffs(&other) {
+                let dir = std::fs::File::open(&other)
+                    .map_err(Error::io(format!("opening {}", other.display())))?;
+                let path = PathBuf::from(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&dir)
+                ));
+                tracing::info!(
+                    "this process runs in a mount namespace of its own (as under `ip netns exec`): pinning in the bpffs of process {pid}'s namespace, where pins outlive it"
+                );
+                return Ok(BpfRoot {
+                    path,
+                    shown,
+                    _fd: Some(dir),
+                });
+            }
+        }
+        return Err(Error::Refused(format!(
+            "this process runs in a mount namespace of its own (as under `ip netns exec`) \
+             without a bpffs at {BPFFS}, and none was found in its parent's or PID 1's: pins \
+             made here would vanish with the process, and enforcement with them. Mount one on \
+             the host (`mount -t bpf bpf {BPFFS}`), or enter only the network namespace \
+             (`nsenter --net=/run/netns/NAME ratelimit run ...`)"
+        )));
+    }
+    mount_bpffs()?;
+    Ok(BpfRoot {
+        path: shown.clone(),
+        shown,
+        _fd: None,
+    })
+}
+
+/// Mounts bpffs at /sys/fs/bpf.
+fn mount_bpffs() -> Result<()> {
     let _ = std::fs::create_dir_all(BPFFS);
     let path = std::ffi::CString::new(BPFFS).expect("no NUL");
     let fstype = std::ffi::CString::new("bpf").expect("no NUL");

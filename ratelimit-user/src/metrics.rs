@@ -3,12 +3,12 @@
 //! encodes a snapshot the daemon's loop takes on each scrape.
 //!
 //! What a flood of idle or slow clients can cost is bounded: at most
-//! [`MAX_CONNECTIONS`] are accepted at a time (the rest wait in the kernel's
-//! backlog, holding no file descriptor of ours), a connection must send its
-//! request headers within [`HEADER_TIMEOUT`] and lives at most
-//! [`CONNECTION_LIFETIME`], an accept error backs off before the next accept,
-//! and a repeated error is logged once per [`LOG_EVERY`] with the count of the
-//! ones not logged.
+//! [`MAX_CONNECTIONS`] are open at a time (past it, the oldest that has not
+//! sent its request is closed for the newcomer: see [`crate::slots`]), one
+//! request per connection, whose headers must arrive within [`HEADER_TIMEOUT`];
+//! a connection lives at most [`CONNECTION_LIFETIME`], an accept error backs
+//! off before the next accept, and a repeated error is logged once per
+//! [`LOG_EVERY`] with the count of the ones not logged.
 
 use std::{
     sync::Arc,
@@ -26,12 +26,12 @@ use prometheus_client::{
 use ratelimit_common::{Counter, EVENT_COUNT, Event, REASON_COUNT, Reason};
 use tokio::{
     net::TcpListener,
-    sync::{Semaphore, mpsc, oneshot},
+    sync::{mpsc, oneshot},
 };
 
-use crate::kernel::Attached;
+use crate::{kernel::Attached, slots::Slots};
 
-/// Connections served at once.
+/// Connections open at once.
 pub const MAX_CONNECTIONS: usize = 64;
 /// How long a client may take to send its request headers.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -239,36 +239,37 @@ pub async fn serve(listener: TcpListener, snapshots: mpsc::Sender<SnapshotReques
     let app = Router::new()
         .route("/metrics", get(scrape))
         .with_state(snapshots);
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots::new(MAX_CONNECTIONS);
     let mut log = QuietLog::new();
     let mut backoff = Duration::from_millis(10);
     loop {
-        // A slot first, then the connection: past the cap, clients wait in the
-        // kernel's backlog, holding none of our file descriptors.
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
         match listener.accept().await {
             Ok((stream, _)) => {
                 backoff = Duration::from_millis(10);
                 let app = app.clone();
-                tokio::spawn(async move {
+                slots.spawn(move |slot| async move {
+                    // The slot turns busy when the request's headers are in.
+                    let slot = Arc::new(slot);
+                    let service = tower::service_fn(move |req| {
+                        slot.busy();
+                        let mut app = app.clone();
+                        async move { tower::Service::call(&mut app, req).await }
+                    });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEADER_TIMEOUT)
+                        .keep_alive(false)
                         .serve_connection(
                             TokioIo::new(stream),
-                            hyper_util::service::TowerToHyperService::new(app),
+                            hyper_util::service::TowerToHyperService::new(service),
                         );
                     let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
-                    drop(permit);
                 });
             }
             Err(e) => {
                 // Out of file descriptors, or the like: wait before trying again
                 // rather than spin.
                 log.warn("metrics: accepting a connection failed; backing off", &e);
-                drop(permit);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }

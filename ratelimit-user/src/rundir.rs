@@ -45,6 +45,32 @@ pub fn secure(id: &Identity) -> Result<()> {
     secure_dir(&netns_dir(id))
 }
 
+/// The files a daemon keeps in its namespace's directory.
+pub const FILES: [&str; 4] = ["lock", "sock", "rules.json", "mode"];
+
+/// Refuses `id`'s files that are symbolic links or not root's: whoever made
+/// them could point root's writes elsewhere or answer in the daemon's name.
+pub fn check_files(id: &Identity) -> Result<()> {
+    for suffix in FILES {
+        let path = file(id, suffix);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let why = if meta.file_type().is_symlink() {
+            "is a symbolic link".to_string()
+        } else if meta.uid() != euid() {
+            format!("is owned by uid {}, not root", meta.uid())
+        } else {
+            continue;
+        };
+        return Err(Error::Refused(format!(
+            "{} {why}: ratelimit never writes or trusts such a file in its run directory; remove it (and find out who made it)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// A file of `id`'s daemon: `<netns dir>/<iface>.<suffix>`.
 pub fn file(id: &Identity, suffix: &str) -> PathBuf {
     netns_dir(id).join(format!("{}.{suffix}", id.iface))

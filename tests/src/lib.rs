@@ -166,11 +166,13 @@ pub struct Daemon {
     pub run_dir: PathBuf,
     /// The namespace it runs in.
     pub netns: String,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
 }
 
 impl Daemon {
-    /// Starts `ratelimit run --iface IFACE ARGS` in `netns` and waits until its
-    /// control socket answers.
+    /// Starts `ratelimit run --iface IFACE ARGS` in `netns` (entered with
+    /// `nsenter --net`) and waits until its control socket answers.
     pub fn start(
         netns: &net::NetNs,
         iface: &str,
@@ -178,32 +180,51 @@ impl Daemon {
         args: &[&str],
     ) -> Self {
         let mut cmd = netns.command(ratelimit_bin());
-        cmd.args(["run", "--iface", iface])
-            .args(args)
-            .env("RATELIMIT_RUN_DIR", run_dir)
+        cmd.args(["run", "--iface", iface]).args(args);
+        Self::spawn(cmd, netns, iface, run_dir)
+    }
+
+    /// Starts `cmd` (a `ratelimit run` however wrapped: `ip netns exec`,
+    /// `prlimit`, ...) as the daemon of `iface` in `netns`, its output in a log
+    /// file of the run directory, and waits until its control socket answers.
+    pub fn spawn(
+        mut cmd: Command,
+        netns: &net::NetNs,
+        iface: &str,
+        run_dir: &std::path::Path,
+    ) -> Self {
+        std::fs::create_dir_all(run_dir).expect("creating the run directory");
+        let log = run_dir.join(format!("{iface}-{}.log", unique_tag()));
+        let file = std::fs::File::create(&log).expect("creating the daemon's log");
+        cmd.env("RATELIMIT_RUN_DIR", run_dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stdout(file.try_clone().expect("log fd"))
+            .stderr(file);
         let child = ChildGuard::spawn(cmd, &format!("ratelimit run --iface {iface}"));
         let mut d = Self {
             child,
             iface: iface.to_string(),
             run_dir: run_dir.to_path_buf(),
             netns: netns.name.clone(),
+            log,
         };
         d.wait_ready();
         d
+    }
+
+    /// What the daemon wrote so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn wait_ready(&mut self) {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20) {
             if let Some(status) = self.child.exited() {
-                let out = self.child.take_output();
                 panic!(
-                    "the daemon on {} exited ({status}) before answering; stderr: {}",
+                    "the daemon on {} exited ({status}) before answering; its output: {}",
                     self.iface,
-                    String::from_utf8_lossy(&out)
+                    self.output()
                 );
             }
             let out = self.cli(&["status", "--json"]);
@@ -212,7 +233,17 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("the daemon on {} did not answer within 20 s", self.iface);
+        panic!(
+            "the daemon on {} did not answer within 20 s; its output: {}",
+            self.iface,
+            self.output()
+        );
+    }
+
+    /// Sends `sig` and waits up to 10 s for the exit; returns the exit status.
+    pub fn stop(self, sig: i32) -> std::process::ExitStatus {
+        self.child.signal(sig);
+        self.child.wait(Duration::from_secs(10)).status
     }
 
     /// Runs a CLI command against this daemon (`--iface` is added).

@@ -120,10 +120,16 @@ impl Pair {
     /// Creates the pair.
     pub fn new() -> Self {
         let tag = unique_tag();
+        Self::named(&format!("rl{tag}t"), &format!("rl{tag}r"))
+    }
+
+    /// Creates the pair with these interface names (one may be the other: the
+    /// ends are in two namespaces).
+    pub fn named(tx_if: &str, rx_if: &str) -> Self {
+        let tag = unique_tag();
         let tx = NetNs::new(&tag, "t");
         let rx = NetNs::new(&tag, "r");
-        let tx_if = format!("rl{tag}t");
-        let rx_if = format!("rl{tag}r");
+        let (tx_if, rx_if) = (tx_if.to_string(), rx_if.to_string());
         ip(&[
             "link", "add", &tx_if, "netns", &tx.name, "type", "veth", "peer", "name", &rx_if,
             "netns", &rx.name,
@@ -170,6 +176,13 @@ impl Pair {
         }
     }
 
+    /// Reads the MACs again (after the interfaces were re-created).
+    pub fn refresh_macs(mut self) -> Self {
+        self.tx_mac = mac_of(&self.tx.name, &self.tx_if);
+        self.rx_mac = mac_of(&self.rx.name, &self.rx_if);
+        self
+    }
+
     /// Whether an XDP program is attached to the receiving interface.
     pub fn rx_has_xdp(&self) -> bool {
         let out = Command::new("ip")
@@ -177,6 +190,22 @@ impl Pair {
             .output()
             .expect("ip link show");
         String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+    }
+
+    /// Sends frames from each `(source, frames per second)` to the receiver for
+    /// `duration` and returns how many of each arrived.
+    pub fn probe(&self, sources: &[(IpAddr, u32)], duration: Duration) -> HashMap<IpAddr, u64> {
+        const PORT: u16 = 5999;
+        let rx = Receiver::start(&self.rx, &self.rx_if, PORT);
+        let flows: Vec<Flow> = sources
+            .iter()
+            .map(|(src, pps)| Flow {
+                frame: self.udp(*src, PORT).build(),
+                pps: *pps,
+            })
+            .collect();
+        send(&self.tx, &self.tx_if, &flows, duration);
+        rx.finish()
     }
 
     /// A UDP frame spec from `src` to the receiver, with the right MACs.
@@ -200,7 +229,10 @@ impl Drop for Pair {
     fn drop(&mut self) {
         for iface in [&self.rx_if, &self.tx_if] {
             for dir in pin_dirs(iface) {
-                let _ = std::fs::remove_dir_all(dir);
+                let _ = std::fs::remove_dir_all(&dir);
+                if let Some(ns) = dir.parent() {
+                    let _ = std::fs::remove_dir(ns);
+                }
             }
         }
     }
@@ -347,6 +379,15 @@ pub fn send_async(
             .map(|s| s.expect("every flow sent at least one frame"))
             .collect()
     })
+}
+
+/// Moves the calling thread into the namespace `name` (a test's, which its
+/// guard deletes).
+pub fn enter(name: &str) {
+    NetNs {
+        name: name.to_string(),
+    }
+    .enter_and_forget();
 }
 
 impl NetNs {

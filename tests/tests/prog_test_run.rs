@@ -340,6 +340,58 @@ fn ipv6_sources_are_keyed_by_their_64_and_ipv4_by_the_rule_prefix() {
     );
 }
 
+/// An IPv6 rule never matches an IPv4 source, however short its prefix: `::/0`
+/// and `0.0.0.0/0` are two rules, one per family.
+#[test]
+fn ipv6_rules_never_match_ipv4_sources() {
+    privileged!("ipv6_rules_never_match_ipv4_sources");
+    let p = |s| Prefix::parse("cidr", s).expect("prefix");
+    let mut set = rules(limit("1000/s", 1000));
+    set.rules.insert(p("::/0"), Action::Deny { dry_run: false });
+    set.rules.insert(p("198.18.60.0/24"), Action::Allow);
+    let l = Loaded::new(&set);
+    expect(
+        &l,
+        "IPv4 under ::/0",
+        &v4("198.18.61.1").build(),
+        XDP_PASS,
+        Reason::NewSource,
+    );
+    expect(
+        &l,
+        "IPv4 allowed",
+        &v4("198.18.60.1").build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+    expect(
+        &l,
+        "IPv6 under ::/0",
+        &v6("2001:db8:1::1").build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    let mut set = rules(limit("1000/s", 1000));
+    set.rules
+        .insert(p("0.0.0.0/0"), Action::Deny { dry_run: false });
+    set.rules.insert(p("::/0"), Action::Allow);
+    let l = Loaded::new(&set);
+    expect(
+        &l,
+        "IPv4 under 0.0.0.0/0",
+        &v4("198.18.61.1").build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    expect(
+        &l,
+        "IPv6 under ::/0",
+        &v6("2001:db8:1::1").build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+}
+
 #[test]
 fn allow_deny_and_dry_run_rules() {
     privileged!("allow_deny_and_dry_run_rules");

@@ -148,19 +148,45 @@ fn lock(id: &Identity) -> Result<Lock> {
     Ok(Lock { _file: file, path })
 }
 
+/// Raises the soft limit on open files to the hard one (at most 65 536): the
+/// connection caps keep the daemon far below either, but a soft limit of 1 024
+/// (systemd's default) leaves less room than it need.
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let want = lim.rlim_max.min(65_536);
+    if lim.rlim_cur < want {
+        lim.rlim_cur = want;
+        // SAFETY: a valid rlimit; failure leaves the limit as it was.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    }
+}
+
 /// Runs the daemon on `opts.iface` until `shutdown` completes.
 pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+    raise_nofile();
     let id = Identity::here(&opts.iface)?;
     // Everything the user gave is checked before anything else is touched.
     let given = opts.given()?;
     rundir::secure(&id)?;
+    rundir::check_files(&id)?;
     let lock = lock(&id)?;
     let found = store::load(&id);
     let mut prepared = Enforcer::prepare(&id, &opts.load, opts.reset)?;
-    let kernel = if prepared.adopted_maps {
-        Some(prepared.maps.rule_set()?)
-    } else {
-        None
+    // What a previous daemon's pins enforce: the truth to fall back on (kept
+    // with --reset too, which renews buckets and counters, not rules).
+    let kernel = match prepared.pinned_rules() {
+        Some(Err(e)) if opts.reset => {
+            warn!(error = %chain(&e), "the pinned maps being replaced (--reset) cannot be read; their rules are not carried over");
+            None
+        }
+        other => other.transpose()?,
     };
     let rules = store::initial(&id, given, found, kernel)?;
     let sizes = prepared.maps.capacities();

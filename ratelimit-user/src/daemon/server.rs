@@ -2,29 +2,31 @@
 //! slow or idle client holds up nobody; each request is handed to the daemon's
 //! loop, which carries them out one at a time (one writer of the maps).
 //!
-//! Bounded: at most [`MAX_CONNECTIONS`] at a time (the rest wait in the
-//! backlog), a request line of at most [`MAX_REQUEST`] bytes that must arrive
-//! within [`REQUEST_TIMEOUT`], and accept errors back off.
+//! Bounded: at most [`MAX_CONNECTIONS`] at a time (past it the oldest idle one
+//! is closed for the newcomer), a request line of at most [`MAX_REQUEST`] bytes
+//! that must arrive within [`REQUEST_TIMEOUT`], and accept errors back off.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use serde_json::{Value, json};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
-    sync::{Semaphore, mpsc, oneshot},
+    sync::{mpsc, oneshot},
 };
 
 use crate::{
     control::{MAX_REQUEST, Request, Response},
     metrics::QuietLog,
+    slots::{Slot, Slots},
 };
 
 /// A request and where its answer goes.
 pub type Job = (Request, oneshot::Sender<Response>);
 
-/// Control connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Control connections open at once; past it, the oldest idle one is closed
+/// to make room (see [`crate::slots`]).
+pub const MAX_CONNECTIONS: usize = 256;
 /// A request line must arrive within this time.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long `top` watches the drop counters.
@@ -32,28 +34,25 @@ const TOP_WINDOW: Duration = Duration::from_millis(250);
 
 /// Serves `listener` until the task is dropped.
 pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots::new(MAX_CONNECTIONS);
     let mut log = QuietLog::new();
     let mut backoff = Duration::from_millis(10);
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
         match listener.accept().await {
             Ok((stream, _)) => {
                 backoff = Duration::from_millis(10);
                 let jobs = jobs.clone();
-                tokio::spawn(async move {
-                    connection(stream, &jobs).await;
-                    drop(permit);
+                slots.spawn(move |slot| async move {
+                    connection(stream, slot, &jobs).await;
                 });
             }
             Err(e) => {
+                // Out of file descriptors, or the like: wait before trying
+                // again rather than spin.
                 log.warn(
                     "control socket: accepting a connection failed; backing off",
                     &e,
                 );
-                drop(permit);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
@@ -61,12 +60,14 @@ pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
     }
 }
 
-async fn connection(stream: UnixStream, jobs: &mpsc::Sender<Job>) {
+async fn connection(stream: UnixStream, slot: Slot, jobs: &mpsc::Sender<Job>) {
     let (read, mut write) = stream.into_split();
     let mut line = Vec::new();
     let mut reader = BufReader::new(read).take(MAX_REQUEST as u64 + 1);
     let reading = reader.read_until(b'\n', &mut line);
-    let response = match tokio::time::timeout(REQUEST_TIMEOUT, reading).await {
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, reading).await;
+    slot.busy();
+    let response = match read {
         // Idle, closed or broken: nothing to answer.
         Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return,
         Ok(Ok(_)) if line.len() > MAX_REQUEST => {

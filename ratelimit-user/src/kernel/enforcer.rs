@@ -40,6 +40,7 @@ pub struct Prepared {
     /// The maps.
     pub maps: Maps,
     dir: PathBuf,
+    root: identity::BpfRoot,
     /// The maps are a previous daemon's (from its pins): buckets, counters and
     /// rules carry over.
     pub adopted_maps: bool,
@@ -69,6 +70,7 @@ pub struct Enforcer {
     /// The interface index the program is attached to.
     ifindex: u32,
     dir: PathBuf,
+    root: identity::BpfRoot,
 }
 
 /// Whether the interface is still the one the program is attached to.
@@ -167,14 +169,18 @@ impl Enforcer {
             return Err(Error::UnknownInterface(iface.clone()));
         }
         let root = identity::bpffs_root()?;
-        let dir = identity::pin_dir(&root, id);
+        let dir = identity::pin_dir(&root.path, id);
         fs::create_dir_all(&dir).map_err(Error::io(format!(
             "creating {} (is bpffs mounted at /sys/fs/bpf?)",
-            dir.display()
+            identity::pin_dir(&root.shown, id).display()
         )))?;
         let pinned_maps = common::PINNED_MAPS.iter().all(|m| dir.join(m).exists());
         let adopt_maps = pinned_maps && !reset;
-        let mut loader = opts.loader();
+        let mut loader = if adopt_maps {
+            LoadOptions::from_pins(&dir)?.loader()
+        } else {
+            opts.loader()
+        };
         if adopt_maps {
             for name in common::PINNED_MAPS {
                 loader.map_pin_path(name, dir.join(name));
@@ -215,6 +221,7 @@ impl Enforcer {
             logger,
             maps,
             dir,
+            root,
             adopted_maps: adopt_maps,
             live_link,
             ifindex: index,
@@ -239,6 +246,21 @@ impl Prepared {
     /// Whether attaching will take over a previous daemon's live link.
     pub fn will_adopt(&self) -> bool {
         self.live_link
+    }
+
+    /// The rules a previous daemon's pinned maps hold (`None`: no pins): the
+    /// adopted maps', or with `--reset` those of the pins about to be replaced.
+    pub fn pinned_rules(&self) -> Option<Result<crate::rules::RuleSet>> {
+        if self.adopted_maps {
+            return Some(self.maps.rule_set());
+        }
+        if !common::PINNED_MAPS
+            .iter()
+            .all(|m| self.dir.join(m).exists())
+        {
+            return None;
+        }
+        Some(Maps::from_pins(&self.dir).and_then(|m| m.rule_set()))
     }
 
     /// Attaches the program: swapped atomically into the pinned link of a
@@ -295,6 +317,7 @@ impl Prepared {
             maps: self.maps,
             ifindex: self.ifindex,
             dir: self.dir,
+            root: self.root,
         })
     }
 }
@@ -320,9 +343,9 @@ impl Enforcer {
         self.mode
     }
 
-    /// The pin directory.
-    pub fn pin_dir(&self) -> &Path {
-        &self.dir
+    /// The pin directory, as the operator finds it.
+    pub fn pin_dir(&self) -> PathBuf {
+        identity::pin_dir(&self.root.shown, &self.id)
     }
 
     /// Whether the program is still attached to the interface of its name.
@@ -433,10 +456,17 @@ fn attach(
     }
 }
 
-/// Removes a pin directory and everything in it.
+/// Removes a pin directory and everything in it, and its namespace's directory
+/// if that is left empty.
 pub fn remove_pins(dir: &Path) -> Result<()> {
     match fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                // Fails while another interface of the namespace has pins.
+                let _ = fs::remove_dir(parent);
+            }
+            Ok(())
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::Io {
             what: format!("removing {}", dir.display()),

@@ -285,13 +285,17 @@ impl Maps {
         }
         let old_slots: std::collections::BTreeSet<u32> = old.values().map(|r| r.slot).collect();
         let slots = self.rule_state.len();
+        // Slots no rule had first, then the removed rules' slots: two disjoint
+        // ascending runs, each walked once.
+        let mut unused = (1..slots).filter(|i| !taken.contains(i) && !old_slots.contains(i));
+        let mut released = (1..slots).filter(|i| !taken.contains(i) && old_slots.contains(i));
         for (prefix, rule) in values.iter_mut() {
             if old.get(prefix).is_some_and(|p| p.id == rule.id) {
                 continue;
             }
-            let pick = (1..slots)
-                .find(|i| !taken.contains(i) && !old_slots.contains(i))
-                .or_else(|| (1..slots).find(|i| !taken.contains(i)))
+            let pick = unused
+                .next()
+                .or_else(|| released.next())
                 .ok_or(Error::Capacity {
                     what: "rules".into(),
                     wanted: set.rules.len(),
@@ -299,7 +303,6 @@ impl Maps {
                     option: "--max-rules",
                 })?;
             rule.slot = pick;
-            taken.insert(pick);
         }
         let mut default = set.default.to_kernel(0, "default")?;
         default.id = if carry_over(&old_default, &mut default) {

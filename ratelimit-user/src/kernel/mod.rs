@@ -103,6 +103,35 @@ impl LoadOptions {
             .map_max_entries(MAP_SEEN, self.seen_slots);
     }
 
+    /// The sizes of the maps pinned in `dir`. A loader that adopts pins must be
+    /// given them: aya checks indexes against the sizes it was told, not the
+    /// pinned maps' own.
+    pub fn from_pins(dir: &std::path::Path) -> crate::Result<Self> {
+        let size = |name: &'static str| -> crate::Result<u32> {
+            let map = aya::maps::MapData::from_pin(dir.join(name)).map_err(|source| {
+                crate::Error::Map {
+                    op: "opening pinned",
+                    map: name,
+                    source,
+                }
+            })?;
+            map.info()
+                .map(|i| i.max_entries())
+                .map_err(|source| crate::Error::Map {
+                    op: "reading the size of pinned",
+                    map: name,
+                    source,
+                })
+        };
+        Ok(Self {
+            state_capacity: size(MAP_STATE_V4)?,
+            state_capacity_v6: size(MAP_STATE)?,
+            rules_capacity: size(MAP_RULES)?,
+            wide_capacity: size(common::MAP_WIDE)?,
+            seen_slots: size(MAP_SEEN)?,
+        })
+    }
+
     /// A loader with every map sized.
     pub fn loader(&self) -> EbpfLoader<'static> {
         let mut loader = EbpfLoader::new();

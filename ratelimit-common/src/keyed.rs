@@ -356,7 +356,7 @@ mod tests {
     #[test]
     fn many_threads_on_one_key_admit_exactly_the_limit() {
         for algorithm in [
-            Algorithm::per(1, 60 * S, 5000).unwrap(),
+            Algorithm::per(1, S, 5000).unwrap(),
             Algorithm::Interval(interval::Params::new(3600 * 1_000_000_000, 1, 5000).unwrap()),
             Algorithm::FixedWindow(fixed_window::Params::new(3600 * 1_000_000_000, 5000).unwrap()),
             Algorithm::SlidingLog(sliding_log::Params::new(3600 * 1_000_000_000, 64).unwrap()),

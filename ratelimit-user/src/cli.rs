@@ -48,6 +48,23 @@ pub enum Command {
     Stats(StatsArgs),
     /// Show the sources with the most drops.
     Top(TopArgs),
+    /// Serve the throttling service (HTTP and JSON) for other programs, on Redis.
+    Serve(ServeArgs),
+}
+
+/// `ratelimit serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on: HOST:PORT, localhost:PORT or :PORT (every address).
+    #[arg(long, default_value = "127.0.0.1:9478")]
+    pub listen: String,
+    /// Redis: redis://HOST:PORT[/DB] for one server, or
+    /// redis+cluster://HOST:PORT,HOST:PORT for a Redis Cluster.
+    #[arg(long)]
+    pub redis: String,
+    /// Prefix of the Redis keys (each key is PREFIX{KEY}).
+    #[arg(long, default_value = "ratelimit:")]
+    pub prefix: String,
 }
 
 /// `ratelimit run`.
@@ -352,6 +369,7 @@ pub async fn main(cli: Cli) -> Result<()> {
             let opts = args.options()?;
             daemon::run(opts, shutdown_signal()).await
         }
+        Command::Serve(args) => crate::serve::serve(&args.listen, &args.redis, &args.prefix).await,
         Command::Set(args) => {
             let mut rate = args.rate.clone();
             if let Some(r) = &rate

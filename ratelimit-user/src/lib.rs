@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod rate;
 pub mod rules;
 pub mod rundir;
+pub mod serve;
 pub mod slots;
 
 pub use error::{Error, Result};

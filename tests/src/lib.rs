@@ -9,6 +9,7 @@ pub mod check;
 pub mod frames;
 pub mod generator;
 pub mod net;
+pub mod redis;
 pub mod testrun;
 
 use std::{

@@ -37,7 +37,40 @@ pub fn setup(verbose: bool) -> Result<()> {
     nightly(verbose)?;
     rust_src(verbose)?;
     bpf_linker(verbose)?;
+    redis()?;
     Ok(())
+}
+
+/// Debian's `redis-server` (and `redis-cli`, from redis-tools) for the fleet
+/// tests and the service benchmark: installed when missing, as root.
+fn redis() -> Result<()> {
+    if Path::new("/usr/bin/redis-server").exists() && Path::new("/usr/bin/redis-cli").exists() {
+        return Ok(());
+    }
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "xtask setup: redis-server is missing and this is not root: run `apt-get install redis-server` (the Redis tests need it)"
+        );
+        return Ok(());
+    }
+    run(
+        Command::new("apt-get").args(["update", "-qq"]),
+        "apt-get update",
+    )?;
+    run(
+        Command::new("apt-get")
+            .args([
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                "redis-server",
+                "redis-tools",
+            ])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        "installing redis-server and redis-tools (Debian)",
+    )
 }
 
 fn rustup() -> Command {

@@ -1,0 +1,228 @@
+//! Real Redis for the tests: Debian's `redis-server` (installed by
+//! `cargo xtask setup` when missing), one per test on a free loopback port with
+//! persistence off, killed on drop; and a three-master Redis Cluster.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use crate::TempDir;
+
+/// A `redis-server` on 127.0.0.1, killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    /// Its port.
+    pub port: u16,
+    dir: TempDir,
+    cluster: bool,
+    unix: bool,
+}
+
+fn free_port() -> u16 {
+    // Cluster nodes also listen on port + 10000: keep both in range.
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("binding a free loopback port");
+        let port = l.local_addr().expect("local addr").port();
+        if port < 55_000 {
+            return port;
+        }
+    }
+}
+
+fn redis_server() -> &'static str {
+    if Path::new("/usr/bin/redis-server").exists() {
+        return "/usr/bin/redis-server";
+    }
+    panic!(
+        "redis-server is not installed: run `cargo xtask setup` (it installs Debian's redis-server)"
+    )
+}
+
+/// Sends one inline command; returns the raw reply.
+pub fn command(port: u16, cmd: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(format!("{cmd}\r\n").as_bytes())?;
+    let mut buf = [0u8; 16384];
+    let n = s.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+impl RedisServer {
+    /// Starts one on a free port and waits until it answers PING.
+    pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// Starts one that also listens on a unix socket: reachable from every
+    /// network namespace (see [`RedisServer::unix_url`]).
+    pub fn start_unix() -> Self {
+        let mut server = Self {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new("redis"),
+            cluster: false,
+            unix: true,
+        };
+        server.spawn();
+        server
+    }
+
+    fn start_with(cluster: bool) -> Self {
+        let mut server = Self {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new("redis"),
+            cluster,
+            unix: false,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(redis_server());
+        cmd.args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(&self.dir.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        if self.cluster {
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ]);
+        }
+        if self.unix {
+            cmd.arg("--unixsocket")
+                .arg(self.dir.0.join("redis.sock"))
+                .args(["--unixsocketperm", "700"]);
+        }
+        self.child = Some(cmd.spawn().expect("starting redis-server"));
+        let start = Instant::now();
+        while !matches!(command(self.port, "PING"), Ok(r) if r.starts_with("+PONG")) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server on port {} did not answer within 10 s",
+                self.port
+            );
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis+unix:///…/redis.sock` (after [`RedisServer::start_unix`]).
+    pub fn unix_url(&self) -> String {
+        format!("redis+unix://{}", self.dir.0.join("redis.sock").display())
+    }
+
+    /// Stops it (SIGKILL): clients see the connection fail.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty (no persistence): scripts and
+    /// keys are gone.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Runs one inline command, e.g. `SCRIPT FLUSH`.
+    pub fn cmd(&self, cmd: &str) -> String {
+        command(self.port, cmd).unwrap_or_else(|e| panic!("redis {cmd}: {e}"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis Cluster of three masters, no replicas.
+pub struct RedisCluster {
+    /// Its nodes.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, joins them with `redis-cli --cluster create`, waits
+    /// until every node says `cluster_state:ok`.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(true)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("running redis-cli (Debian's redis-tools, installed with redis-server)");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let start = Instant::now();
+        while !nodes
+            .iter()
+            .all(|n| n.cmd("CLUSTER INFO").contains("cluster_state:ok"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the cluster did not reach cluster_state:ok"
+            );
+            sleep(Duration::from_millis(100));
+        }
+        Self { nodes }
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// Keys held by each node (`DBSIZE`).
+    pub fn keys_per_node(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let r = n.cmd("DBSIZE");
+                r.trim().trim_start_matches(':').parse().unwrap_or(0)
+            })
+            .collect()
+    }
+}

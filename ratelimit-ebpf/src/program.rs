@@ -698,9 +698,12 @@ fn count_admitted(slot: *mut u64, tag: u32, units: u64) {
     }
 }
 
-/// Takes one unit of the state-creation cap. One attempt: when another CPU
-/// took a unit at the same moment, this promotion waits for the key's next
-/// frame (the cap errs toward creating fewer states, never more).
+/// Takes one unit of the state-creation cap, retrying when another CPU took
+/// one at the same moment: two CPUs promoting one key at once must both get
+/// there (the loser of the insert then judges its frame against the winner's
+/// state), or a frame counted in the doorkeeper after the winner read it would
+/// pass uncharged. Retries run out as a refusal (the cap errs toward creating
+/// fewer states, never more).
 #[inline(always)]
 fn take_new_state(config: &Config, now: u64) -> bool {
     let Some(global) = RL_GLOBAL.get_ptr_mut(0) else {
@@ -709,9 +712,19 @@ fn take_new_state(config: &Config, now: u64) -> bool {
     // SAFETY: a field of a map value valid for this run.
     let word = unsafe { &raw mut (*global).new_states };
     // SAFETY: as in `two_levels`.
-    let seen = unsafe { read_volatile(word) };
-    let mut next = gcra::State { tat: seen };
-    gcra::admit(&mut next, &config.new_states, now, 1) && cas(word, seen, next.tat).1
+    let mut seen = unsafe { read_volatile(word) };
+    for _ in 0..SHORT_RETRIES {
+        let mut next = gcra::State { tat: seen };
+        if !gcra::admit(&mut next, &config.new_states, now, 1) {
+            return false;
+        }
+        let (found, swapped) = cas(word, seen, next.tat);
+        if swapped {
+            return true;
+        }
+        seen = found;
+    }
+    false
 }
 
 /// Gives `key` a state charged with the `admitted` units of cost (frames, or

@@ -160,10 +160,10 @@ pub fn only_daemon() -> Result<String> {
     let mut found = daemons_here()?;
     let here = Identity::here("")?;
     match found.len() {
-        0 => Err(Error::NoDaemon {
-            iface: "any interface".into(),
-            socket: rundir::netns_dir(&here),
-        }),
+        0 => Err(Error::Refused(format!(
+            "no ratelimit daemon runs in this network namespace (no socket in {}); start one with `ratelimit run --iface IFACE`",
+            rundir::netns_dir(&here).display()
+        ))),
         1 => Ok(found.remove(0)),
         _ => Err(Error::invalid(
             "--iface",

@@ -29,7 +29,10 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use crate::{kernel::Attached, slots::Slots};
+use crate::{
+    kernel::Attached,
+    slots::{AcceptBackoff, Slots},
+};
 
 /// Connections open at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -240,12 +243,11 @@ pub async fn serve(listener: TcpListener, snapshots: mpsc::Sender<SnapshotReques
         .route("/metrics", get(scrape))
         .with_state(snapshots);
     let slots = Slots::new(MAX_CONNECTIONS);
-    let mut log = QuietLog::new();
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = AcceptBackoff::default();
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                backoff = Duration::from_millis(10);
+                backoff.accepted();
                 let app = app.clone();
                 slots.spawn(move |slot| async move {
                     // The slot turns busy when the request's headers are in.
@@ -267,11 +269,9 @@ pub async fn serve(listener: TcpListener, snapshots: mpsc::Sender<SnapshotReques
                 });
             }
             Err(e) => {
-                // Out of file descriptors, or the like: wait before trying again
-                // rather than spin.
-                log.warn("metrics: accepting a connection failed; backing off", &e);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                backoff
+                    .failed("metrics: accepting a connection failed; backing off", &e)
+                    .await
             }
         }
     }

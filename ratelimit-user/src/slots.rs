@@ -13,6 +13,42 @@ use std::{
 
 use tokio::task::AbortHandle;
 
+use crate::metrics::QuietLog;
+
+/// An accept loop's pace after failures (out of file descriptors, or the
+/// like): it waits before the next accept, 10 ms doubling up to 1 s, rather
+/// than spin, and logs the error at most once per
+/// [`LOG_EVERY`](crate::metrics::LOG_EVERY).
+pub struct AcceptBackoff {
+    log: QuietLog,
+    wait: std::time::Duration,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        Self {
+            log: QuietLog::new(),
+            wait: Self::FIRST,
+        }
+    }
+}
+
+impl AcceptBackoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(10);
+
+    /// An accept succeeded: the next failure waits the shortest time again.
+    pub fn accepted(&mut self) {
+        self.wait = Self::FIRST;
+    }
+
+    /// An accept failed with `error`: logs `what` (rate-limited) and waits.
+    pub async fn failed(&mut self, what: &str, error: &(dyn std::fmt::Display + Sync)) {
+        self.log.warn(what, error);
+        tokio::time::sleep(self.wait).await;
+        self.wait = (self.wait * 2).min(std::time::Duration::from_secs(1));
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     next: u64,

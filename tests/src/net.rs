@@ -130,40 +130,7 @@ impl Pair {
         let tx = NetNs::new(&tag, "t");
         let rx = NetNs::new(&tag, "r");
         let (tx_if, rx_if) = (tx_if.to_string(), rx_if.to_string());
-        ip(&[
-            "link", "add", &tx_if, "netns", &tx.name, "type", "veth", "peer", "name", &rx_if,
-            "netns", &rx.name,
-        ]);
-        for (ns, ifn, v4, v6) in [
-            (&tx, &tx_if, "198.18.0.1/24", "2001:db8::1/64"),
-            (&rx, &rx_if, "198.18.0.2/24", "2001:db8::2/64"),
-        ] {
-            ip(&["-n", &ns.name, "addr", "add", v4, "dev", ifn]);
-            ip(&["-n", &ns.name, "addr", "add", v6, "dev", ifn, "nodad"]);
-            ip(&["-n", &ns.name, "link", "set", ifn, "up"]);
-        }
-        let tx_mac = mac_of(&tx.name, &tx_if);
-        let rx_mac = mac_of(&rx.name, &rx_if);
-        for (ns, ifn, peer, mac) in [
-            (&tx, &tx_if, ["198.18.0.2", "2001:db8::2"], rx_mac),
-            (&rx, &rx_if, ["198.18.0.1", "2001:db8::1"], tx_mac),
-        ] {
-            for addr in peer {
-                ip(&[
-                    "-n",
-                    &ns.name,
-                    "neigh",
-                    "replace",
-                    addr,
-                    "lladdr",
-                    &fmt_mac(&mac),
-                    "dev",
-                    ifn,
-                    "nud",
-                    "permanent",
-                ]);
-            }
-        }
+        let (tx_mac, rx_mac) = link(&tx, &rx, &tx_if, &rx_if);
         Self {
             tx,
             rx,
@@ -176,10 +143,10 @@ impl Pair {
         }
     }
 
-    /// Reads the MACs again (after the interfaces were re-created).
-    pub fn refresh_macs(mut self) -> Self {
-        self.tx_mac = mac_of(&self.tx.name, &self.tx_if);
-        self.rx_mac = mac_of(&self.rx.name, &self.rx_if);
+    /// Creates the veth again, same names, addresses and neighbours (after the
+    /// test deleted it).
+    pub fn relink(mut self) -> Self {
+        (self.tx_mac, self.rx_mac) = link(&self.tx, &self.rx, &self.tx_if, &self.rx_if);
         self
     }
 
@@ -527,4 +494,44 @@ impl Drop for Receiver {
             let _ = h.join();
         }
     }
+}
+
+/// Creates the veth `tx_if`/`rx_if` between `tx` and `rx` with the test
+/// addresses and permanent neighbours; returns (tx MAC, rx MAC).
+fn link(tx: &NetNs, rx: &NetNs, tx_if: &str, rx_if: &str) -> ([u8; 6], [u8; 6]) {
+    ip(&[
+        "link", "add", tx_if, "netns", &tx.name, "type", "veth", "peer", "name", rx_if, "netns",
+        &rx.name,
+    ]);
+    for (ns, ifn, v4, v6) in [
+        (tx, tx_if, "198.18.0.1/24", "2001:db8::1/64"),
+        (rx, rx_if, "198.18.0.2/24", "2001:db8::2/64"),
+    ] {
+        ip(&["-n", &ns.name, "addr", "add", v4, "dev", ifn]);
+        ip(&["-n", &ns.name, "addr", "add", v6, "dev", ifn, "nodad"]);
+        ip(&["-n", &ns.name, "link", "set", ifn, "up"]);
+    }
+    let tx_mac = mac_of(&tx.name, tx_if);
+    let rx_mac = mac_of(&rx.name, rx_if);
+    for (ns, ifn, peer, mac) in [
+        (tx, tx_if, ["198.18.0.2", "2001:db8::2"], rx_mac),
+        (rx, rx_if, ["198.18.0.1", "2001:db8::1"], tx_mac),
+    ] {
+        for addr in peer {
+            ip(&[
+                "-n",
+                &ns.name,
+                "neigh",
+                "replace",
+                addr,
+                "lladdr",
+                &fmt_mac(&mac),
+                "dev",
+                ifn,
+                "nud",
+                "permanent",
+            ]);
+        }
+    }
+    (tx_mac, rx_mac)
 }

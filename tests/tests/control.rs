@@ -348,6 +348,15 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         .output()
         .expect("cli");
     fails(out, &format!("no ratelimit daemon runs on {}", pair.rx_if));
+    // Nor on any interface of this namespace, when none is named.
+    let out = pair
+        .rx
+        .command(&bin)
+        .args(["list"])
+        .env("RATELIMIT_RUN_DIR", &run.0)
+        .output()
+        .expect("cli");
+    fails(out, "no ratelimit daemon runs in this network namespace");
 
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "100/s"]);
     d.cli_ok(&["deny", "198.18.0.77/32"]);

@@ -495,6 +495,31 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
     assert_eq!(in_kernel(&pair.rx_if), ten);
 }
 
+/// A first start that fails after it made its pin directory (here the kernel
+/// cannot allocate the state map asked for) leaves no directory behind.
+#[test]
+fn a_failed_first_start_leaves_no_pin_directory() {
+    privileged!("a_failed_first_start_leaves_no_pin_directory");
+    let pair = Pair::new();
+    let run = TempDir::new("nopins");
+    let out = refused(
+        run_cmd(
+            &pair.rx,
+            &pair.rx_if,
+            &run.0,
+            &["--max-sources", "4000000000"],
+        ),
+        "a state map the kernel cannot allocate",
+    );
+    assert!(out.contains("RL_STATE") || out.contains("map"), "{out}");
+    assert!(!pair.rx_has_xdp());
+    assert!(
+        pin_dirs(&pair.rx_if).is_empty(),
+        "a failed start left {:?}",
+        pin_dirs(&pair.rx_if)
+    );
+}
+
 /// (Item 4) A start that does not fit the maps (smaller ones with --reset, or more
 /// rules than the adopted maps hold) leaves the running program enforcing what
 /// it did, with its pins and saved rules; the advice it gives works.
@@ -996,28 +1021,7 @@ fn an_interface_deleted_and_recreated_is_followed() {
     );
 
     // The same pair again, same names.
-    ip_cmd(&[
-        "link",
-        "add",
-        &pair.tx_if,
-        "netns",
-        &pair.tx.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &pair.rx_if,
-        "netns",
-        &pair.rx.name,
-    ]);
-    for (ns, ifn, v4) in [
-        (&pair.tx, &pair.tx_if, "198.18.0.1/24"),
-        (&pair.rx, &pair.rx_if, "198.18.0.2/24"),
-    ] {
-        ip_cmd(&["-n", &ns.name, "addr", "add", v4, "dev", ifn]);
-        ip_cmd(&["-n", &ns.name, "link", "set", ifn, "up"]);
-    }
-    let pair = pair.refresh_macs();
+    let pair = pair.relink();
     eventually(
         Duration::from_secs(5),
         "the daemon attaches to the new interface",
@@ -1037,28 +1041,7 @@ fn an_interface_deleted_and_recreated_is_followed() {
     let (iface, run_dir) = (d.iface.clone(), d.run_dir.clone());
     d.stop(libc::SIGKILL);
     ip_cmd(&["-n", &pair.rx.name, "link", "del", &pair.rx_if]);
-    ip_cmd(&[
-        "link",
-        "add",
-        &pair.tx_if,
-        "netns",
-        &pair.tx.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &pair.rx_if,
-        "netns",
-        &pair.rx.name,
-    ]);
-    for (ns, ifn, v4) in [
-        (&pair.tx, &pair.tx_if, "198.18.0.1/24"),
-        (&pair.rx, &pair.rx_if, "198.18.0.2/24"),
-    ] {
-        ip_cmd(&["-n", &ns.name, "addr", "add", v4, "dev", ifn]);
-        ip_cmd(&["-n", &ns.name, "link", "set", ifn, "up"]);
-    }
-    let pair = pair.refresh_macs();
+    let pair = pair.relink();
     let d = Daemon::start(&pair.rx, &iface, &run_dir, &[]);
     assert!(listed(&d).contains("198.18.0.96/32 deny"));
     let got = pair.probe(&[(denied, 200)], Duration::from_millis(300));

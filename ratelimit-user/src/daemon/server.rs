@@ -17,8 +17,7 @@ use tokio::{
 
 use crate::{
     control::{MAX_REQUEST, Request, Response},
-    metrics::QuietLog,
-    slots::{Slot, Slots},
+    slots::{AcceptBackoff, Slot, Slots},
 };
 
 /// A request and where its answer goes.
@@ -35,26 +34,23 @@ const TOP_WINDOW: Duration = Duration::from_millis(250);
 /// Serves `listener` until the task is dropped.
 pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
     let slots = Slots::new(MAX_CONNECTIONS);
-    let mut log = QuietLog::new();
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = AcceptBackoff::default();
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                backoff = Duration::from_millis(10);
+                backoff.accepted();
                 let jobs = jobs.clone();
                 slots.spawn(move |slot| async move {
                     connection(stream, slot, &jobs).await;
                 });
             }
             Err(e) => {
-                // Out of file descriptors, or the like: wait before trying
-                // again rather than spin.
-                log.warn(
-                    "control socket: accepting a connection failed; backing off",
-                    &e,
-                );
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                backoff
+                    .failed(
+                        "control socket: accepting a connection failed; backing off",
+                        &e,
+                    )
+                    .await
             }
         }
     }

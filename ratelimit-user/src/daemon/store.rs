@@ -113,9 +113,9 @@ pub fn path(id: &Identity) -> std::path::PathBuf {
     rundir::file(id, "rules.json")
 }
 
-/// Saves `rules`, whole or not at all.
-pub fn save(id: &Identity, rules: &Rules) -> Result<()> {
-    let saved = Saved {
+/// The saved form of `rules`.
+fn record(rules: &Rules) -> Saved {
+    Saved {
         version: VERSION,
         base: RawConfig::from(&rules.base),
         live: RawOverlay {
@@ -130,8 +130,12 @@ pub fn save(id: &Identity, rules: &Rules) -> Result<()> {
                 })
                 .collect(),
         },
-    };
-    let json = serde_json::to_vec_pretty(&saved).expect("the record serializes");
+    }
+}
+
+/// Saves `rules`, whole or not at all.
+pub fn save(id: &Identity, rules: &Rules) -> Result<()> {
+    let json = serde_json::to_vec_pretty(&record(rules)).expect("the record serializes");
     rundir::write_atomic(&path(id), &json)
 }
 
@@ -329,23 +333,7 @@ mod tests {
             .live
             .rules
             .insert(p("2001:db8::/32"), Some(Action::Deny { dry_run: true }));
-        let saved = Saved {
-            version: VERSION,
-            base: RawConfig::from(&rules.base),
-            live: RawOverlay {
-                default: None,
-                rules: rules
-                    .live
-                    .rules
-                    .iter()
-                    .map(|(p, a)| RawLive {
-                        cidr: p.to_string(),
-                        rule: a.as_ref().map(RawLimit::from),
-                    })
-                    .collect(),
-            },
-        };
-        let text = serde_json::to_string(&saved).unwrap();
+        let text = serde_json::to_string(&record(&rules)).unwrap();
         assert_eq!(parse(&text).unwrap(), rules);
     }
 }

@@ -174,6 +174,8 @@ impl Enforcer {
             "creating {} (is bpffs mounted at /sys/fs/bpf?)",
             identity::pin_dir(&root.shown, id).display()
         )))?;
+        // A start that fails from here leaves no empty pin directory behind.
+        let mut fresh_dir = EmptyDirGuard(Some(dir.clone()));
         let pinned_maps = common::PINNED_MAPS.iter().all(|m| dir.join(m).exists());
         let adopt_maps = pinned_maps && !reset;
         let mut loader = if adopt_maps {
@@ -215,6 +217,7 @@ impl Enforcer {
             }
             None => false,
         };
+        fresh_dir.0 = None;
         Ok(Prepared {
             id: id.clone(),
             ebpf,
@@ -226,6 +229,22 @@ impl Enforcer {
             live_link,
             ifindex: index,
         })
+    }
+}
+
+/// Removes a pin directory (and its namespace directory) on drop if they are
+/// empty, unless disarmed (`None`).
+struct EmptyDirGuard(Option<PathBuf>);
+
+impl Drop for EmptyDirGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0
+            && fs::remove_dir(dir).is_ok()
+            && let Some(parent) = dir.parent()
+        {
+            // Fails while another interface of the namespace has pins.
+            let _ = fs::remove_dir(parent);
+        }
     }
 }
 

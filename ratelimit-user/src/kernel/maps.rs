@@ -39,22 +39,9 @@ pub struct Maps {
     seen: Array<MapData, u64>,
 }
 
-/// The maps' names, in the order [`Maps::from_maps`] takes them.
-const NAMES: [&str; 13] = [
-    MAP_RULES,
-    MAP_RULES_B,
-    MAP_RULE_TABLE,
-    MAP_STATE,
-    MAP_STATE_V4,
-    MAP_STATS,
-    MAP_CONFIG,
-    MAP_DROPS,
-    common::MAP_WIDE,
-    MAP_SEEN,
-    MAP_RULE_STATE,
-    MAP_GLOBAL,
-    MAP_EVENTS,
-];
+/// The maps' names, in the order [`Maps::from_maps`] takes them: the pinned
+/// ones (the per-CPU scratch map stays inside the program).
+const NAMES: [&str; 13] = common::PINNED_MAPS;
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
     move |source| Error::Map { op, map, source }

@@ -405,6 +405,33 @@ fn owed_by(word: u64, now_t: u64, params: &Params) -> (u64, bool) {
     }
 }
 
+/// How far beyond a whole bucket the daemon may set a key's debt
+/// ([`with_debt`]): `3·2^38` ticks, about 100 ms. Below [`CLOCK_SKEW_MARGIN`],
+/// so the program reads such a state as empty and leaves it as it is (it
+/// rewrites a state only when it is further ahead than that margin).
+pub const OVER_MAX: u64 = 3 << 38;
+
+/// The debt of the state word `word` at `now_ns` under `params`, in ns: how
+/// long until the bucket is full again; beyond a whole bucket when the daemon
+/// set it so ([`with_debt`]).
+pub fn debt_ns(word: u64, params: &Params, now_ns: u64) -> u64 {
+    let now_t = ns_to_ticks(now_ns);
+    let ahead = if generation_of(word) == params.generation & GENERATION_MASK {
+        ahead_of(word, now_t).min(params.tau + OVER_MAX)
+    } else {
+        owed_by(word, now_t, params).0
+    };
+    ticks_to_ns_ceil(ahead)
+}
+
+/// The state word of a key under `params` whose debt at `now_ns` is `debt_ns`
+/// (at most a whole bucket and [`OVER_MAX`]): what a daemon of a fleet writes
+/// to keep a key's bucket in step with the fleet's.
+pub fn with_debt(params: &Params, now_ns: u64, debt_ns: u64) -> u64 {
+    let debt = ns_to_ticks(debt_ns.min(1 << 40)).min(params.tau + OVER_MAX);
+    stored(ns_to_ticks(now_ns).wrapping_add(debt), params.generation)
+}
+
 /// Whole units the bucket holds at `now_ns`.
 fn available(state: &State, params: &Params, now_ns: u64) -> u64 {
     if params.capacity == 0 {
@@ -485,6 +512,28 @@ mod tests {
     /// Interval `i_ms` between tokens, capacity `c`.
     fn params(i_ms: u64, c: u64) -> Params {
         Params::from_rate(1, i_ms * MS, c).expect("valid params")
+    }
+
+    /// A debt the daemon set beyond a whole bucket (a fleet over its limit)
+    /// is read as empty, kept as it is by denials, and paid down in time.
+    #[test]
+    fn a_debt_beyond_the_bucket_holds_until_paid() {
+        let p = params(10, 20);
+        let now = 1_000 * MS;
+        // Whole bucket (200 ms) and 80 ms more.
+        let word = with_debt(&p, now, 280 * MS);
+        assert_eq!(debt_ns(word, &p, now), 280 * MS);
+        let mut s = State { tat: word };
+        for t in [0, 40, 79] {
+            assert!(!admit(&mut s, &p, now + t * MS, 1), "at +{t} ms");
+            assert_eq!(s.tat, word, "a denial leaves the debt as set");
+        }
+        // 80 ms later the bucket is empty, 10 ms after that one token is back.
+        assert!(!admit(&mut s, &p, now + 85 * MS, 1));
+        assert!(admit(&mut s, &p, now + 90 * MS, 1));
+        // The beyond-the-bucket part is capped at OVER_MAX.
+        let capped = with_debt(&p, now, 10_000 * MS);
+        assert_eq!(debt_ns(capped, &p, now), ticks_to_ns_ceil(p.tau + OVER_MAX));
     }
 
     #[test]

@@ -54,9 +54,15 @@ pub const MAP_GLOBAL: &str = "RL_GLOBAL";
 /// `PerCpuArray<u64>` indexed by [`Event`]: things that happen to state, not
 /// verdicts. Written by the program.
 pub const MAP_EVENTS: &str = "RL_EVENTS";
+/// `LruHash<FlowKey, Counter>`: what each key of a fleet-wide rule was
+/// admitted here (cumulative), for the daemon to report to the fleet.
+/// Written by the program (atomic add).
+pub const MAP_FLEET_USED: &str = "RL_FLEET_USED";
+/// Keys of fleet-wide rules followed at once.
+pub const FLEET_CAPACITY: u32 = 65_536;
 
 /// Every map.
-pub const ALL_MAPS: [&str; 14] = [
+pub const ALL_MAPS: [&str; 15] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -71,10 +77,11 @@ pub const ALL_MAPS: [&str; 14] = [
     MAP_RULE_STATE,
     MAP_GLOBAL,
     MAP_EVENTS,
+    MAP_FLEET_USED,
 ];
 
 /// The maps pinned for a restart to adopt: all but the per-CPU scratch.
-pub const PINNED_MAPS: [&str; 13] = [
+pub const PINNED_MAPS: [&str; 14] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -88,6 +95,7 @@ pub const PINNED_MAPS: [&str; 13] = [
     MAP_RULE_STATE,
     MAP_GLOBAL,
     MAP_EVENTS,
+    MAP_FLEET_USED,
 ];
 
 /// Default number of doorkeeper slots (8 bytes each: 8 MiB). A load-time setting.
@@ -295,6 +303,10 @@ pub mod rule_flags {
     /// Frames from sources without state pass unbudgeted (still counted as
     /// `new_source`); [`super::Rule::new_sources`] is not used.
     pub const NEW_SOURCES_UNLIMITED: u8 = 1 << 4;
+    /// The rule holds across a fleet: what its keys are admitted is counted
+    /// in [`super::MAP_FLEET_USED`], and the daemon keeps each key's own
+    /// bucket (and the aggregate) in step with the fleet's debt.
+    pub const FLEET: u8 = 1 << 5;
 }
 
 /// Which algorithm a limit rule uses: [`Rule::algorithm`].

@@ -45,10 +45,11 @@ use network_types::{
 use ratelimit_common::{
     Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
-    DROPS_CAPACITY, EVENT_COUNT, Event, FAMILY_BITS, FlowKey, FlowKeyV4, GlobalState, LOCK_RETRIES,
-    REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words,
-    action, addr_of, algorithm, config_flags, doorkeeper, family, fixed_window, gcra, interval,
-    rolling_quota, rule_addr, rule_flags, sliding_log, sliding_window,
+    DROPS_CAPACITY, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
+    GlobalState, LOCK_RETRIES, REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD,
+    WIDE_WORDS, WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, family,
+    fixed_window, gcra, interval, rolling_quota, rule_addr, rule_flags, sliding_log,
+    sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -98,6 +99,10 @@ static RL_GLOBAL: Array<GlobalState> = Array::with_max_entries(1, 0);
 
 #[map(name = "RL_EVENTS")]
 static RL_EVENTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_COUNT, 0);
+
+#[map(name = "RL_FLEET_USED")]
+static RL_FLEET_USED: LruHashMap<FlowKey, Counter> =
+    LruHashMap::with_max_entries(FLEET_CAPACITY, 0);
 
 const ETH_P_8021Q: u16 = EtherType::Ieee8021q as u16;
 const ETH_P_8021AD: u16 = EtherType::Ieee8021ad as u16;
@@ -177,6 +182,7 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
         }
     };
     let n = count(reason, len);
+
     // `top` needs drops per source, but a hash update per dropped frame would
     // double the cost of the drop path: one drop in DROP_SAMPLE (per CPU) is
     // credited DROP_SAMPLE times to its source.
@@ -322,17 +328,7 @@ impl Target {
 /// Applies a limit rule to the frame from `source`.
 #[inline(always)]
 fn limit(rule: &'static Rule, fam: u8, source: &Words, len: u64, config: &Config) -> Reason {
-    let masked = if fam == family::V4 {
-        [0, 0, V4_MAPPED_WORD, source[3] & rule.mask_v4]
-    } else {
-        let m = &rule.mask_v6;
-        [
-            source[0] & m[0],
-            source[1] & m[1],
-            source[2] & m[2],
-            source[3] & m[3],
-        ]
-    };
+    let masked = masked(rule, fam, source);
     let key = FlowKey::of(&masked, rule.id);
     let cost = if rule.flags & rule_flags::BYTES != 0 {
         len
@@ -370,11 +366,57 @@ fn limit(rule: &'static Rule, fam: u8, source: &Words, len: u64, config: &Config
     if !tracked {
         target = untracked(&key, &masked, fam, rule, config, now, cost);
     }
-    match target.kind {
+    let reason = match target.kind {
         Kind::Gcra => two_levels(target.level, agg, now),
         // The wide algorithms count packets (the daemon sets BYTES for gcra only).
         Kind::Wide => limit_wide(target.wide, rule, len, now),
         Kind::Done => target.reason,
+    };
+    if matches!(reason, Reason::Passed | Reason::NewSource) {
+        fleet_count(rule, &key, len);
+    }
+    reason
+}
+
+/// Counts a frame admitted under a fleet-wide `rule` for its key, for the
+/// daemon to report to the fleet.
+#[inline(always)]
+fn fleet_count(rule: &Rule, key: &FlowKey, len: u64) {
+    if rule.flags & rule_flags::FLEET == 0 {
+        return;
+    }
+    match RL_FLEET_USED.get_ptr_mut(key) {
+        // SAFETY: fields of a map value valid for this run; other CPUs change
+        // them only by atomic add.
+        Some(c) => unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*c).packets, 1);
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*c).bytes, len);
+        },
+        None => {
+            // Two CPUs counting a key's first frame at once lose one count
+            // (the daemon's bound allows for a frame per key and sync).
+            let first = Counter {
+                packets: 1,
+                bytes: len,
+            };
+            let _ = RL_FLEET_USED.insert(key, first, 0);
+        }
+    }
+}
+
+/// The bits of `source` that make its key under `rule`.
+#[inline(always)]
+fn masked(rule: &Rule, fam: u8, source: &Words) -> Words {
+    if fam == family::V4 {
+        [0, 0, V4_MAPPED_WORD, source[3] & rule.mask_v4]
+    } else {
+        let m = &rule.mask_v6;
+        [
+            source[0] & m[0],
+            source[1] & m[1],
+            source[2] & m[2],
+            source[3] & m[3],
+        ]
     }
 }
 

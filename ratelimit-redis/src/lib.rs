@@ -368,6 +368,39 @@ impl Store {
         Ok(n)
     }
 
+    /// Adds `amount` to `member`'s score in the sorted set `key`, which
+    /// vanishes `ttl` after its last write: a tally for monitoring.
+    pub async fn tally(
+        &self,
+        key: &str,
+        member: &str,
+        amount: u64,
+        ttl: Duration,
+    ) -> Result<(), Error> {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .zincr(key, member, amount)
+            .ignore()
+            .pexpire(key, ttl.as_millis() as i64)
+            .ignore();
+        match &self.conn {
+            Conn::Single(c) => pipe.query_async::<()>(&mut c.clone()).await?,
+            Conn::Cluster(c) => pipe.query_async::<()>(&mut c.clone()).await?,
+        }
+        Ok(())
+    }
+
+    /// The `n` members of the sorted set `key` with the highest scores.
+    pub async fn top(&self, key: &str, n: usize) -> Result<Vec<(String, u64)>, Error> {
+        let stop = n.saturating_sub(1) as isize;
+        let cmd = redis::Cmd::zrevrange_withscores(key, 0, stop);
+        let r: Vec<(String, f64)> = match &self.conn {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await?,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await?,
+        };
+        Ok(r.into_iter().map(|(m, s)| (m, s.max(0.0) as u64)).collect())
+    }
+
     /// The full Redis key for `key` under `prefix`: `prefix{key}`.
     pub fn key(prefix: &str, key: &str) -> String {
         format!("{prefix}{{{key}}}")
@@ -400,6 +433,33 @@ impl Store {
     pub async fn charge(&self, key: &str, limit: &Limit, amount: u64) -> Result<Reply, Error> {
         self.call(Op::Charge, key, Some(limit), amount).await
     }
+
+    /// Adds `amount` (possibly 0) admitted elsewhere to the gcra bucket of
+    /// `key`, beyond empty if it comes to that (by at most a minute of refill),
+    /// and returns the debt after it: how long the bucket takes to be full
+    /// again. What the fleet's daemons report their keys' use with.
+    pub async fn report(&self, key: &str, limit: &Limit, amount: u64) -> Result<Duration, Error> {
+        if !matches!(limit, Limit::Gcra { .. }) {
+            return Err(Error::Param(ParamError {
+                param: "limit",
+                accepted: "report takes a gcra limit",
+            }));
+        }
+        let (algo, x, y, z) = limit.args()?;
+        let mut call = self.script.prepare_invoke();
+        call.key(key)
+            .arg(Op::Report.name())
+            .arg(algo)
+            .arg(x)
+            .arg(y)
+            .arg(z)
+            .arg(amount.min(EXACT_MAX));
+        let r: (i64, i64, i64, i64, i64) = match &self.conn {
+            Conn::Single(c) => call.invoke_async(&mut c.clone()).await?,
+            Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await?,
+        };
+        Ok(Duration::from_micros(r.3.max(0) as u64))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -408,6 +468,7 @@ enum Op {
     Partial,
     Refund,
     Charge,
+    Report,
 }
 
 impl Op {
@@ -417,6 +478,7 @@ impl Op {
             Op::Partial => "partial",
             Op::Refund => "refund",
             Op::Charge => "charge",
+            Op::Report => "report",
         }
     }
 }

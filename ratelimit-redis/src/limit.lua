@@ -2,7 +2,9 @@
 --
 -- KEYS[1]  the key, with its {hash tag}
 -- ARGV[1]  operation: "take" (all or nothing), "partial" (what is there),
---          "refund" (give back), "charge" (take whether or not it is there)
+--          "refund" (give back), "charge" (take whether or not it is there),
+--          "report" (gcra: add what was admitted elsewhere, beyond empty if
+--          it comes to that, by at most a minute of refill; amount may be 0)
 -- ARGV[2]  algorithm: "gcra", "fixed", "sliding"; "stored" (refund only):
 --          whatever the key was written with
 -- ARGV[3..5]
@@ -26,7 +28,9 @@
 -- client refuses parameters that could leave that range.
 --
 -- Returns {allowed, granted, remaining, retry_us, now_us}; retry_us is -1
--- when the amount can never be granted at once, 0 when it was granted.
+-- when the amount can never be granted at once, 0 when it was granted; for
+-- "report" it is the debt after it, in microseconds (rounded up): how long
+-- the bucket takes to be full again.
 
 local key = KEYS[1]
 local op, algo = ARGV[1], ARGV[2]
@@ -88,6 +92,13 @@ if algo == 'gcra' then
     if d < 0 then d = 0 end
     save(d)
     return {1, amount, left(d), 0, now}
+  end
+  if op == 'report' then
+    local d = debt + amount * p
+    local most = tau + math.min(60000000 * s, 4503599627370496)
+    if d > most then d = most end
+    save(d)
+    return {1, amount, left(math.min(d, tau)), math.floor((d + s - 1) / s), now}
   end
   if op == 'charge' then
     local d = debt + amount * p

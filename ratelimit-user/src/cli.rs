@@ -136,6 +136,15 @@ pub struct RunArgs {
     /// two, 8 bytes each; a load-time setting).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_SEEN_SLOTS)]
     pub doorkeeper_slots: u32,
+    /// Share fleet-wide rules with the other daemons through this Redis:
+    /// redis://HOST:PORT, redis+unix:///PATH or redis+cluster://HOST:PORT,…
+    #[arg(long, value_name = "REDIS_URL")]
+    pub fleet: Option<String>,
+    /// What fleet-wide rules do while Redis cannot be reached: `share` (each
+    /// daemon admits the limit divided by the daemons last seen) or `local`
+    /// (each daemon admits the whole limit: the fleet up to N times it).
+    #[arg(long, value_enum, default_value_t = crate::fleet::Fallback::Share)]
+    pub fleet_fallback: crate::fleet::Fallback,
 }
 
 /// The daemon to talk to.
@@ -207,6 +216,10 @@ pub struct SetArgs {
     /// Burst of the aggregate level [default: one second's worth].
     #[arg(long, requires = "aggregate")]
     pub aggregate_burst: Option<String>,
+    /// The limit holds across the fleet: every daemon run with --fleet keeps
+    /// each key in step through Redis (gcra only).
+    #[arg(long)]
+    pub fleet: bool,
     #[command(flatten)]
     pub target_daemon: Target,
 }
@@ -256,6 +269,10 @@ pub struct TopArgs {
     /// How many sources.
     #[arg(short, default_value_t = 10)]
     pub n: usize,
+    /// The fleet's use of each key of the fleet-wide rules (all daemons
+    /// together, from Redis), this minute and the last.
+    #[arg(long)]
+    pub fleet: bool,
     #[command(flatten)]
     pub read: ReadArgs,
 }
@@ -334,6 +351,8 @@ impl RunArgs {
             keep_attached: self.keep_attached,
             reset: self.reset,
             metrics: self.metrics,
+            fleet: self.fleet.clone(),
+            fleet_fallback: self.fleet_fallback,
             load: LoadOptions {
                 state_capacity: self.max_sources,
                 state_capacity_v6: self.max_sources_v6,
@@ -406,6 +425,7 @@ pub async fn main(cli: Cli) -> Result<()> {
                 new_sources_burst: args.new_sources_burst.clone().map(RawBurst::Text),
                 aggregate: args.aggregate.clone(),
                 aggregate_burst: args.aggregate_burst.clone().map(RawBurst::Text),
+                fleet: args.fleet.then_some(true),
             };
             if args.target == "default" && args.per.is_some() {
                 return Err(Error::invalid(
@@ -475,6 +495,42 @@ pub async fn main(cli: Cli) -> Result<()> {
                     () = shutdown_signal() => return Ok(()),
                 }
             }
+        }
+        Command::Top(t) if t.fleet => {
+            let data =
+                control::call(&iface(&t.read.target)?, &Request::FleetTop { n: t.n }).await?;
+            if t.read.json {
+                print_json(&data)
+            } else {
+                println!(
+                    "fleet-wide use, all daemons (from {}):",
+                    data["redis"].as_str().unwrap_or("?")
+                );
+                println!(
+                    "{:<24} {:<44} {:>12} {:>12}",
+                    "rule", "key", "this minute", "last minute"
+                );
+                for rule in data["rules"].as_array().into_iter().flatten() {
+                    let name = rule["rule"].as_str().unwrap_or("?");
+                    println!(
+                        "{:<24} {:<44} {:>12} {:>12}",
+                        name,
+                        "(all keys shown)",
+                        rule["this_minute"].as_u64().unwrap_or(0),
+                        rule["last_minute"].as_u64().unwrap_or(0)
+                    );
+                    for k in rule["keys"].as_array().into_iter().flatten() {
+                        println!(
+                            "{:<24} {:<44} {:>12} {:>12}",
+                            "",
+                            k["key"].as_str().unwrap_or("?"),
+                            k["this_minute"].as_u64().unwrap_or(0),
+                            k["last_minute"].as_u64().unwrap_or(0)
+                        );
+                    }
+                }
+            }
+            Ok(())
         }
         Command::Top(t) => {
             let data = control::call(&iface(&t.read.target)?, &Request::Top { n: t.n }).await?;

@@ -91,6 +91,9 @@ pub struct RawLimit {
     /// Burst of the aggregate level.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aggregate_burst: Option<RawBurst>,
+    /// The limit holds across the fleet (every daemon run with `--fleet`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<bool>,
 }
 
 /// What each algorithm takes, for errors.
@@ -152,11 +155,12 @@ impl RawLimit {
                 || self.new_sources_burst.is_some()
                 || self.aggregate.is_some()
                 || self.aggregate_burst.is_some()
+                || self.fleet.is_some()
             {
                 return Err(Error::invalid(
                     field,
                     format!(
-                        "an {name} rule takes no rate, burst, per, algorithm, new-sources or aggregate"
+                        "an {name} rule takes no rate, burst, per, algorithm, new-sources, aggregate or fleet"
                     ),
                 ));
             }
@@ -208,6 +212,7 @@ impl RawLimit {
                     dry_run: self.dry_run.unwrap_or(false),
                     new_sources: self.new_sources(field)?,
                     aggregate: self.aggregate(field)?,
+                    fleet: self.fleet.unwrap_or(false),
                 };
                 Action::Limit(limit).to_kernel(0, field)?;
                 if algo == Algo::Gcra && rate.unit == Unit::Bytes && burst < 1514 {
@@ -397,6 +402,7 @@ impl From<&Action> for RawLimit {
                     per_v4: Some(l.per_v4),
                     per_v6: Some(l.per_v6),
                     dry_run: Some(l.dry_run),
+                    fleet: l.fleet.then_some(true),
                     ..Default::default()
                 };
                 match l.new_sources {

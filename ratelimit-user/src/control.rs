@@ -77,6 +77,14 @@ pub enum Request {
     },
     /// Drop counts by source, now.
     Drops,
+    /// The fleet's use of each key of the fleet-wide rules, from Redis (the
+    /// connection task asks Redis; see [`Request::FleetRules`]).
+    FleetTop {
+        /// How many keys per rule.
+        n: usize,
+    },
+    /// The fleet's Redis and the names of the fleet-wide rules.
+    FleetRules,
 }
 
 /// The daemon's answer.

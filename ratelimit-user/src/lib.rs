@@ -8,6 +8,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod fleet;
 pub mod identity;
 pub mod kernel;
 pub mod logs;

@@ -60,6 +60,8 @@ pub struct Snapshot {
     pub tracked: usize,
     /// Rules.
     pub rules: usize,
+    /// The fleet, when run with `--fleet`.
+    pub fleet: Option<crate::fleet::Status>,
 }
 
 impl Collector for Snapshot {
@@ -166,6 +168,45 @@ impl Collector for Snapshot {
                 })
                 .collect(),
         )?;
+        if let Some(f) = &self.fleet {
+            let one = |v: i64| vec![(vec![iface.clone()], v)];
+            gauge(
+                &mut encoder,
+                "ratelimit_fleet_redis_up",
+                "1 while the last sync reached the fleet's Redis, 0 while the fallback policy holds.",
+                one(i64::from(f.redis_up)),
+            )?;
+            gauge(
+                &mut encoder,
+                "ratelimit_fleet_daemons",
+                "Daemons of the fleet seen in the last 3 s (this one included).",
+                one(f.daemons as i64),
+            )?;
+            gauge(
+                &mut encoder,
+                "ratelimit_fleet_keys",
+                "Keys of fleet-wide rules this daemon follows (admitted something in the last 2 s).",
+                one(f.keys as i64),
+            )?;
+            gauge(
+                &mut encoder,
+                "ratelimit_fleet_keys_over",
+                "Of those, keys whose fleet-wide bucket is empty (the fleet holds them at their limit).",
+                one(f.keys_over as i64),
+            )?;
+            counter(
+                &mut encoder,
+                "ratelimit_fleet_reported_units",
+                "Units (packets, or bytes for byte rules) this daemon reported to the fleet.",
+                vec![(vec![iface.clone()], f.reported)],
+            )?;
+            counter(
+                &mut encoder,
+                "ratelimit_fleet_fallback_syncs",
+                "Syncs made under the fallback policy (Redis could not be reached).",
+                vec![(vec![iface.clone()], f.fallback_syncs)],
+            )?;
+        }
         Ok(())
     }
 }

@@ -398,6 +398,10 @@ pub struct Limit {
     pub new_sources: NewSources,
     /// The aggregate level: all the rule's sources together.
     pub aggregate: Option<Shared>,
+    /// Held across the fleet (gcra): every daemon run with `--fleet` keeps
+    /// each key's bucket in step with what the fleet admitted
+    /// ([`crate::fleet`]). The aggregate level stays per host.
+    pub fleet: bool,
 }
 
 /// Default bits of an IPv4 source that make one key.
@@ -490,6 +494,9 @@ impl fmt::Display for Limit {
         write!(f, " per /{} (IPv4) /{} (IPv6)", self.per_v4, self.per_v6)?;
         if let Some(a) = &self.aggregate {
             write!(f, ", aggregate {a}")?;
+        }
+        if self.fleet {
+            f.write_str(", fleet-wide")?;
         }
         if self.new_sources != default_new_sources() {
             write!(f, ", new sources {}", self.new_sources)?;
@@ -637,6 +644,7 @@ impl Action {
                     dry_run: r.flags & rule_flags::DRY_RUN != 0,
                     new_sources,
                     aggregate,
+                    fleet: r.flags & rule_flags::FLEET != 0,
                 })
             }
         }
@@ -663,6 +671,18 @@ impl Action {
                 }
                 if l.dry_run {
                     flags |= rule_flags::DRY_RUN;
+                }
+                if l.fleet {
+                    if l.algo != Algo::Gcra {
+                        return Err(Error::invalid(
+                            field,
+                            format!(
+                                "--fleet: only gcra limits can be fleet-wide, not {}",
+                                l.algo.name()
+                            ),
+                        ));
+                    }
+                    flags |= rule_flags::FLEET;
                 }
                 let gcra = l.params(field)?;
                 let burst = match l.algo {
@@ -762,6 +782,7 @@ pub fn default_limit() -> Limit {
         dry_run: false,
         new_sources: default_new_sources(),
         aggregate: None,
+        fleet: false,
     }
 }
 
@@ -779,6 +800,13 @@ impl Default for RuleSet {
 }
 
 impl RuleSet {
+    /// Whether any rule (or the default) is fleet-wide.
+    pub fn has_fleet(&self) -> bool {
+        std::iter::once(&self.default)
+            .chain(self.rules.values())
+            .any(|a| matches!(a, Action::Limit(Limit { fleet: true, .. })))
+    }
+
     /// The rule set kernel values enforce (see [`Action::from_kernel`]).
     pub fn from_kernel(
         config: &common::Config,

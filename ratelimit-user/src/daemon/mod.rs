@@ -30,7 +30,7 @@ use ratelimit_common::{Counter, Event, REASON_COUNT, gcra};
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, watch},
 };
 use tracing::{error, info, warn};
 
@@ -41,7 +41,7 @@ use crate::{
     identity::Identity,
     kernel::{AttachMode, Enforcer, InterfaceState, LoadOptions},
     metrics::{self, SnapshotRequest},
-    rules::RuleSet,
+    rules::{Action, RuleSet},
     rundir,
 };
 use store::Rules;
@@ -66,6 +66,10 @@ pub struct RunOptions {
     pub load: LoadOptions,
     /// Where to serve Prometheus metrics.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The fleet's Redis, for fleet-wide rules.
+    pub fleet: Option<String>,
+    /// What fleet-wide rules do while Redis cannot be reached.
+    pub fleet_fallback: crate::fleet::Fallback,
 }
 
 impl RunOptions {
@@ -121,6 +125,8 @@ struct Daemon {
     baseline: Baseline,
     /// The interface as last seen.
     interface: InterfaceState,
+    /// The fleet sync task's view, when run with --fleet.
+    fleet: Option<watch::Receiver<crate::fleet::Status>>,
 }
 
 /// An exclusive lock on the daemon's identity, released on drop.
@@ -189,6 +195,12 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         other => other.transpose()?,
     };
     let rules = store::initial(&id, given, found, kernel)?;
+    if opts.fleet.is_none() && rules.effective().has_fleet() {
+        return Err(Error::invalid(
+            "--fleet",
+            "the rules have a fleet-wide limit: run with --fleet REDIS_URL (the Redis the fleet shares)",
+        ));
+    }
     let sizes = prepared.maps.capacities();
     if prepared.adopted_maps && sizes != opts.load {
         info!(
@@ -226,6 +238,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         tracked: None,
         baseline,
         interface: InterfaceState::Attached,
+        fleet: None,
     };
     daemon.save();
     daemon.announce();
@@ -243,7 +256,25 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     };
     let (jobs_tx, jobs_rx) = mpsc::channel::<server::Job>(64);
     tokio::spawn(server::serve(listener, jobs_tx));
-    daemon.run_loop(shutdown, jobs_rx, metrics_rx).await?;
+    let (fleet_tx, fleet_rx) = mpsc::channel::<crate::fleet::Job>(4);
+    if let Some(url) = daemon.opts.fleet.clone() {
+        let (status_tx, status_rx) = watch::channel(crate::fleet::Status::default());
+        daemon.fleet = Some(status_rx);
+        let member = format!("{}/{}/{}", hostname(), daemon.id, std::process::id());
+        info!(redis = %url, fallback = ?daemon.opts.fleet_fallback, "fleet-wide rules are kept in step through Redis");
+        tokio::spawn(crate::fleet::run(
+            url,
+            daemon.opts.fleet_fallback,
+            member,
+            fleet_tx,
+            status_tx,
+        ));
+    } else {
+        drop(fleet_tx);
+    }
+    daemon
+        .run_loop(shutdown, jobs_rx, metrics_rx, fleet_rx)
+        .await?;
     let keep = daemon.opts.keep_attached;
     rundir::remove(&socket_path(&daemon.id));
     daemon.shutdown(keep);
@@ -284,6 +315,7 @@ impl Daemon {
         shutdown: impl Future<Output = ()>,
         mut jobs: mpsc::Receiver<server::Job>,
         mut metrics_rx: mpsc::Receiver<SnapshotRequest>,
+        mut fleet_rx: mpsc::Receiver<crate::fleet::Job>,
     ) -> Result<()> {
         let mut hup =
             signal(SignalKind::hangup()).map_err(Error::io("installing SIGHUP handler"))?;
@@ -306,6 +338,7 @@ impl Daemon {
                 Some(reply) = metrics_rx.recv() => {
                     let _ = reply.send(self.metrics());
                 }
+                Some(job) = fleet_rx.recv() => self.fleet_job(job),
                 Some((request, reply)) = jobs.recv() => {
                     let response = match self.handle(request) {
                         Ok(data) => Response { ok: true, error: None, data },
@@ -317,10 +350,75 @@ impl Daemon {
         }
     }
 
+    /// Answers the fleet sync task: what keys were admitted; raises buckets.
+    fn fleet_job(&mut self, job: crate::fleet::Job) {
+        use crate::fleet::{FleetRule, Job, Snapshot};
+        match job {
+            Job::Read(reply) => {
+                let set = self.rules.effective();
+                let mut rules = std::collections::HashMap::new();
+                let mut add =
+                    |name: String, rule: &ratelimit_common::Rule, action: Option<&Action>| {
+                        if rule.flags & ratelimit_common::rule_flags::FLEET == 0 {
+                            return;
+                        }
+                        if let Some(Action::Limit(l)) = action
+                            && let Ok(limit) = ratelimit_redis::Limit::gcra(
+                                l.rate.tokens,
+                                Duration::from_nanos(l.rate.period_ns),
+                                l.burst,
+                            )
+                        {
+                            rules.insert(
+                                rule.id,
+                                FleetRule {
+                                    name,
+                                    limit,
+                                    params: *rule.gcra_params(),
+                                    bytes: rule.flags & ratelimit_common::rule_flags::BYTES != 0,
+                                    per: (rule.key_prefix_v4, rule.key_prefix_v6),
+                                },
+                            );
+                        }
+                    };
+                if let Ok(d) = self.enforcer.maps.default_rule() {
+                    add("default".into(), &d, Some(&set.default));
+                }
+                if let Ok(kernel) = self.enforcer.maps.rules() {
+                    for (prefix, rule) in &kernel {
+                        add(prefix.to_string(), rule, set.rules.get(prefix));
+                    }
+                }
+                let used = self.enforcer.maps.fleet_used();
+                let _ = reply.send(Snapshot { rules, used });
+            }
+            Job::Write(raises) => {
+                for r in raises {
+                    let (debt, add) = match r.at {
+                        Some(at) => (
+                            r.debt_ns.saturating_sub(
+                                at.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64,
+                            ),
+                            false,
+                        ),
+                        None => (r.debt_ns, true),
+                    };
+                    self.enforcer.maps.raise(&r.key, &r.params, debt, add);
+                }
+            }
+        }
+    }
+
     /// Makes `next` the rules: written whole or not at all, then saved.
     fn apply(&mut self, next: Rules) -> Result<()> {
         let effective = next.effective();
         effective.validate()?;
+        if self.opts.fleet.is_none() && effective.has_fleet() {
+            return Err(Error::invalid(
+                "--fleet",
+                "a fleet-wide rule needs a daemon run with --fleet REDIS_URL (restart it with one)",
+            ));
+        }
         self.enforcer.maps.apply(&effective)?;
         self.rules = next;
         self.save();
@@ -465,6 +563,7 @@ impl Daemon {
             events: self.enforcer.maps.events().unwrap_or_default(),
             tracked: self.tracked.map_or(0, |(_, n)| n),
             rules: self.rules.effective().rules.len(),
+            fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
         }
     }
 
@@ -484,6 +583,12 @@ impl Daemon {
             }
         }
     }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into())
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.

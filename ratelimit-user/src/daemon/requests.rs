@@ -10,7 +10,7 @@ use crate::{
     control::Request,
     error::{Error, Result},
     kernel::InterfaceState,
-    rules::{Action, Clock, Prefix, fmt_duration, source_ip, tick_ns},
+    rules::{Action, Clock, Limit, Prefix, fmt_duration, source_ip, tick_ns},
 };
 
 impl Daemon {
@@ -89,9 +89,28 @@ impl Daemon {
             Request::Status => self.status(),
             Request::Stats => self.stats(),
             Request::Drops => self.drops(),
-            Request::Top { .. } => Err(Error::Refused(
+            Request::Top { .. } | Request::FleetTop { .. } => Err(Error::Refused(
                 "top is answered by the connection, not the loop".into(),
             )),
+            Request::FleetRules => {
+                let Some(url) = &self.opts.fleet else {
+                    return Err(Error::Refused(
+                        "this daemon was not started with --fleet REDIS_URL: it has no fleet"
+                            .into(),
+                    ));
+                };
+                let set = self.rules.effective();
+                let mut names = Vec::new();
+                if matches!(set.default, Action::Limit(Limit { fleet: true, .. })) {
+                    names.push("default".to_string());
+                }
+                for (p, a) in &set.rules {
+                    if matches!(a, Action::Limit(Limit { fleet: true, .. })) {
+                        names.push(p.to_string());
+                    }
+                }
+                Ok(serde_json::json!({"redis": url, "rules": names}))
+            }
         }
     }
 
@@ -214,6 +233,7 @@ impl Daemon {
             "dry_run": set.dry_run,
             "keep_attached": self.opts.keep_attached,
             "pins": self.enforcer.pin_dir().display().to_string(),
+            "fleet": self.fleet.as_ref().map(|s| s.borrow().clone()),
             "notes": notes,
         }))
     }

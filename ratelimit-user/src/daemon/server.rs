@@ -72,6 +72,7 @@ async fn connection(stream: UnixStream, slot: Slot, jobs: &mpsc::Sender<Job>) {
         Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
             Err(e) => Response::refused(format!("bad request: {e}")),
             Ok(Request::Top { n }) => top(n, jobs).await,
+            Ok(Request::FleetTop { n }) => fleet_top(n, jobs).await,
             Ok(request) => ask(jobs, request).await,
         },
     };
@@ -88,6 +89,29 @@ async fn ask(jobs: &mpsc::Sender<Job>, request: Request) -> Response {
     answer
         .await
         .unwrap_or_else(|_| Response::refused("the daemon is stopping"))
+}
+
+/// The fleet's use of the fleet-wide rules' keys, read from Redis here (the
+/// daemon's loop never waits on Redis).
+async fn fleet_top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
+    let info = ask(jobs, Request::FleetRules).await;
+    if !info.ok {
+        return info;
+    }
+    let url = info.data["redis"].as_str().unwrap_or_default().to_string();
+    let rules: Vec<String> = serde_json::from_value(info.data["rules"].clone()).unwrap_or_default();
+    let store = match ratelimit_redis::Store::connect(&url).await {
+        Ok(s) => s,
+        Err(e) => return Response::refused(format!("the fleet's Redis {url}: {e}")),
+    };
+    match crate::fleet::top(&store, &rules, n).await {
+        Ok(rows) => Response {
+            ok: true,
+            error: None,
+            data: json!({"redis": url, "rules": rows}),
+        },
+        Err(e) => Response::refused(format!("the fleet's Redis {url}: {e}")),
+    }
 }
 
 /// The sources with the most drops: two readings of the drop counters a little

@@ -37,11 +37,13 @@ pub struct Maps {
     events: PerCpuArray<MapData, u64>,
     /// Held for the program; not read by the daemon.
     seen: Array<MapData, u64>,
+    /// What keys of fleet-wide rules were admitted here.
+    fleet_used: HashMap<MapData, FlowKey, Counter>,
 }
 
 /// The maps' names, in the order [`Maps::from_maps`] takes them: the pinned
 /// ones (the per-CPU scratch map stays inside the program).
-const NAMES: [&str; 13] = common::PINNED_MAPS;
+const NAMES: [&str; 14] = common::PINNED_MAPS;
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
     move |source| Error::Map { op, map, source }
@@ -92,6 +94,7 @@ impl Maps {
             next(),
             next(),
         );
+        let fleet_used = next();
         let seen: Array<MapData, u64> =
             Array::try_from(seen).map_err(map_err("typing", MAP_SEEN))?;
         if !seen.len().is_power_of_two() {
@@ -116,12 +119,14 @@ impl Maps {
             state_v4: HashMap::try_from(state_v4).map_err(map_err("typing", MAP_STATE_V4))?,
             stats: PerCpuArray::try_from(stats).map_err(map_err("typing", MAP_STATS))?,
             config: Array::try_from(config).map_err(map_err("typing", MAP_CONFIG))?,
+            fleet_used: HashMap::try_from(fleet_used)
+                .map_err(map_err("typing", common::MAP_FLEET_USED))?,
         })
     }
 
     /// Pins every map in `dir`, replacing what was pinned there.
     pub fn pin(&self, dir: &Path) -> Result<()> {
-        let data: [(&'static str, &MapData); 13] = [
+        let data: [(&'static str, &MapData); 14] = [
             (MAP_RULES, self.tries[0].map()),
             (MAP_RULES_B, self.tries[1].map()),
             (MAP_RULE_TABLE, self.table.map()),
@@ -135,6 +140,7 @@ impl Maps {
             (MAP_RULE_STATE, self.rule_state.map()),
             (MAP_GLOBAL, self.global.map()),
             (MAP_EVENTS, self.events.map()),
+            (common::MAP_FLEET_USED, self.fleet_used.map()),
         ];
         debug_assert!(data.iter().map(|(n, _)| *n).eq(common::PINNED_MAPS));
         for (name, map) in data {
@@ -505,6 +511,40 @@ impl Maps {
         } else {
             self.state.get(key, 0).ok()
         }
+    }
+
+    /// Every key of a fleet-wide rule with what it was admitted.
+    pub fn fleet_used(&self) -> Vec<(FlowKey, Counter)> {
+        self.fleet_used.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// Raises the gcra state of `key` (a key of a fleet-wide rule) to a debt
+    /// of `debt_ns` now, or by `debt_ns` (`add`); never lowers it. A key
+    /// without a state gets one. Not atomic with the program's
+    /// compare-and-swap: a frame admitted between the read and the write is
+    /// not in the written state (it is counted, and in the fleet's debt at the
+    /// next sync).
+    pub fn raise(&mut self, key: &FlowKey, params: &gcra::Params, debt_ns: u64, add: bool) {
+        let now = crate::daemon::monotonic_ns();
+        let current = self
+            .state(key)
+            .map_or(0, |s| gcra::debt_ns(s.tat, params, now));
+        let target = if add {
+            current.saturating_add(debt_ns)
+        } else {
+            debt_ns
+        };
+        if target <= current {
+            return;
+        }
+        let state = gcra::State {
+            tat: gcra::with_debt(params, now, target),
+        };
+        let _ = if common::is_v4_mapped(&key.addr) {
+            self.state_v4.insert(key.v4(), state, 0)
+        } else {
+            self.state.insert(key, state, 0)
+        };
     }
 
     /// Deletes the wide state of `key` (tests).

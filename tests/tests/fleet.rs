@@ -1,0 +1,204 @@
+//! Fleet-wide rules: three daemons on three namespace pairs share one limit
+//! per source through one real `redis-server` (on a unix socket, which every
+//! namespace reaches); Redis stopped and started under traffic.
+
+use std::{
+    net::IpAddr,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use ratelimit_tests::{
+    Daemon, TempDir,
+    net::{Flow, Pair, Receiver, send_async},
+    privileged,
+    redis::RedisServer,
+};
+
+const PORT: u16 = 5999;
+const RATE: f64 = 100.0;
+const BURST: f64 = 20.0;
+
+struct Host {
+    pair: Pair,
+    daemon: Daemon,
+    _run: TempDir,
+}
+
+fn fleet(redis: &RedisServer, extra: &[&str]) -> Vec<Host> {
+    (0..3)
+        .map(|i| {
+            let pair = Pair::new();
+            let run = TempDir::new(&format!("fleet{i}"));
+            let url = redis.unix_url();
+            let mut args = vec!["--fleet", url.as_str()];
+            args.extend_from_slice(extra);
+            let daemon = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &args);
+            daemon.cli_ok(&[
+                "set",
+                "198.18.0.0/24",
+                "--rate",
+                "100/s",
+                "--burst",
+                "20",
+                "--fleet",
+            ]);
+            Host {
+                pair,
+                daemon,
+                _run: run,
+            }
+        })
+        .collect()
+}
+
+/// One source sends `pps` to each host for `secs`; frames received per host.
+fn flood(hosts: &[Host], src: IpAddr, pps: u32, dur: Duration) -> Vec<u64> {
+    let receivers: Vec<Receiver> = hosts
+        .iter()
+        .map(|h| Receiver::start(&h.pair.rx, &h.pair.rx_if, PORT))
+        .collect();
+    let senders: Vec<_> = hosts
+        .iter()
+        .map(|h| {
+            let flow = Flow {
+                frame: h.pair.udp(src, PORT).build(),
+                pps,
+            };
+            send_async(&h.pair.tx, &h.pair.tx_if, &[flow], dur)
+        })
+        .collect();
+    for s in senders {
+        s.join().expect("sender");
+    }
+    receivers
+        .into_iter()
+        .map(|r| r.finish().get(&src).copied().unwrap_or(0))
+        .collect()
+}
+
+#[test]
+fn three_daemons_hold_one_limit_and_fall_back_when_redis_stops() {
+    privileged!("three_daemons_hold_one_limit_and_fall_back_when_redis_stops");
+    let mut redis = RedisServer::start_unix();
+    let hosts = fleet(&redis, &[]);
+    let src: IpAddr = "198.18.0.60".parse().unwrap();
+    // Every daemon sees the others before traffic starts.
+    let start = Instant::now();
+    while hosts
+        .iter()
+        .any(|h| h.daemon.json(&["status"])["fleet"]["daemons"] != 3)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "daemons never saw each other"
+        );
+        sleep(Duration::from_millis(100));
+    }
+
+    // 2× the fleet limit in total: 67/s to each of three hosts for 3 s.
+    let secs = 3.0;
+    let got = flood(&hosts, src, 67, Duration::from_secs_f64(secs));
+    let total: u64 = got.iter().sum();
+    let exact = BURST + RATE * secs;
+    // B + R·t + (N − 1)·(B + R·Δ) with Δ = two syncs and a round trip (the
+    // fleet module's bound), Δ taken as 0.3 s.
+    let bound = exact + 2.0 * (BURST + RATE * 0.3);
+    eprintln!(
+        "fleet: {got:?} = {total} admitted of {} sent; exact {exact}, bound {bound}",
+        67.0 * 3.0 * secs
+    );
+    assert!(
+        (total as f64) <= bound,
+        "{total} admitted across the fleet ({got:?}), bound {bound}"
+    );
+    assert!(
+        (total as f64) >= 0.8 * RATE * secs,
+        "{total} admitted ({got:?}): the fleet must not starve a source below its limit"
+    );
+    assert!(
+        (total as f64) >= 0.85 * RATE * secs,
+        "{total} admitted ({got:?}): the fleet must not starve a source below its limit"
+    );
+    // Each host alone would have admitted ~201: the limit held fleet-wide.
+    assert!(got.iter().all(|n| *n < 180), "{got:?}");
+    for h in &hosts {
+        let st = h.daemon.json(&["status"]);
+        assert_eq!(st["fleet"]["redis_up"], true, "{st}");
+        assert!(st["fleet"]["reported"].as_u64().unwrap() > 0, "{st}");
+    }
+
+    // From any daemon: the fleet's use of the key, all daemons together
+    // (after a last sync).
+    sleep(Duration::from_millis(300));
+    let top = hosts[0].daemon.json(&["top", "--fleet"]);
+    let key = &top["rules"][0]["keys"][0];
+    assert_eq!(key["key"], "198.18.0.60/32", "{top}");
+    let seen = key["this_minute"].as_u64().unwrap() + key["last_minute"].as_u64().unwrap();
+    assert!(
+        seen >= total,
+        "top --fleet shows {seen} for the key, {total} were admitted: {top}"
+    );
+
+    // Redis stops: each daemon falls back to 1/3 of the limit, says so.
+    redis.stop();
+    sleep(Duration::from_millis(1500));
+    let got = flood(&hosts, src, 67, Duration::from_secs_f64(secs));
+    let total: u64 = got.iter().sum();
+    eprintln!("fleet, Redis down: {got:?} = {total}");
+    for h in &hosts {
+        let st = h.daemon.json(&["status"]);
+        assert_eq!(st["fleet"]["redis_up"], false, "{st}");
+        assert!(st["fleet"]["fallback_syncs"].as_u64().unwrap() > 0, "{st}");
+        assert!(
+            h.daemon.output().contains("Redis cannot be reached"),
+            "the fallback is logged"
+        );
+    }
+    assert!(
+        (total as f64) <= RATE * secs + 3.0 * BURST + 10.0,
+        "the share fallback keeps the fleet near its limit: {total} ({got:?})"
+    );
+    assert!((total as f64) >= 0.6 * RATE * secs, "{total} ({got:?})");
+
+    // Redis back (empty): in step again.
+    redis.restart();
+    let start = Instant::now();
+    while hosts
+        .iter()
+        .any(|h| h.daemon.json(&["status"])["fleet"]["redis_up"] != true)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not back in step"
+        );
+        sleep(Duration::from_millis(100));
+    }
+    let got = flood(&hosts, src, 67, Duration::from_secs_f64(secs));
+    let total: u64 = got.iter().sum();
+    eprintln!("fleet, Redis back: {got:?} = {total}");
+    assert!(
+        (total as f64) <= bound,
+        "{total} admitted across the fleet ({got:?}), bound {bound}"
+    );
+    assert!(h_logged(&hosts, "back in step"));
+}
+
+fn h_logged(hosts: &[Host], what: &str) -> bool {
+    hosts.iter().all(|h| h.daemon.output().contains(what))
+}
+
+#[test]
+fn a_fleet_rule_needs_a_fleet_daemon() {
+    privileged!("a_fleet_rule_needs_a_fleet_daemon");
+    let pair = Pair::new();
+    let run = TempDir::new("nofleet");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let out = d.cli(&["set", "198.18.0.0/24", "--rate", "100/s", "--fleet"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--fleet"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -424,6 +424,12 @@ pub fn debt_ns(word: u64, params: &Params, now_ns: u64) -> u64 {
     ticks_to_ns_ceil(ahead)
 }
 
+/// The debt, in ns, that `units` of cost add under `params` (a whole bucket is
+/// `units_ns(params, params.capacity)`).
+pub fn units_ns(params: &Params, units: u64) -> u64 {
+    ticks_to_ns_ceil(units.saturating_mul(params.interval).min(1 << 62))
+}
+
 /// The state word of a key under `params` whose debt at `now_ns` is `debt_ns`
 /// (at most a whole bucket and [`OVER_MAX`]): what a daemon of a fleet writes
 /// to keep a key's bucket in step with the fleet's.

@@ -308,6 +308,24 @@ impl Store {
         limit: Option<&Limit>,
         amount: u64,
     ) -> Result<Reply, Error> {
+        let r = self.invoke(op, key, limit, amount).await?;
+        Ok(Reply {
+            allowed: r.0 == 1,
+            granted: r.1.max(0) as u64,
+            remaining: r.2.max(0) as u64,
+            retry_after: (r.3 >= 0 && r.0 != 1).then(|| Duration::from_micros(r.3 as u64)),
+            server_time_us: r.4.max(0) as u64,
+        })
+    }
+
+    /// The script's raw answer (see limit.lua).
+    async fn invoke(
+        &self,
+        op: Op,
+        key: &str,
+        limit: Option<&Limit>,
+        amount: u64,
+    ) -> Result<(i64, i64, i64, i64, i64), Error> {
         let (algo, x, y, z) = match limit {
             Some(l) => l.args()?,
             None => ("stored", 0, 0, 0),
@@ -320,16 +338,9 @@ impl Store {
             .arg(y)
             .arg(z)
             .arg(amount.min(EXACT_MAX));
-        let r: (i64, i64, i64, i64, i64) = match &self.conn {
+        Ok(match &self.conn {
             Conn::Single(c) => call.invoke_async(&mut c.clone()).await?,
             Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await?,
-        };
-        Ok(Reply {
-            allowed: r.0 == 1,
-            granted: r.1.max(0) as u64,
-            remaining: r.2.max(0) as u64,
-            retry_after: (r.3 >= 0 && r.0 != 1).then(|| Duration::from_micros(r.3 as u64)),
-            server_time_us: r.4.max(0) as u64,
         })
     }
 
@@ -445,19 +456,7 @@ impl Store {
                 accepted: "report takes a gcra limit",
             }));
         }
-        let (algo, x, y, z) = limit.args()?;
-        let mut call = self.script.prepare_invoke();
-        call.key(key)
-            .arg(Op::Report.name())
-            .arg(algo)
-            .arg(x)
-            .arg(y)
-            .arg(z)
-            .arg(amount.min(EXACT_MAX));
-        let r: (i64, i64, i64, i64, i64) = match &self.conn {
-            Conn::Single(c) => call.invoke_async(&mut c.clone()).await?,
-            Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await?,
-        };
+        let r = self.invoke(Op::Report, key, Some(limit), amount).await?;
         Ok(Duration::from_micros(r.3.max(0) as u64))
     }
 }

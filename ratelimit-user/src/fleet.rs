@@ -351,7 +351,7 @@ pub async fn run(
                 k.debt_ns = k
                     .debt_ns
                     .saturating_sub(paid)
-                    .saturating_add(units_ns(&rule.params, delta.saturating_mul(times)));
+                    .saturating_add(gcra::units_ns(&rule.params, delta.saturating_mul(times)));
                 k.debt_at = now;
                 if fallback == Fallback::Share {
                     raises.push(Raise {
@@ -406,7 +406,7 @@ pub async fn run(
                                 .as_nanos()
                                 .min(u128::from(u64::MAX)) as u64,
                         );
-                        left >= tau_ns(&r.params)
+                        left >= gcra::units_ns(&r.params, r.params.capacity)
                     })
             })
             .count() as u64;
@@ -434,17 +434,6 @@ async fn probe(url: String, answers: Arc<AtomicBool>) {
             return;
         }
     }
-}
-
-/// A whole bucket of `params`, in ns.
-fn tau_ns(params: &gcra::Params) -> u64 {
-    params.tau >> ratelimit_common::clock::TICK_SHIFT
-}
-
-/// `units` of `params` in ns of debt.
-fn units_ns(params: &gcra::Params, units: u64) -> u64 {
-    ((u128::from(units) * u128::from(params.interval)) >> ratelimit_common::clock::TICK_SHIFT)
-        .min(u128::from(u64::MAX)) as u64
 }
 
 /// The fleet's use of each key of `rules` (by name) in this minute and the

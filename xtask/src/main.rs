@@ -48,6 +48,10 @@ enum Task {
         /// Short runs, for a smoke check.
         #[arg(long)]
         quick: bool,
+        /// One section only (cost, floods, accuracy, memory, set, serve),
+        /// written to target/bench-only/ so bench/ keeps the full run.
+        #[arg(long, value_name = "SECTION")]
+        only: Option<String>,
     },
 }
 
@@ -85,11 +89,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_code(status))
         }
         Task::Test => test(),
-        Task::Bench { quick } => bench(quick),
+        Task::Bench { quick, only } => bench(quick, only.as_deref()),
     }
 }
 
-fn bench(quick: bool) -> Result<ExitCode> {
+fn bench(quick: bool, only: Option<&str>) -> Result<ExitCode> {
     setup::setup(false)?;
     let bin = build_bin(true)?;
     let mut build = cargo();
@@ -117,8 +121,15 @@ fn bench(quick: bool) -> Result<ExitCode> {
         .and_then(|m| m["executable"].as_str().map(PathBuf::from))
         .context("cargo did not report the bench binary")?;
     let mut cmd = as_root(&bench);
+    let out = match only {
+        Some(section) => {
+            cmd.args(["--only", section]);
+            workspace_root().join("target/bench-only")
+        }
+        None => workspace_root().join("bench"),
+    };
     cmd.arg("--out")
-        .arg(workspace_root().join("bench"))
+        .arg(out)
         .env("RATELIMIT_BIN", &bin)
         .current_dir(workspace_root());
     if quick {

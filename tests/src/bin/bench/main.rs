@@ -5,7 +5,8 @@
 //!
 //! One module per measurement: [`cost`] (BPF_PROG_TEST_RUN), [`floods`] (drop
 //! throughput and floods on a veth, against netfilter), [`accuracy`],
-//! [`memory`] and [`set`] (from a command to enforcement); [`report`] writes
+//! [`memory`], [`set`] (from a command to enforcement) and [`serve`] (the
+//! throttling service's latency); [`report`] writes
 //! the results.
 
 mod accuracy;
@@ -13,6 +14,7 @@ mod cost;
 mod floods;
 mod memory;
 mod report;
+mod serve;
 mod set;
 
 use std::{net::IpAddr, path::PathBuf};
@@ -28,11 +30,14 @@ use ratelimit_user::{
 };
 use report::Report;
 
+/// The sections, in the order they run.
+const SECTIONS: [&str; 6] = ["cost", "floods", "accuracy", "memory", "set", "serve"];
+
 pub struct Opts {
     /// Short runs, for a smoke check.
     pub quick: bool,
     out: PathBuf,
-    /// Run one section only (cost, floods, accuracy, memory, set).
+    /// Run one section only (cost, floods, accuracy, memory, set, serve).
     only: Option<String>,
 }
 
@@ -53,9 +58,17 @@ fn main() {
         match a.as_str() {
             "--quick" => opts.quick = true,
             "--out" => opts.out = PathBuf::from(args.next().expect("--out DIR")),
-            "--only" => opts.only = Some(args.next().expect("--only SECTION")),
+            "--only" => {
+                let section = args.next().expect("--only SECTION");
+                assert!(
+                    SECTIONS.contains(&section.as_str()),
+                    "--only {section:?}: expected one of {}",
+                    SECTIONS.join(", ")
+                );
+                opts.only = Some(section);
+            }
             other => panic!(
-                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|floods|accuracy|memory|set"
+                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|floods|accuracy|memory|set|serve"
             ),
         }
     }
@@ -84,6 +97,9 @@ fn main() {
     }
     if opts.runs("set") {
         set::set_to_enforced(&opts, &mut report);
+    }
+    if opts.runs("serve") {
+        serve::serve_latency(&opts, &mut report);
     }
     report.write(&opts.out);
 }

@@ -287,6 +287,11 @@ pub mod action {
     pub const LIMIT: u8 = 1;
     /// Always drop.
     pub const DENY: u8 = 2;
+    /// Allowlist-only mode: dropped as not allowed
+    /// ([`super::Reason::NotAllowed`]). The daemon gives every rule but the
+    /// `allow` rules this action, keeping what it does in normal mode in
+    /// [`super::Rule::normal_action`].
+    pub const NOT_ALLOWED: u8 = 3;
 }
 
 /// Bits of [`Rule::flags`].
@@ -307,6 +312,11 @@ pub mod rule_flags {
     /// in [`super::MAP_FLEET_USED`], and the daemon keeps each key's own
     /// bucket (and the aggregate) in step with the fleet's debt.
     pub const FLEET: u8 = 1 << 5;
+    /// Frames that belong to the host's own connections pass unlimited
+    /// ([`super::Reason::HostConnection`]): an established TCP connection or a
+    /// connected UDP socket whose local port is in the ephemeral range
+    /// ([`super::Config::local_ports`]), found with the kernel's socket lookup.
+    pub const HOST_CONNECTIONS: u8 = 1 << 6;
 }
 
 /// Which algorithm a limit rule uses: [`Rule::algorithm`].
@@ -445,8 +455,11 @@ pub struct Rule {
     pub key_prefix_v6: u8,
     /// One of [`algorithm`] (for [`action::LIMIT`]).
     pub algorithm: u8,
+    /// Under [`action::NOT_ALLOWED`]: the rule's action in normal mode (its
+    /// other fields are kept as they were). Otherwise zero.
+    pub normal_action: u8,
     /// Zero.
-    pub _pad: [u8; 3],
+    pub _pad: [u8; 2],
     /// What a fresh state of this rule admits at once, in cost units (gcra: the
     /// burst; the windows: the limit; interval refill: the capacity; rolling
     /// quota: the rate cap; 0 for a rate of 0). A source without state is never
@@ -472,6 +485,24 @@ pub struct Rule {
 const _: () = assert!(core::mem::size_of::<Rule>() == 192);
 
 impl Rule {
+    /// The rule as it is in normal mode (see [`action::NOT_ALLOWED`]).
+    pub const fn in_normal_mode(mut self) -> Self {
+        if self.action == action::NOT_ALLOWED {
+            self.action = self.normal_action;
+            self.normal_action = 0;
+        }
+        self
+    }
+
+    /// The rule as allowlist-only mode has it: dropped unless an `allow` rule.
+    pub const fn in_allowlist_only_mode(mut self) -> Self {
+        if self.action != action::ALLOW && self.action != action::NOT_ALLOWED {
+            self.normal_action = self.action;
+            self.action = action::NOT_ALLOWED;
+        }
+        self
+    }
+
     /// Sets [`Rule::mask_v4`] and [`Rule::mask_v6`] from the key prefixes.
     pub fn set_masks(&mut self) {
         self.mask_v6 = mask_words(&[u32::MAX; 4], u32::from(self.key_prefix_v6));
@@ -600,6 +631,9 @@ pub mod config_flags {
     /// tick) instead of `bpf_ktime_get_ns`: cheaper, and over any span T a key
     /// is admitted at most burst + rate × (T + one tick).
     pub const COARSE_CLOCK: u32 = 1 << 2;
+    /// Allowlist-only mode: every frame not under an `allow` rule is dropped
+    /// ([`super::Reason::NotAllowed`]).
+    pub const ALLOWLIST_ONLY: u32 = 1 << 3;
 }
 
 /// Value of [`MAP_CONFIG`]: global runtime settings. Written by the daemon.
@@ -625,8 +659,11 @@ pub struct Config {
     pub new_states: gcra::Params,
     /// Which rule trie the program reads: 0 [`MAP_RULES`], 1 [`MAP_RULES_B`].
     pub active_rules: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// The host's ephemeral port range (`net.ipv4.ip_local_port_range`),
+    /// inclusive, as `first << 16 | last`, host order: where the host's own
+    /// outgoing connections have their local port. 0: none (no frame is taken
+    /// for a host connection).
+    pub local_ports: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 80);
 
@@ -671,10 +708,15 @@ pub enum Reason {
     NewSourceLimited = 10,
     /// Over its rule's aggregate level (all the rule's sources together): dropped.
     AggregateLimited = 11,
+    /// Belongs to one of the host's own connections (see
+    /// [`rule_flags::HOST_CONNECTIONS`]): passed without a limit.
+    HostConnection = 12,
+    /// Allowlist-only mode and not under an `allow` rule: dropped.
+    NotAllowed = 13,
 }
 
 /// Number of [`Reason`]s: the size of [`MAP_STATS`].
-pub const REASON_COUNT: u32 = 12;
+pub const REASON_COUNT: u32 = 14;
 
 impl Reason {
     /// Every reason, in index order.
@@ -691,6 +733,8 @@ impl Reason {
         Reason::NewSource,
         Reason::NewSourceLimited,
         Reason::AggregateLimited,
+        Reason::HostConnection,
+        Reason::NotAllowed,
     ];
 
     /// Stable name, used in stats output and metric labels.
@@ -708,6 +752,8 @@ impl Reason {
             Reason::NewSource => "new_source",
             Reason::NewSourceLimited => "new_source_limited",
             Reason::AggregateLimited => "aggregate_limited",
+            Reason::HostConnection => "host_connection",
+            Reason::NotAllowed => "not_allowed",
         }
     }
 
@@ -720,6 +766,7 @@ impl Reason {
                 | Reason::Contended
                 | Reason::NewSourceLimited
                 | Reason::AggregateLimited
+                | Reason::NotAllowed
         )
     }
 }

@@ -38,6 +38,9 @@ pub enum Command {
     Deny(CidrArgs),
     /// Remove the rule of a CIDR.
     Unset(CidrArgs),
+    /// Switch between normal and allowlist-only (everything not under an
+    /// `allow` rule dropped); kept across restarts.
+    Mode(ModeArgs),
     /// Read the config file again; live changes stay on top (unless --replace).
     Reload(ReloadArgs),
     /// Show the rules.
@@ -220,8 +223,25 @@ pub struct SetArgs {
     /// each key in step through Redis (gcra only).
     #[arg(long)]
     pub fleet: bool,
+    /// Frames of the host's own connections (established TCP, connected
+    /// UDP, on a local port in the ephemeral range): `pass` (never dropped by
+    /// this limit) or `limit` [default: pass].
+    #[arg(long, value_enum)]
+    pub host_connections: Option<crate::rules::HostConnections>,
     #[command(flatten)]
     pub target_daemon: Target,
+}
+
+/// `ratelimit mode`.
+#[derive(Debug, Args)]
+pub struct ModeArgs {
+    /// `allowlist-only`: only sources under an `allow` rule pass (every other
+    /// frame is dropped, counted `not_allowed`); `normal`: every rule does
+    /// what it says again.
+    #[arg(value_enum)]
+    pub mode: crate::rules::Mode,
+    #[command(flatten)]
+    pub target: Target,
 }
 
 /// A CIDR command.
@@ -299,6 +319,7 @@ impl RunArgs {
             new_states: self.new_states.clone(),
             default: any_default.then_some(default),
             rules: Vec::new(),
+            mode: None,
         }
     }
 
@@ -426,6 +447,7 @@ pub async fn main(cli: Cli) -> Result<()> {
                 aggregate: args.aggregate.clone(),
                 aggregate_burst: args.aggregate_burst.clone().map(RawBurst::Text),
                 fleet: args.fleet.then_some(true),
+                host_connections: args.host_connections,
             };
             if args.target == "default" && args.per.is_some() {
                 return Err(Error::invalid(
@@ -448,6 +470,12 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Allow(a) => cidr_command(a, |cidr| Request::Allow { cidr }).await,
         Command::Deny(a) => cidr_command(a, |cidr| Request::Deny { cidr }).await,
         Command::Unset(a) => cidr_command(a, |cidr| Request::Unset { cidr }).await,
+        Command::Mode(m) => {
+            let data =
+                control::call(&iface(&m.target)?, &Request::Mode { mode: m.mode }).await?;
+            print_list(&data);
+            Ok(())
+        }
         Command::Reload(r) => {
             let data =
                 control::call(&iface(&r.target)?, &Request::Reload { replace: r.replace }).await?;
@@ -577,6 +605,11 @@ fn print_list(data: &Value) {
     }
     if data["dry_run"].as_bool() == Some(true) {
         println!("(dry run: nothing is dropped)");
+    }
+    if data["mode"].as_str() == Some("allowlist-only") {
+        println!(
+            "(mode allowlist-only: only the allow rules pass, every other frame is dropped; `ratelimit mode normal` ends it)"
+        );
     }
     if let Some(clock) = data["clock"].as_str()
         && clock.starts_with("coarse")

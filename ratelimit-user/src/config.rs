@@ -9,7 +9,8 @@ use crate::{
     error::{Error, Result},
     rate::{Unit, parse_burst, parse_duration, parse_rate},
     rules::{
-        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, Limit, MalformedPolicy, NewSources,
+        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, Limit, MalformedPolicy,
+        Mode, NewSources,
         Prefix, RuleSet, Shared, default_limit, default_new_sources,
     },
 };
@@ -94,6 +95,10 @@ pub struct RawLimit {
     /// The limit holds across the fleet (every daemon run with `--fleet`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<bool>,
+    /// `pass` (default): frames of the host's own connections are never
+    /// dropped by this limit; `limit`: they are limited like any frame.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_connections: Option<HostConnections>,
 }
 
 /// What each algorithm takes, for errors.
@@ -126,6 +131,9 @@ pub struct RawConfig {
     /// The cap on states created per second, e.g. `"100k/s"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_states: Option<String>,
+    /// `normal` (default) or `allowlist-only`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
     /// Prefix rules.
     #[serde(default, rename = "rule")]
     pub rules: Vec<RawRule>,
@@ -156,11 +164,12 @@ impl RawLimit {
                 || self.aggregate.is_some()
                 || self.aggregate_burst.is_some()
                 || self.fleet.is_some()
+                || self.host_connections.is_some()
             {
                 return Err(Error::invalid(
                     field,
                     format!(
-                        "an {name} rule takes no rate, burst, per, algorithm, new-sources, aggregate or fleet"
+                        "an {name} rule takes no rate, burst, per, algorithm, new-sources, aggregate, fleet or host-connections"
                     ),
                 ));
             }
@@ -213,6 +222,7 @@ impl RawLimit {
                     new_sources: self.new_sources(field)?,
                     aggregate: self.aggregate(field)?,
                     fleet: self.fleet.unwrap_or(false),
+                    host_connections: self.host_connections.unwrap_or_default(),
                 };
                 Action::Limit(limit).to_kernel(0, field)?;
                 if algo == Algo::Gcra && rate.unit == Unit::Bytes && burst < 1514 {
@@ -403,6 +413,8 @@ impl From<&Action> for RawLimit {
                     per_v6: Some(l.per_v6),
                     dry_run: Some(l.dry_run),
                     fleet: l.fleet.then_some(true),
+                    host_connections: (l.host_connections != HostConnections::default())
+                        .then_some(l.host_connections),
                     ..Default::default()
                 };
                 match l.new_sources {
@@ -462,6 +474,7 @@ impl From<&RuleSet> for RawConfig {
             malformed: Some(set.malformed),
             clock: Some(set.clock),
             new_states: Some(set.new_states.rate.exact()),
+            mode: (set.mode != Mode::Normal).then_some(set.mode),
             default: Some(RawLimit::from(&set.default)),
             rules: set
                 .rules
@@ -564,6 +577,9 @@ impl RawConfig {
         }
         if let Some(n) = &self.new_states {
             set.new_states = Shared::of(parse_rate("new-states", n)?);
+        }
+        if let Some(m) = self.mode {
+            set.mode = m;
         }
         if let Some(d) = &self.default {
             set.default = d.validate("default", None)?;

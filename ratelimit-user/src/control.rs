@@ -57,6 +57,11 @@ pub enum Request {
         /// The CIDR.
         cidr: String,
     },
+    /// Switch the mode.
+    Mode {
+        /// Normal or allowlist-only.
+        mode: crate::rules::Mode,
+    },
     /// Read the config file again (keeping live changes unless `replace`).
     Reload {
         /// Drop the live changes: the file alone.

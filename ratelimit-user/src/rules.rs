@@ -402,6 +402,75 @@ pub struct Limit {
     /// each key's bucket in step with what the fleet admitted
     /// ([`crate::fleet`]). The aggregate level stays per host.
     pub fleet: bool,
+    /// What the limit does to frames of the host's own connections.
+    pub host_connections: HostConnections,
+}
+
+/// What a limit does to frames that belong to the host's own connections: an
+/// established TCP connection or a connected UDP socket whose local port is
+/// in the ephemeral range (`net.ipv4.ip_local_port_range`), as the kernel's
+/// socket lookup finds them (replies to the host's downloads, its DNS
+/// queries, its API calls).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostConnections {
+    /// Never dropped by the limit (the default): they are counted against
+    /// their source while it has room, and pass as `host_connection` when it
+    /// has none.
+    #[default]
+    Pass,
+    /// Limited like every other frame.
+    Limit,
+}
+
+/// Normal, or allowlist-only: everything not under an `allow` rule dropped.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Every rule does what it says.
+    #[default]
+    Normal,
+    /// Only sources under an `allow` rule pass; every other frame is dropped
+    /// (counted `not_allowed`). For the worst minutes of an attack.
+    AllowlistOnly,
+}
+
+impl Mode {
+    /// The name used by `ratelimit mode` and the config file.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::Normal => "normal",
+            Mode::AllowlistOnly => "allowlist-only",
+        }
+    }
+
+    /// A kernel rule as this mode has it.
+    pub const fn rule(self, rule: common::Rule) -> common::Rule {
+        match self {
+            Mode::Normal => rule.in_normal_mode(),
+            Mode::AllowlistOnly => rule.in_allowlist_only_mode(),
+        }
+    }
 }
 
 /// Default bits of an IPv4 source that make one key.
@@ -498,6 +567,9 @@ impl fmt::Display for Limit {
         if self.fleet {
             f.write_str(", fleet-wide")?;
         }
+        if self.host_connections == HostConnections::Limit {
+            f.write_str(", host connections limited")?;
+        }
         if self.new_sources != default_new_sources() {
             write!(f, ", new sources {}", self.new_sources)?;
         }
@@ -556,6 +628,7 @@ impl Action {
     /// its own record of the rules is lost or damaged. Rates come back exact
     /// (as ticks per token), not always in the form they were written.
     pub fn from_kernel(r: &common::Rule) -> Self {
+        let r = &r.in_normal_mode();
         match r.action {
             action::ALLOW => Action::Allow,
             action::DENY => Action::Deny {
@@ -645,6 +718,11 @@ impl Action {
                     new_sources,
                     aggregate,
                     fleet: r.flags & rule_flags::FLEET != 0,
+                    host_connections: if r.flags & rule_flags::HOST_CONNECTIONS != 0 {
+                        HostConnections::Pass
+                    } else {
+                        HostConnections::Limit
+                    },
                 })
             }
         }
@@ -683,6 +761,9 @@ impl Action {
                         ));
                     }
                     flags |= rule_flags::FLEET;
+                }
+                if l.host_connections == HostConnections::Pass {
+                    flags |= rule_flags::HOST_CONNECTIONS;
                 }
                 let gcra = l.params(field)?;
                 let burst = match l.algo {
@@ -764,6 +845,8 @@ pub struct RuleSet {
     pub clock: Clock,
     /// The cap on states created per second, all rules together.
     pub new_states: Shared,
+    /// Normal or allowlist-only.
+    pub mode: Mode,
 }
 
 /// The default limit when nothing is configured: 1000 packets/s per IPv4 address
@@ -783,6 +866,7 @@ pub fn default_limit() -> Limit {
         new_sources: default_new_sources(),
         aggregate: None,
         fleet: false,
+        host_connections: HostConnections::Pass,
     }
 }
 
@@ -795,6 +879,7 @@ impl Default for RuleSet {
             rules: BTreeMap::new(),
             clock: Clock::Precise,
             new_states: default_new_states(),
+            mode: Mode::Normal,
         }
     }
 }
@@ -813,7 +898,7 @@ impl RuleSet {
         default: &common::Rule,
         rules: &BTreeMap<Prefix, common::Rule>,
     ) -> Self {
-        use common::config_flags::{COARSE_CLOCK, DROP_MALFORMED, DRY_RUN};
+        use common::config_flags::{ALLOWLIST_ONLY, COARSE_CLOCK, DROP_MALFORMED, DRY_RUN};
         RuleSet {
             dry_run: config.flags & DRY_RUN != 0,
             malformed: if config.flags & DROP_MALFORMED != 0 {
@@ -829,6 +914,11 @@ impl RuleSet {
             new_states: Shared {
                 rate: rate_of(&config.new_states, Unit::Packets),
                 burst: config.new_states.capacity.max(1),
+            },
+            mode: if config.flags & ALLOWLIST_ONLY != 0 {
+                Mode::AllowlistOnly
+            } else {
+                Mode::Normal
             },
             default: Action::from_kernel(default),
             rules: rules
@@ -905,6 +995,9 @@ impl RuleSet {
         }
         if self.clock == Clock::Coarse {
             flags |= common::config_flags::COARSE_CLOCK;
+        }
+        if self.mode == Mode::AllowlistOnly {
+            flags |= common::config_flags::ALLOWLIST_ONLY;
         }
         Ok(common::Config {
             flags,

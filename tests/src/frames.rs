@@ -27,6 +27,20 @@ pub struct Udp {
     pub dport: u16,
     /// UDP payload length.
     pub payload: usize,
+    /// Source port.
+    pub sport: u16,
+    /// A TCP segment with these flags (and no payload) instead of UDP.
+    pub tcp: Option<u8>,
+}
+
+/// TCP flags for [`Udp::tcp`].
+pub mod tcp {
+    /// SYN.
+    pub const SYN: u8 = 0x02;
+    /// ACK.
+    pub const ACK: u8 = 0x10;
+    /// PSH.
+    pub const PSH: u8 = 0x08;
 }
 
 impl Udp {
@@ -41,6 +55,8 @@ impl Udp {
             ipv4_options: 0,
             dport: 9,
             payload: 18,
+            sport: 40000,
+            tcp: None,
         }
     }
 
@@ -53,12 +69,19 @@ impl Udp {
             f.extend_from_slice(&tpid.to_be_bytes());
             f.extend_from_slice(&vid.to_be_bytes());
         }
-        let mut udp = Vec::with_capacity(8 + self.payload);
-        udp.extend_from_slice(&40000u16.to_be_bytes());
+        let mut udp = Vec::with_capacity(20 + self.payload);
+        udp.extend_from_slice(&self.sport.to_be_bytes());
         udp.extend_from_slice(&self.dport.to_be_bytes());
-        udp.extend_from_slice(&((8 + self.payload) as u16).to_be_bytes());
-        udp.extend_from_slice(&[0, 0]);
-        udp.extend((0..self.payload).map(|i| i as u8));
+        let proto = if let Some(flags) = self.tcp {
+            // seq, ack, data offset 5, flags, window, checksum, urgent.
+            udp.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+            6
+        } else {
+            udp.extend_from_slice(&((8 + self.payload) as u16).to_be_bytes());
+            udp.extend_from_slice(&[0, 0]);
+            udp.extend((0..self.payload).map(|i| i as u8));
+            17
+        };
         match (self.src, self.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 f.extend_from_slice(&0x0800u16.to_be_bytes());
@@ -75,7 +98,7 @@ impl Udp {
                     0x40,
                     0,
                     64,
-                    17,
+                    proto,
                     0,
                     0,
                 ];
@@ -92,7 +115,7 @@ impl Udp {
                 f.extend_from_slice(&0x86ddu16.to_be_bytes());
                 let mut ip = vec![0x60, 0, 0, 0];
                 ip.extend_from_slice(&(udp.len() as u16).to_be_bytes());
-                ip.push(17);
+                ip.push(proto);
                 ip.push(64);
                 ip.extend_from_slice(&s.octets());
                 ip.extend_from_slice(&d.octets());
@@ -101,9 +124,10 @@ impl Udp {
                 pseudo.extend_from_slice(&s.octets());
                 pseudo.extend_from_slice(&d.octets());
                 pseudo.extend_from_slice(&(udp.len() as u32).to_be_bytes());
-                pseudo.extend_from_slice(&[0, 0, 0, 17]);
+                pseudo.extend_from_slice(&[0, 0, 0, proto]);
                 let sum = checksum(&udp, sum_words(&pseudo));
-                udp[6..8].copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
+                let at = if proto == 6 { 16 } else { 6 };
+                udp[at..at + 2].copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
                 f.extend_from_slice(&ip);
                 f.extend_from_slice(&udp);
             }

@@ -5,13 +5,17 @@ use std::net::IpAddr;
 
 use ratelimit_common::Reason;
 use ratelimit_tests::{
-    frames::{TPID_8021AD, TPID_8021Q, Udp, arp},
+    frames::{TPID_8021AD, TPID_8021Q, Udp, arp, tcp},
+    net::NetNs,
     privileged,
     testrun::{Loaded, XDP_DROP, XDP_PASS, pin_to_cpu},
+    unique_tag,
 };
 use ratelimit_user::{
     rate::parse_rate,
-    rules::{Action, Limit, MalformedPolicy, Prefix, RuleSet, default_limit},
+    rules::{
+        Action, HostConnections, Limit, MalformedPolicy, Mode, Prefix, RuleSet, default_limit,
+    },
 };
 
 fn addr(s: &str) -> IpAddr {
@@ -648,4 +652,171 @@ fn a_burst_is_admitted_whole_at_any_rate() {
         let admitted = (0..burst + 5).filter(|_| l.verdict(&f) == XDP_PASS).count() as u64;
         assert_eq!(admitted, burst, "{rate} burst {burst}");
     }
+}
+
+/// Allowlist-only mode: only the allow rules pass; every other rule and the
+/// default drop, counted `not_allowed`; the kernel keeps each rule whole, so
+/// reading the rules back gives what normal mode enforces, and `mode normal`
+/// brings every rule back.
+#[test]
+fn allowlist_only_mode_drops_all_but_the_allow_rules() {
+    privileged!("allowlist_only_mode_drops_all_but_the_allow_rules");
+    let mut set = rules(limit("1000/s", 1000));
+    let p = |s: &str| Prefix::parse("cidr", s).expect("prefix");
+    set.rules.insert(p("198.18.5.0/24"), Action::Allow);
+    set.rules
+        .insert(p("198.18.6.0/24"), Action::Deny { dry_run: false });
+    set.rules
+        .insert(p("198.18.7.0/24"), Action::Limit(limit("10/s", 10)));
+    set.mode = Mode::AllowlistOnly;
+    let mut l = Loaded::new(&set);
+    let cases = [
+        ("allowed /24", "198.18.5.9", XDP_PASS, Reason::Allowed),
+        ("denied /24", "198.18.6.1", XDP_DROP, Reason::NotAllowed),
+        ("limited /24", "198.18.7.1", XDP_DROP, Reason::NotAllowed),
+        ("default rule", "198.18.9.9", XDP_DROP, Reason::NotAllowed),
+    ];
+    for (what, src, verdict, reason) in cases {
+        expect(&l, what, &v4(src).build(), verdict, reason);
+    }
+    expect(
+        &l,
+        "IPv6 default",
+        &v6("2001:db8::1").build(),
+        XDP_DROP,
+        Reason::NotAllowed,
+    );
+    let back = l.maps.rule_set().expect("reading the rules back");
+    assert_eq!(back.mode, Mode::AllowlistOnly, "the mode read back");
+    assert!(
+        back.same_in_kernel(&set),
+        "the rules read back in allowlist-only mode are not the rules written: {back:?}"
+    );
+
+    set.mode = Mode::Normal;
+    l.maps.apply(&set).expect("back to normal");
+    expect(
+        &l,
+        "denied /24, normal",
+        &v4("198.18.6.1").build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    expect(
+        &l,
+        "limited /24, normal",
+        &v4("198.18.7.1").build(),
+        XDP_PASS,
+        Reason::NewSource,
+    );
+}
+
+/// Frames of the host's own connections (an established TCP connection, a
+/// connected UDP socket, on an ephemeral local port) pass a limit that drops
+/// everything else from their source; the same frames with another port, a
+/// SYN, or with the rule set to `limit` are dropped. Sockets in a namespace of
+/// the test's own, on 198.18.0.3 and 2001:db8::3.
+#[test]
+fn frames_of_the_hosts_own_connections_pass_a_limit() {
+    privileged!("frames_of_the_hosts_own_connections_pass_a_limit");
+    use std::net::{TcpListener, TcpStream, UdpSocket};
+    let ns = NetNs::new(&unique_tag(), "hc");
+    for (a, extra) in [("198.18.0.3/32", None), ("2001:db8::3/128", Some("nodad"))] {
+        let mut cmd = ns.command("ip");
+        cmd.args(["addr", "add", a, "dev", "lo"]);
+        if let Some(x) = extra {
+            cmd.arg(x);
+        }
+        assert!(cmd.status().expect("ip addr add").success(), "adding {a}");
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            ns.enter();
+            // A limit that admits nothing, for every source.
+            let mut set = rules(limit("0/s", 1));
+            let mut l = Loaded::new(&set);
+            for host in ["198.18.0.3", "2001:db8::3"] {
+                let ip = addr(host);
+                let listener = TcpListener::bind((ip, 0)).expect("listen");
+                let client = TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+                let _server = listener.accept().expect("accept");
+                let (local, remote) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+                let udp = UdpSocket::bind((ip, 0)).expect("udp bind");
+                udp.connect((ip, 5353)).expect("udp connect");
+                let udp_local = udp.local_addr().unwrap();
+
+                let frame = |sport: u16, dport: u16, tcp: Option<u8>| {
+                    let mut f = Udp::new(ip, ip);
+                    f.sport = sport;
+                    f.dport = dport;
+                    f.tcp = tcp;
+                    f.build()
+                };
+                let ack = Some(tcp::ACK | tcp::PSH);
+                expect(
+                    &l,
+                    &format!("{host}: TCP of an established connection"),
+                    &frame(remote.port(), local.port(), ack),
+                    XDP_PASS,
+                    Reason::HostConnection,
+                );
+                expect(
+                    &l,
+                    &format!("{host}: UDP reply to a connected socket"),
+                    &frame(5353, udp_local.port(), None),
+                    XDP_PASS,
+                    Reason::HostConnection,
+                );
+                expect(
+                    &l,
+                    &format!("{host}: UDP from another port"),
+                    &frame(5354, udp_local.port(), None),
+                    XDP_DROP,
+                    Reason::Limited,
+                );
+                expect(
+                    &l,
+                    &format!("{host}: a SYN on the connection's ports"),
+                    &frame(remote.port(), local.port(), Some(tcp::SYN)),
+                    XDP_DROP,
+                    Reason::Limited,
+                );
+                // A connection a client opened to a service of the host (a
+                // local port outside the ephemeral range) is not the host's own.
+                let service = TcpListener::bind((ip, 8080)).expect("listen on 8080");
+                let visitor = TcpStream::connect((ip, 8080)).expect("connect to 8080");
+                let _accepted = service.accept().expect("accept");
+                expect(
+                    &l,
+                    &format!("{host}: an ACK of a client's connection to port 8080"),
+                    &frame(visitor.local_addr().unwrap().port(), 8080, ack),
+                    XDP_DROP,
+                    Reason::Limited,
+                );
+            }
+            // Limited like everything else when the rule says so.
+            let Action::Limit(mut d) = set.default else {
+                unreachable!()
+            };
+            d.host_connections = HostConnections::Limit;
+            set.default = Action::Limit(d);
+            l.maps.apply(&set).expect("host connections limited");
+            let ip = addr("198.18.0.3");
+            let listener = TcpListener::bind((ip, 0)).expect("listen");
+            let client = TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+            let mut f = Udp::new(ip, ip);
+            f.sport = client.peer_addr().unwrap().port();
+            f.dport = client.local_addr().unwrap().port();
+            f.tcp = Some(tcp::ACK);
+            expect(
+                &l,
+                "TCP of an established connection, host connections limited",
+                &f.build(),
+                XDP_DROP,
+                Reason::Limited,
+            );
+        })
+        .join()
+        .expect("test thread");
+    });
 }

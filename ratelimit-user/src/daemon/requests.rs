@@ -81,6 +81,10 @@ impl Daemon {
                     Ok(())
                 })
             }
+            Request::Mode { mode } => self.change(|r| {
+                r.live.mode = Some(mode);
+                Ok(())
+            }),
             Request::Reload { replace } => {
                 self.reload(replace)?;
                 Ok(self.list())
@@ -135,6 +139,7 @@ impl Daemon {
         json!({
             "default": set.default.to_string(),
             "dry_run": set.dry_run,
+            "mode": set.mode.name(),
             "malformed": set.malformed,
             "clock": clock,
             "new_states": set.new_states.to_string(),

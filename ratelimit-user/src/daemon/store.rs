@@ -22,7 +22,7 @@ use crate::{
     config::{RawConfig, RawLimit},
     error::{Error, Result},
     identity::Identity,
-    rules::{Action, Prefix, RuleSet},
+    rules::{Action, Mode, Prefix, RuleSet},
     rundir,
 };
 
@@ -33,6 +33,8 @@ pub struct Overlay {
     pub default: Option<Action>,
     /// Rules set live (`Some`) or unset live (`None`: a base rule removed).
     pub rules: BTreeMap<Prefix, Option<Action>>,
+    /// The mode, if set live (`ratelimit mode`).
+    pub mode: Option<Mode>,
 }
 
 /// A daemon's rules: the base and the live changes.
@@ -58,6 +60,9 @@ impl Rules {
         let mut set = self.base.clone();
         if let Some(d) = self.live.default {
             set.default = d;
+        }
+        if let Some(m) = self.live.mode {
+            set.mode = m;
         }
         for (p, a) in &self.live.rules {
             match a {
@@ -97,6 +102,8 @@ struct RawOverlay {
     default: Option<RawLimit>,
     #[serde(default)]
     rules: Vec<RawLive>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<Mode>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -129,6 +136,7 @@ fn record(rules: &Rules) -> Saved {
                     rule: a.as_ref().map(RawLimit::from),
                 })
                 .collect(),
+            mode: rules.live.mode,
         },
     }
 }
@@ -184,7 +192,10 @@ fn parse(text: &str) -> std::result::Result<Rules, String> {
         .base
         .validate(&RuleSet::default())
         .map_err(|e| format!("its base rules are invalid ({e})"))?;
-    let mut live = Overlay::default();
+    let mut live = Overlay {
+        mode: saved.live.mode,
+        ..Overlay::default()
+    };
     if let Some(d) = &saved.live.default {
         live.default = Some(
             d.validate("default", None)

@@ -267,14 +267,14 @@ impl Maps {
         for (prefix, action) in &set.rules {
             let mut rule = action.to_kernel(0, &prefix.to_string())?;
             match old.get(prefix) {
-                Some(previous) if carry_over(previous, &mut rule) => {
+                Some(previous) if carry_over(&previous.in_normal_mode(), &mut rule) => {
                     rule.id = previous.id;
                     rule.slot = previous.slot;
                     taken.insert(rule.slot);
                 }
                 _ => rule.id = fresh_id()?,
             }
-            values.push((*prefix, rule));
+            values.push((*prefix, set.mode.rule(rule)));
         }
         let old_slots: std::collections::BTreeSet<u32> = old.values().map(|r| r.slot).collect();
         let slots = self.rule_state.len();
@@ -298,12 +298,13 @@ impl Maps {
             rule.slot = pick;
         }
         let mut default = set.default.to_kernel(0, "default")?;
-        default.id = if carry_over(&old_default, &mut default) {
+        default.id = if carry_over(&old_default.in_normal_mode(), &mut default) {
             old_default.id
         } else {
             fresh_id()?
         };
         default.slot = 0;
+        let default = set.mode.rule(default);
         let mut config = set.kernel_config()?;
         config.new_states = config.new_states.succeeding(&old_config.new_states);
         config.hash_seed = if old_config.hash_seed != 0 {
@@ -312,6 +313,7 @@ impl Maps {
             random_seed()
         };
         config.seen_mask = self.seen.len() - 1;
+        config.local_ports = local_ports();
         config.active_rules = idle as u32;
 
         // Copy on write: a rule that changes goes to a table index no rule the
@@ -652,6 +654,21 @@ fn count_entries(map: &MapData, name: &'static str) -> Result<usize> {
 /// true, when the keys' states can carry over: both are limits with the same
 /// algorithm. Otherwise returns false and the caller gives the rule a new id, so
 /// its keys start fresh (another algorithm keeps its state in another form).
+/// The ephemeral port range of this network namespace
+/// (`net.ipv4.ip_local_port_range`, which IPv6 shares) as
+/// [`common::Config::local_ports`]; 0 when it cannot be read.
+pub fn local_ports() -> u32 {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut ports = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+    match (ports.next().flatten(), ports.next().flatten()) {
+        (Some(first), Some(last)) if first <= last => u32::from(first) << 16 | u32::from(last),
+        _ => {
+            tracing::warn!("cannot read net.ipv4.ip_local_port_range: the host's own connections are limited like any traffic");
+            0
+        }
+    }
+}
+
 fn carry_over(previous: &common::Rule, rule: &mut common::Rule) -> bool {
     use common::action::LIMIT;
     if rule.action != LIMIT {

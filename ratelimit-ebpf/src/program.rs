@@ -213,11 +213,7 @@ struct Malformed;
 
 #[inline(always)]
 fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome, Malformed> {
-    let Parsed {
-        family,
-        source,
-        l3,
-    } = parse(ctx)?;
+    let Parsed { family, source, l3 } = parse(ctx)?;
     if family == 0 {
         return Ok(Outcome::of(Reason::NotIp));
     }
@@ -1267,8 +1263,18 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
         let ip: *const Ipv4Hdr = ptr_at(ctx, l3)?;
         // SAFETY: ptr_at checked the bounds; packet loads may be unaligned.
         unsafe {
-            out.source = [0, 0, V4_MAPPED_WORD, read_unaligned((*ip).src_addr.as_ptr().cast())];
-            out.dest = [0, 0, V4_MAPPED_WORD, read_unaligned((*ip).dst_addr.as_ptr().cast())];
+            out.source = [
+                0,
+                0,
+                V4_MAPPED_WORD,
+                read_unaligned((*ip).src_addr.as_ptr().cast()),
+            ];
+            out.dest = [
+                0,
+                0,
+                V4_MAPPED_WORD,
+                read_unaligned((*ip).dst_addr.as_ptr().cast()),
+            ];
             if u16::from_be_bytes((*ip).frags) & 0x1fff != 0 {
                 // A non-first fragment: no transport header.
                 return Ok(());

@@ -471,8 +471,7 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Deny(a) => cidr_command(a, |cidr| Request::Deny { cidr }).await,
         Command::Unset(a) => cidr_command(a, |cidr| Request::Unset { cidr }).await,
         Command::Mode(m) => {
-            let data =
-                control::call(&iface(&m.target)?, &Request::Mode { mode: m.mode }).await?;
+            let data = control::call(&iface(&m.target)?, &Request::Mode { mode: m.mode }).await?;
             print_list(&data);
             Ok(())
         }

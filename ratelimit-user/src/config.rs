@@ -9,9 +9,9 @@ use crate::{
     error::{Error, Result},
     rate::{Unit, parse_burst, parse_duration, parse_rate},
     rules::{
-        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, Limit, MalformedPolicy,
-        Mode, NewSources,
-        Prefix, RuleSet, Shared, default_limit, default_new_sources,
+        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, Limit,
+        MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Shared, default_limit,
+        default_new_sources,
     },
 };
 

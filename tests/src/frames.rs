@@ -127,7 +127,8 @@ impl Udp {
                 pseudo.extend_from_slice(&[0, 0, 0, proto]);
                 let sum = checksum(&udp, sum_words(&pseudo));
                 let at = if proto == 6 { 16 } else { 6 };
-                udp[at..at + 2].copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
+                udp[at..at + 2]
+                    .copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
                 f.extend_from_slice(&ip);
                 f.extend_from_slice(&udp);
             }

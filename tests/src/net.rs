@@ -206,10 +206,11 @@ impl Drop for Pair {
 }
 
 /// The pin directories of `iface`, in any network namespace
-/// (`/sys/fs/bpf/ratelimit/v2/<namespace>/<iface>`): the tests' interface names
-/// are unique.
+/// (`/sys/fs/bpf/ratelimit/<layout>/<namespace>/<iface>`): the tests'
+/// interface names are unique.
 pub fn pin_dirs(iface: &str) -> Vec<std::path::PathBuf> {
-    let Ok(entries) = std::fs::read_dir("/sys/fs/bpf/ratelimit/v2") else {
+    let root = Path::new("/sys/fs/bpf/ratelimit").join(ratelimit_user::identity::PIN_LAYOUT);
+    let Ok(entries) = std::fs::read_dir(root) else {
         return Vec::new();
     };
     entries

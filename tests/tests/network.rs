@@ -253,3 +253,99 @@ fn established_sources_keep_their_limits_through_a_spoofed_flood() {
         "the flood was not cut by the new-source budget: {passed} passed, {cut} dropped"
     );
 }
+
+/// Downloads from a server on the other side of the veth to the limiter's
+/// host: up to `bytes` or `limit` of time; (bytes received, seconds).
+fn download(pair: &Pair, bytes: usize, limit: Duration) -> (usize, f64) {
+    use std::{
+        io::{Read, Write},
+        net::{TcpListener, TcpStream},
+        time::Instant,
+    };
+    let listener = std::thread::scope(|s| {
+        s.spawn(|| {
+            pair.tx.enter();
+            TcpListener::bind(("198.18.0.1", 0)).expect("listen in tx")
+        })
+        .join()
+        .expect("listener")
+    });
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let (mut c, _) = listener.accept().expect("accept");
+            let _ = c.set_write_timeout(Some(limit));
+            let chunk = vec![7u8; 64 * 1024];
+            let mut left = bytes;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                if c.write_all(&chunk[..n]).is_err() {
+                    break;
+                }
+                left -= n;
+            }
+        });
+        s.spawn(move || {
+            pair.rx.enter();
+            let mut c = TcpStream::connect(("198.18.0.1", port)).expect("connect from rx");
+            c.set_read_timeout(Some(Duration::from_millis(200)))
+                .expect("timeout");
+            let start = Instant::now();
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut got = 0;
+            while got < bytes && start.elapsed() < limit {
+                match c.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(_) => {}
+                }
+            }
+            (got, start.elapsed().as_secs_f64())
+        })
+        .join()
+        .expect("client")
+    })
+}
+
+/// The README's default (1000 frames/s per source) must not throttle the
+/// host's own download from a server: its replies belong to a connection the
+/// host opened, so they pass (counted `host_connection`). With
+/// `--host-connections limit` the same download is held to the limit.
+#[test]
+fn the_hosts_own_downloads_pass_the_default_limit() {
+    privileged!("the_hosts_own_downloads_pass_the_default_limit");
+    let pair = Pair::new();
+    let run = TempDir::new("hostconn");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let bytes = 64 << 20;
+    let (got, secs) = download(&pair, bytes, Duration::from_secs(20));
+    let mb_s = got as f64 / secs / 1e6;
+    eprintln!("download, host connections pass: {got} bytes in {secs:.2} s ({mb_s:.1} MB/s)");
+    assert_eq!(got, bytes, "the download did not finish in 20 s");
+    // 1000 full-size frames/s carry at most 1.5 MB/s.
+    assert!(
+        mb_s > 15.0,
+        "the host's own download ran at {mb_s:.1} MB/s: held near the per-source limit"
+    );
+    assert!(
+        stat(&d, "host_connection") > 0,
+        "no frame counted as host_connection"
+    );
+
+    d.cli_ok(&[
+        "set",
+        "default",
+        "--rate",
+        "1000/s",
+        "--host-connections",
+        "limit",
+    ]);
+    let (got, secs) = download(&pair, bytes, Duration::from_secs(3));
+    let limited = got as f64 / secs / 1e6;
+    eprintln!("download, host connections limited: {got} bytes in {secs:.2} s ({limited:.1} MB/s)");
+    assert!(
+        limited < mb_s / 3.0 && limited < 5.0,
+        "with --host-connections limit the download still ran at {limited:.1} MB/s"
+    );
+    assert!(stat(&d, "limited") > 0, "nothing was limited");
+}

@@ -658,12 +658,15 @@ fn count_entries(map: &MapData, name: &'static str) -> Result<usize> {
 /// (`net.ipv4.ip_local_port_range`, which IPv6 shares) as
 /// [`common::Config::local_ports`]; 0 when it cannot be read.
 pub fn local_ports() -> u32 {
-    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let text =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
     let mut ports = text.split_whitespace().map(|p| p.parse::<u16>().ok());
     match (ports.next().flatten(), ports.next().flatten()) {
         (Some(first), Some(last)) if first <= last => u32::from(first) << 16 | u32::from(last),
         _ => {
-            tracing::warn!("cannot read net.ipv4.ip_local_port_range: the host's own connections are limited like any traffic");
+            tracing::warn!(
+                "cannot read net.ipv4.ip_local_port_range: the host's own connections are limited like any traffic"
+            );
             0
         }
     }

@@ -52,6 +52,11 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
     let mut tagged = Udp::new(ip("198.18.7.2"), ip("198.18.0.2"));
     tagged.vlans = vec![(TPID_8021Q, 100)];
     let frame_vlan = tagged.build();
+    // A dropped frame to a local port in the ephemeral range pays a socket
+    // lookup (is it one of the host's own connections?).
+    let mut ephemeral = Udp::new(ip("198.18.7.1"), ip("198.18.0.2"));
+    ephemeral.dport = 40_000;
+    let frame_ephemeral = ephemeral.build();
 
     let cases: Vec<(&str, i32, &[u8], u32)> = vec![
         ("floor: XDP_DROP only", drop_fd, &frame4, XDP_DROP),
@@ -109,6 +114,12 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
             with_rules.prog_fd(),
             &frame4,
             XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4, over limit, to an ephemeral port (socket lookup, none found)",
+            over.prog_fd(),
+            &frame_ephemeral,
+            XDP_DROP,
         ),
     ];
     // Warm every key and cache, then measure round-robin so drift hits all alike.

@@ -1313,7 +1313,7 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
             next = ext[0];
             walked += 1;
         }
-        if walked == MAX_EXT_HEADERS {
+        if walked == MAX_EXT_HEADERS && matches!(next, 0 | 43 | 44 | 51 | 60) {
             // Still an extension header: the chain is longer than we walk.
             return Ok(());
         }

@@ -31,6 +31,10 @@ pub struct Udp {
     pub sport: u16,
     /// A TCP segment with these flags (and no payload) instead of UDP.
     pub tcp: Option<u8>,
+    /// IPv6 extension headers before the transport header, in order: (next
+    /// header value naming it, fragment offset in 8-octet units for a
+    /// fragment header). Each is 8 octets.
+    pub ipv6_ext: Vec<(u8, u16)>,
 }
 
 /// TCP flags for [`Udp::tcp`].
@@ -57,6 +61,7 @@ impl Udp {
             payload: 18,
             sport: 40000,
             tcp: None,
+            ipv6_ext: Vec::new(),
         }
     }
 
@@ -114,11 +119,23 @@ impl Udp {
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 f.extend_from_slice(&0x86ddu16.to_be_bytes());
                 let mut ip = vec![0x60, 0, 0, 0];
-                ip.extend_from_slice(&(udp.len() as u16).to_be_bytes());
-                ip.push(proto);
+                let ext_len = 8 * self.ipv6_ext.len();
+                ip.extend_from_slice(&((ext_len + udp.len()) as u16).to_be_bytes());
+                ip.push(self.ipv6_ext.first().map_or(proto, |e| e.0));
                 ip.push(64);
                 ip.extend_from_slice(&s.octets());
                 ip.extend_from_slice(&d.octets());
+                let mut ext = Vec::with_capacity(ext_len);
+                for (i, (kind, offset)) in self.ipv6_ext.iter().enumerate() {
+                    let next = self.ipv6_ext.get(i + 1).map_or(proto, |e| e.0);
+                    if *kind == 44 {
+                        let off = (offset << 3).to_be_bytes();
+                        ext.extend_from_slice(&[next, 0, off[0], off[1], 0, 0, 0, 7]);
+                    } else {
+                        // Length 0: 8 octets (PadN options inside).
+                        ext.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+                    }
+                }
                 // The UDP checksum is mandatory over IPv6.
                 let mut pseudo = Vec::new();
                 pseudo.extend_from_slice(&s.octets());
@@ -130,6 +147,7 @@ impl Udp {
                 udp[at..at + 2]
                     .copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
                 f.extend_from_slice(&ip);
+                f.extend_from_slice(&ext);
                 f.extend_from_slice(&udp);
             }
             _ => panic!("mixed address families"),

@@ -794,6 +794,59 @@ fn frames_of_the_hosts_own_connections_pass_a_limit() {
                     Reason::Limited,
                 );
             }
+            // IPv6: the ports are found behind extension headers, within the
+            // bound; a non-first fragment has none; a longer chain is not read.
+            let ip = addr("2001:db8::3");
+            let listener = TcpListener::bind((ip, 0)).expect("listen");
+            let client = TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+            type Case = (&'static str, Vec<(u8, u16)>, u32, Reason);
+            let ext_cases: [Case; 5] = [
+                (
+                    "hop-by-hop, routing, destination options",
+                    vec![(0, 0), (43, 0), (60, 0)],
+                    XDP_PASS,
+                    Reason::HostConnection,
+                ),
+                (
+                    "a first fragment",
+                    vec![(44, 0)],
+                    XDP_PASS,
+                    Reason::HostConnection,
+                ),
+                (
+                    "a non-first fragment",
+                    vec![(44, 8)],
+                    XDP_DROP,
+                    Reason::Limited,
+                ),
+                (
+                    "six extension headers",
+                    vec![(0, 0), (60, 0), (43, 0), (44, 0), (60, 0), (60, 0)],
+                    XDP_PASS,
+                    Reason::HostConnection,
+                ),
+                (
+                    "seven extension headers (over the bound)",
+                    vec![(0, 0), (60, 0), (43, 0), (44, 0), (60, 0), (60, 0), (60, 0)],
+                    XDP_DROP,
+                    Reason::Limited,
+                ),
+            ];
+            for (what, ext, verdict, reason) in ext_cases {
+                let mut f = Udp::new(ip, ip);
+                f.sport = client.peer_addr().unwrap().port();
+                f.dport = client.local_addr().unwrap().port();
+                f.tcp = Some(tcp::ACK);
+                f.ipv6_ext = ext;
+                expect(
+                    &l,
+                    &format!("IPv6 TCP behind {what}"),
+                    &f.build(),
+                    verdict,
+                    reason,
+                );
+            }
+
             // Limited like everything else when the rule says so.
             let Action::Limit(mut d) = set.default else {
                 unreachable!()

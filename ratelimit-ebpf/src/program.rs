@@ -1200,6 +1200,18 @@ const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
+/// Where TCP's flags byte is in its header.
+const TCP_FLAGS_AT: usize = 13;
+/// IPv6 extension headers, by the next-header value that names them.
+const IPV6_HOP_BY_HOP: u8 = 0;
+const IPV6_ROUTING: u8 = 43;
+const IPV6_FRAGMENT: u8 = 44;
+const IPV6_AUTH: u8 = 51;
+const IPV6_DEST_OPTIONS: u8 = 60;
+/// The fragment offset's bits: of IPv4's flags-and-offset word, and of the
+/// IPv6 fragment header's offset word.
+const IPV4_OFFSET_MASK: u16 = 0x1fff;
+const IPV6_OFFSET_MASK: u16 = 0xfff8;
 /// `TCP_ESTABLISHED` of the kernel's socket states (also a connected UDP socket's).
 const TCP_ESTABLISHED: u32 = 1;
 /// IPv6 extension headers walked before the transport header.
@@ -1275,7 +1287,7 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
                 V4_MAPPED_WORD,
                 read_unaligned((*ip).dst_addr.as_ptr().cast()),
             ];
-            if u16::from_be_bytes((*ip).frags) & 0x1fff != 0 {
+            if u16::from_be_bytes((*ip).frags) & IPV4_OFFSET_MASK != 0 {
                 // A non-first fragment: no transport header.
                 return Ok(());
             }
@@ -1297,13 +1309,15 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
             // SAFETY: ptr_at checked the bounds.
             let ext = unsafe { *ext };
             match next {
-                // Hop-by-hop, routing, destination options: 8-octet units.
-                0 | 43 | 60 => offset += (usize::from(ext[1]) + 1) * 8,
-                // Authentication header: 4-octet units.
-                51 => offset += (usize::from(ext[1]) + 2) * 4,
-                // Fragment: a non-first fragment has no transport header.
-                44 => {
-                    if u16::from_be_bytes([ext[2], ext[3]]) & 0xfff8 != 0 {
+                // Lengths in 8-octet units, not counting the first.
+                IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTIONS => {
+                    offset += (usize::from(ext[1]) + 1) * 8
+                }
+                // In 4-octet units, not counting the first two.
+                IPV6_AUTH => offset += (usize::from(ext[1]) + 2) * 4,
+                // A non-first fragment has no transport header.
+                IPV6_FRAGMENT => {
+                    if u16::from_be_bytes([ext[2], ext[3]]) & IPV6_OFFSET_MASK != 0 {
                         return Ok(());
                     }
                     offset += 8;
@@ -1313,7 +1327,12 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
             next = ext[0];
             walked += 1;
         }
-        if walked == MAX_EXT_HEADERS && matches!(next, 0 | 43 | 44 | 51 | 60) {
+        if walked == MAX_EXT_HEADERS
+            && matches!(
+                next,
+                IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_FRAGMENT | IPV6_AUTH | IPV6_DEST_OPTIONS
+            )
+        {
             // Still an extension header: the chain is longer than we walk.
             return Ok(());
         }
@@ -1328,7 +1347,7 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
     out.sport = u16::from_ne_bytes([ports[0], ports[1]]);
     out.dport = u16::from_ne_bytes([ports[2], ports[3]]);
     if next == IPPROTO_TCP {
-        let flags: *const u8 = ptr_at(ctx, offset + 13)?;
+        let flags: *const u8 = ptr_at(ctx, offset + TCP_FLAGS_AT)?;
         // SAFETY: ptr_at checked the bounds.
         out.tcp_flags = unsafe { *flags };
     }

@@ -309,8 +309,9 @@ fn download(pair: &Pair, bytes: usize, limit: Duration) -> (usize, f64) {
 
 /// The README's default (1000 frames/s per source) must not throttle the
 /// host's own download from a server: its replies belong to a connection the
-/// host opened, so they pass (counted `host_connection`). With
-/// `--host-connections limit` the same download is held to the limit.
+/// host opened, so none is dropped (they pass as `host_connection` once the
+/// server's bucket is empty). With `--host-connections limit` the same
+/// download is limited. Counters and bytes are asserted, not speeds (printed).
 #[test]
 fn the_hosts_own_downloads_pass_the_default_limit() {
     privileged!("the_hosts_own_downloads_pass_the_default_limit");
@@ -319,17 +320,23 @@ fn the_hosts_own_downloads_pass_the_default_limit() {
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
     let bytes = 64 << 20;
     let (got, secs) = download(&pair, bytes, Duration::from_secs(20));
-    let mb_s = got as f64 / secs / 1e6;
-    eprintln!("download, host connections pass: {got} bytes in {secs:.2} s ({mb_s:.1} MB/s)");
-    assert_eq!(got, bytes, "the download did not finish in 20 s");
-    // 1000 full-size frames/s carry at most 1.5 MB/s.
-    assert!(
-        mb_s > 15.0,
-        "the host's own download ran at {mb_s:.1} MB/s: held near the per-source limit"
+    eprintln!(
+        "download, host connections pass: {got} bytes in {secs:.2} s ({:.1} MB/s)",
+        got as f64 / secs / 1e6
     );
+    assert_eq!(got, bytes, "the download did not finish in 20 s");
+    // 64 MiB is over 40 000 full-size frames: far past the server's burst.
+    let passed = stat(&d, "host_connection");
     assert!(
-        stat(&d, "host_connection") > 0,
-        "no frame counted as host_connection"
+        passed > 10_000,
+        "only {passed} frames counted as host_connection: the download was judged by the limit"
+    );
+    // Frames the server sends after the host closed its end (its last FIN
+    // and ACKs) find no established socket: a handful may be limited.
+    let dropped = stat(&d, "limited");
+    assert!(
+        dropped < 10,
+        "{dropped} frames of the host's own download were dropped"
     );
 
     d.cli_ok(&[
@@ -341,11 +348,21 @@ fn the_hosts_own_downloads_pass_the_default_limit() {
         "limit",
     ]);
     let (got, secs) = download(&pair, bytes, Duration::from_secs(3));
-    let limited = got as f64 / secs / 1e6;
-    eprintln!("download, host connections limited: {got} bytes in {secs:.2} s ({limited:.1} MB/s)");
-    assert!(
-        limited < mb_s / 3.0 && limited < 5.0,
-        "with --host-connections limit the download still ran at {limited:.1} MB/s"
+    eprintln!(
+        "download, host connections limited: {got} bytes in {secs:.2} s ({:.1} MB/s)",
+        got as f64 / secs / 1e6
     );
-    assert!(stat(&d, "limited") > 0, "nothing was limited");
+    assert!(
+        got < bytes,
+        "with --host-connections limit the download finished unhindered"
+    );
+    assert!(
+        stat(&d, "limited") > 0,
+        "nothing of the download was limited"
+    );
+    assert_eq!(
+        stat(&d, "host_connection"),
+        passed,
+        "frames passed as host_connection under --host-connections limit"
+    );
 }

@@ -60,9 +60,12 @@ pub const MAP_EVENTS: &str = "RL_EVENTS";
 pub const MAP_FLEET_USED: &str = "RL_FLEET_USED";
 /// Keys of fleet-wide rules followed at once.
 pub const FLEET_CAPACITY: u32 = 65_536;
+/// The match groups ([`MatchGroup`]): two halves of [`GROUPS_CAPACITY`], one
+/// for each rule trie.
+pub const MAP_GROUPS: &str = "RL_GROUPS";
 
 /// Every map.
-pub const ALL_MAPS: [&str; 15] = [
+pub const ALL_MAPS: [&str; 16] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -78,10 +81,11 @@ pub const ALL_MAPS: [&str; 15] = [
     MAP_GLOBAL,
     MAP_EVENTS,
     MAP_FLEET_USED,
+    MAP_GROUPS,
 ];
 
 /// The maps pinned for a restart to adopt: all but the per-CPU scratch.
-pub const PINNED_MAPS: [&str; 14] = [
+pub const PINNED_MAPS: [&str; 15] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -96,6 +100,7 @@ pub const PINNED_MAPS: [&str; 14] = [
     MAP_GLOBAL,
     MAP_EVENTS,
     MAP_FLEET_USED,
+    MAP_GROUPS,
 ];
 
 /// Default number of doorkeeper slots (8 bytes each: 8 MiB). A load-time setting.
@@ -546,20 +551,27 @@ pub enum Event {
     /// ([`Config::new_states`]) was used up. Its frame was judged as a new
     /// source's.
     NewStateCapped = 1,
+    /// A rule's match needed what the frame does not show (ports or TCP flags
+    /// of a non-first fragment, anything after an IPv6 extension header chain
+    /// longer than the program walks): the frame went to the policy of
+    /// [`config_flags::UNJUDGED_DROP`] / [`config_flags::UNJUDGED_PASS`].
+    Unjudged = 2,
 }
 
 /// Number of [`Event`]s: the size of [`MAP_EVENTS`].
-pub const EVENT_COUNT: u32 = 2;
+pub const EVENT_COUNT: u32 = 3;
 
 impl Event {
     /// Every event, in index order.
-    pub const ALL: [Event; EVENT_COUNT as usize] = [Event::StateCreated, Event::NewStateCapped];
+    pub const ALL: [Event; EVENT_COUNT as usize] =
+        [Event::StateCreated, Event::NewStateCapped, Event::Unjudged];
 
     /// Stable name, used in stats output and metric labels.
     pub const fn name(self) -> &'static str {
         match self {
             Event::StateCreated => "states_created",
             Event::NewStateCapped => "new_states_capped",
+            Event::Unjudged => "unjudged",
         }
     }
 }
@@ -634,7 +646,85 @@ pub mod config_flags {
     /// Allowlist-only mode: every frame not under an `allow` rule is dropped
     /// ([`super::Reason::NotAllowed`]).
     pub const ALLOWLIST_ONLY: u32 = 1 << 3;
+    /// A frame a match cannot judge ([`super::Event::Unjudged`]) is dropped
+    /// (under the group's [`super::MatchGroup::unjudged`] rule, a deny).
+    /// Without this bit or [`UNJUDGED_PASS`], the frame skips the rules that
+    /// need what it lacks and the next rule of its source judges it.
+    pub const UNJUDGED_DROP: u32 = 1 << 4;
+    /// A frame a match cannot judge is passed (under an allow rule).
+    pub const UNJUDGED_PASS: u32 = 1 << 5;
 }
+
+/// Bit of a [`MAP_RULES`] value: the rest is an index into [`MAP_GROUPS`], not
+/// [`MAP_RULE_TABLE`] (the prefix has rules with matches).
+pub const GROUP_BIT: u32 = 1 << 31;
+/// Rules one source can meet in order: its prefix's own, then those of the
+/// prefixes around it, down to a rule without matches.
+pub const MAX_MATCHES: usize = 8;
+/// Match groups per half of [`MAP_GROUPS`]: prefixes with rules that match
+/// more than the source.
+pub const GROUPS_CAPACITY: u32 = 1024;
+
+/// Bits of [`MatchEntry::fields`]: what an entry matches besides the source.
+pub mod match_fields {
+    /// The destination: [`super::MatchEntry::dest`] under `dest_mask`.
+    pub const DEST: u8 = 1 << 0;
+    /// The transport protocol.
+    pub const PROTO: u8 = 1 << 1;
+    /// The destination port range (TCP or UDP).
+    pub const PORTS: u8 = 1 << 2;
+    /// TCP with SYN and without ACK (a connection's first frame).
+    pub const SYN: u8 = 1 << 3;
+    /// The ICMP (or ICMPv6) type.
+    pub const ICMP_TYPE: u8 = 1 << 4;
+    /// The entry is a rule of the group's own prefix, not inherited from a
+    /// prefix around it (for reading rules back).
+    pub const OWN: u8 = 1 << 7;
+    /// Fields only the transport header shows.
+    pub const NEEDS_HEADER: u8 = PORTS | SYN | ICMP_TYPE;
+}
+
+/// One rule of a [`MatchGroup`]: what it matches and its rule's index in
+/// [`MAP_RULE_TABLE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MatchEntry {
+    /// The destination network (masked), as [`Words`].
+    pub dest: Words,
+    /// The destination mask.
+    pub dest_mask: Words,
+    /// Index in [`MAP_RULE_TABLE`].
+    pub rule: u32,
+    /// Destination ports, inclusive, host order.
+    pub dport_first: u16,
+    pub dport_last: u16,
+    /// Bits of [`match_fields`].
+    pub fields: u8,
+    /// The transport protocol (IANA number).
+    pub proto: u8,
+    /// The ICMP type.
+    pub icmp_type: u8,
+    pub _pad: [u8; 5],
+}
+const _: () = assert!(core::mem::size_of::<MatchEntry>() == 48);
+
+/// Value of [`MAP_GROUPS`]: the rules a source under one prefix can meet,
+/// most specific first; the first that matches judges the frame. The last is
+/// a rule without matches (the prefix's own, one around it, or the default).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MatchGroup {
+    /// Entries in use.
+    pub count: u32,
+    /// Index in [`MAP_RULE_TABLE`] of the rule for a frame a match cannot
+    /// judge, or [`NO_RULE`] to go on to the next entry.
+    pub unjudged: u32,
+    pub entries: [MatchEntry; MAX_MATCHES],
+}
+const _: () = assert!(core::mem::size_of::<MatchGroup>() == 8 + 48 * MAX_MATCHES);
+
+/// No rule: what a lookup returns when nothing matches.
+pub const NO_RULE: u32 = u32::MAX;
 
 /// Value of [`MAP_CONFIG`]: global runtime settings. Written by the daemon.
 #[repr(C)]
@@ -794,6 +884,7 @@ mod pod {
     unsafe impl aya::Pod for super::WideState {}
     unsafe impl aya::Pod for super::RuleState {}
     unsafe impl aya::Pod for super::GlobalState {}
+    unsafe impl aya::Pod for super::MatchGroup {}
 }
 
 #[cfg(test)]

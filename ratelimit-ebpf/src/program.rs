@@ -53,9 +53,10 @@ use ratelimit_common::{
     Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
     DROPS_CAPACITY, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
-    GlobalState, LOCK_RETRIES, REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD,
-    WIDE_WORDS, WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, family,
-    fixed_window, gcra, interval, rolling_quota, rule_addr, rule_flags, sliding_log,
+    GROUP_BIT, GROUPS_CAPACITY, GlobalState, LOCK_RETRIES, MAX_MATCHES, MatchEntry, MatchGroup,
+    NO_RULE, REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD, WIDE_WORDS,
+    WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, family, fixed_window,
+    gcra, interval, match_fields, rolling_quota, rule_addr, rule_flags, sliding_log,
     sliding_window,
 };
 
@@ -66,9 +67,14 @@ static RL_RULES: LpmTrie<RuleAddr, u32> = LpmTrie::with_max_entries(DEFAULT_RULE
 #[map(name = "RL_RULES_B")]
 static RL_RULES_B: LpmTrie<RuleAddr, u32> = LpmTrie::with_max_entries(DEFAULT_RULES_CAPACITY, 0);
 
-// Every rule can change at once: twice the rules and the default rule.
+// Every rule can change at once: twice the rules and the default rule, and
+// the two rules of the unjudged-frame policies (allow, deny) last.
 #[map(name = "RL_RULE_TABLE")]
-static RL_RULE_TABLE: Array<Rule> = Array::with_max_entries(2 * (DEFAULT_RULES_CAPACITY + 1), 0);
+static RL_RULE_TABLE: Array<Rule> =
+    Array::with_max_entries(2 * (DEFAULT_RULES_CAPACITY + 1) + 2, 0);
+
+#[map(name = "RL_GROUPS")]
+static RL_GROUPS: Array<MatchGroup> = Array::with_max_entries(2 * GROUPS_CAPACITY, 0);
 
 #[map(name = "RL_STATE")]
 static RL_STATE: LruHashMap<FlowKey, gcra::State> =
@@ -217,7 +223,7 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
     if family == 0 {
         return Ok(Outcome::of(Reason::NotIp));
     }
-    let Some(rule) = lookup_rule(family, &source, config) else {
+    let Some(rule) = lookup_rule(ctx, l3, family, &source, config) else {
         return Ok(Outcome::of(Reason::Passed));
     };
     let mut reason = match rule.action {
@@ -1045,29 +1051,39 @@ fn count_drop(source: &Words, weight: u64) {
     }
 }
 
-/// The rule for a source: the longest matching prefix, else the default rule.
+/// The rule for a frame: the longest prefix matching its source, else the
+/// default rule; where that prefix has rules with matches, the first of its
+/// group that matches the frame ([`rl_select`]).
 /// By reference into the rule table: a rule is 168 bytes, too many to copy per
 /// frame, and one map for every rule gives the verifier one kind of pointer
 /// (with two, it would verify everything after this twice).
 #[inline(always)]
-fn lookup_rule(fam: u8, addr: &Words, config: &Config) -> Option<&'static Rule> {
+fn lookup_rule(
+    ctx: &XdpContext,
+    l3: usize,
+    fam: u8,
+    addr: &Words,
+    config: &Config,
+) -> Option<&'static Rule> {
     let mut index = config.default_rule;
     if config.rule_count != 0 {
         let key = Key::new(128 + FAMILY_BITS, rule_addr(fam, addr));
-        let found = if config.active_rules == 0 {
+        let mut found = if config.active_rules == 0 {
             in_rules_a(&key)
         } else {
             in_rules_b(&key)
         };
+        if found != NO_RULE && found & GROUP_BIT != 0 {
+            found = rl_select(ctx.ctx, l3 as u64, u32::from(fam), found & !GROUP_BIT);
+        }
         if found != NO_RULE {
-            index = found;
+            // Both ways here leave the same bounds on the index, so the
+            // verifier walks what follows once.
+            index = found & !GROUP_BIT;
         }
     }
     RL_RULE_TABLE.get(index)
 }
-
-/// What [`in_rules_a`] and [`in_rules_b`] return when no prefix matches.
-const NO_RULE: u32 = u32::MAX;
 
 /// The rule index of the longest prefix of `key` in the first trie. Not inlined,
 /// nor is [`in_rules_b`]: see [`state_v4`].
@@ -1185,19 +1201,27 @@ struct Flow {
     proto: u8,
     /// TCP's flags byte (CWR … FIN).
     tcp_flags: u8,
+    /// The ICMP or ICMPv6 type.
+    icmp_type: u8,
     /// One of the `L4_*` consts.
     status: u8,
     /// [`family`] of the addresses.
     family: u8,
 }
 
-/// [`Flow::status`]: TCP or UDP, ports read.
-const L4_PORTS: u8 = 0;
-/// Another protocol, or ports unreadable: a non-first fragment, a truncated
-/// header, or an IPv6 extension header chain longer than [`MAX_EXT_HEADERS`].
-const L4_NONE: u8 = 1;
+/// [`Flow::status`]: the transport header was read (TCP's or UDP's ports and
+/// TCP's flags, ICMP's type).
+const L4_HEADER: u8 = 0;
+/// The protocol is known, not its header: a non-first fragment, a truncated
+/// header, or a protocol whose header we do not read.
+const L4_PROTO: u8 = 1;
+/// Not even the protocol: an IPv6 extension header chain longer than
+/// [`MAX_EXT_HEADERS`].
+const L4_NONE: u8 = 2;
+const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ICMPV6: u8 = 58;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 /// Where TCP's flags byte is in its header.
@@ -1246,11 +1270,12 @@ pub extern "C" fn rl_host_connection(ctx: *mut xdp_md, l3: u64, fam: u32, local_
         dport: 0,
         proto: 0,
         tcp_flags: 0,
+        icmp_type: 0,
         status: L4_NONE,
         family: fam as u8,
     };
     let xdp = XdpContext::new(ctx);
-    if transport(&xdp, l3, fam as u8, &mut flow).is_err() || flow.status != L4_PORTS {
+    if transport(&xdp, l3, fam as u8, &mut flow).is_err() || flow.status != L4_HEADER {
         return 0;
     }
     let port = u32::from(u16::from_be(flow.dport));
@@ -1265,9 +1290,9 @@ pub extern "C" fn rl_host_connection(ctx: *mut xdp_md, l3: u64, fam: u32, local_
     u32::from(candidate && host_socket(ctx, &flow))
 }
 
-/// Reads the addresses, protocol, ports and TCP flags of the frame whose IP
-/// header starts at `l3` into `out` (its status stays [`L4_NONE`] when there
-/// are no ports to read).
+/// Reads the addresses, protocol, ports and TCP flags (or ICMP type) of the
+/// frame whose IP header starts at `l3` into `out`; its status says how far
+/// that got.
 #[inline(always)]
 fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(), Malformed> {
     let (mut next, mut offset);
@@ -1287,11 +1312,13 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
                 V4_MAPPED_WORD,
                 read_unaligned((*ip).dst_addr.as_ptr().cast()),
             ];
+            next = (*ip).proto;
             if u16::from_be_bytes((*ip).frags) & IPV4_OFFSET_MASK != 0 {
                 // A non-first fragment: no transport header.
+                out.proto = next;
+                out.status = L4_PROTO;
                 return Ok(());
             }
-            next = (*ip).proto;
             offset = l3 + usize::from((*ip).vihl & 0x0f) * 4;
         }
     } else {
@@ -1318,6 +1345,8 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
                 // A non-first fragment has no transport header.
                 IPV6_FRAGMENT => {
                     if u16::from_be_bytes([ext[2], ext[3]]) & IPV6_OFFSET_MASK != 0 {
+                        out.proto = ext[0];
+                        out.status = L4_PROTO;
                         return Ok(());
                     }
                     offset += 8;
@@ -1338,6 +1367,16 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
         }
     }
     out.proto = next;
+    out.status = L4_PROTO;
+    if next == IPPROTO_ICMP || next == IPPROTO_ICMPV6 {
+        // Type, code and checksum: read as one, for a one-byte read at a
+        // variable offset is checked in a form the verifier cannot follow.
+        let icmp: *const [u8; 4] = ptr_at(ctx, offset)?;
+        // SAFETY: ptr_at checked the bounds.
+        out.icmp_type = unsafe { (*icmp)[0] };
+        out.status = L4_HEADER;
+        return Ok(());
+    }
     if next != IPPROTO_TCP && next != IPPROTO_UDP {
         return Ok(());
     }
@@ -1351,8 +1390,124 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
         // SAFETY: ptr_at checked the bounds.
         out.tcp_flags = unsafe { *flags };
     }
-    out.status = L4_PORTS;
+    out.status = L4_HEADER;
     Ok(())
+}
+
+/// The rule index (in [`RL_RULE_TABLE`]) for the frame whose IP header starts
+/// at `l3`, from match group `group`: the first entry that matches it; the
+/// group's `unjudged` rule when an entry needs what the frame does not show
+/// and the policy is not to go on ([`Event::Unjudged`] counted once a frame);
+/// [`NO_RULE`] if none matches (the daemon ends every group with an entry
+/// that matches everything, so only a group it never wrote).
+///
+/// A global function, as [`rl_host_connection`] and for the same reason: the
+/// verifier checks it once, and the program sees only a number come back.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_select(ctx: *mut xdp_md, l3: u64, fam: u32, group: u32) -> u32 {
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    let Some(g) = RL_GROUPS.get(group) else {
+        return NO_RULE;
+    };
+    let mut flow = Flow {
+        source: [0; 4],
+        dest: [0; 4],
+        sport: 0,
+        dport: 0,
+        proto: 0,
+        tcp_flags: 0,
+        icmp_type: 0,
+        status: L4_NONE,
+        family: fam as u8,
+    };
+    let xdp = XdpContext::new(ctx);
+    if transport(&xdp, l3, fam as u8, &mut flow).is_err() {
+        // A transport header cut short: what was read before stands (the
+        // addresses always are: the program checked the IP header).
+        flow.status = if flow.status == L4_HEADER {
+            L4_PROTO
+        } else {
+            flow.status
+        };
+    }
+    let mut counted = false;
+    let mut i = 0;
+    while i < MAX_MATCHES {
+        if i as u32 >= g.count {
+            break;
+        }
+        let e = &g.entries[i];
+        match judge(e, &flow) {
+            Judged::Yes => return e.rule,
+            Judged::No => {}
+            Judged::Unknown => {
+                if !counted {
+                    event(Event::Unjudged);
+                    counted = true;
+                }
+                if g.unjudged != NO_RULE {
+                    return g.unjudged;
+                }
+            }
+        }
+        i += 1;
+    }
+    NO_RULE
+}
+
+/// Whether a [`MatchEntry`] matches a frame.
+enum Judged {
+    Yes,
+    No,
+    /// It needs what the frame does not show.
+    Unknown,
+}
+
+/// Judges `flow` by `e`: a field the frame shows that differs is a no, even
+/// when another the frame does not show is unknown.
+#[inline(always)]
+fn judge(e: &MatchEntry, flow: &Flow) -> Judged {
+    let fields = e.fields;
+    if fields & match_fields::DEST != 0 {
+        let mut k = 0;
+        while k < 4 {
+            if flow.dest[k] & e.dest_mask[k] != e.dest[k] {
+                return Judged::No;
+            }
+            k += 1;
+        }
+    }
+    if fields & (match_fields::PROTO | match_fields::NEEDS_HEADER) == 0 {
+        return Judged::Yes;
+    }
+    if flow.status == L4_NONE {
+        return Judged::Unknown;
+    }
+    if flow.proto != e.proto {
+        return Judged::No;
+    }
+    if fields & match_fields::NEEDS_HEADER == 0 {
+        return Judged::Yes;
+    }
+    if flow.status != L4_HEADER {
+        return Judged::Unknown;
+    }
+    if fields & match_fields::PORTS != 0 {
+        let port = u16::from_be(flow.dport);
+        if port < e.dport_first || port > e.dport_last {
+            return Judged::No;
+        }
+    }
+    if fields & match_fields::SYN != 0 && flow.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
+        return Judged::No;
+    }
+    if fields & match_fields::ICMP_TYPE != 0 && flow.icmp_type != e.icmp_type {
+        return Judged::No;
+    }
+    Judged::Yes
 }
 
 /// Whether the kernel has an established TCP connection or a connected UDP

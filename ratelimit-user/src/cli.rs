@@ -163,6 +163,8 @@ pub struct Target {
 pub struct SetArgs {
     /// `default` or a CIDR such as 198.18.0.0/15 or 2001:db8::/32.
     pub target: String,
+    #[command(flatten)]
+    pub matches: MatchArgs,
     /// Rate, e.g. 500/s, 30/min, 10k/s, 100Mbit/s (gcra).
     #[arg(long)]
     pub rate: Option<String>,
@@ -244,11 +246,79 @@ pub struct ModeArgs {
     pub target: Target,
 }
 
+/// What a rule matches besides its source: several rules may share a CIDR
+/// with different matches (the most specific wins; `ratelimit list` shows
+/// them in the order they are tried).
+#[derive(Debug, Args, Default)]
+pub struct MatchArgs {
+    /// Only frames of this transport protocol: tcp, udp, icmp, icmpv6 or a
+    /// number.
+    #[arg(long, help_heading = "Match")]
+    pub proto: Option<String>,
+    /// Only frames to this destination port or range, e.g. 53 or
+    /// 27015-27020 (with --proto tcp or udp).
+    #[arg(long, help_heading = "Match")]
+    pub dport: Option<String>,
+    /// Only TCP SYNs without ACK, a connection's first frame (with --proto tcp).
+    #[arg(long, help_heading = "Match")]
+    pub syn: bool,
+    /// Only this ICMP or ICMPv6 type, e.g. 8 for echo requests (with --proto
+    /// icmp or icmpv6).
+    #[arg(long, help_heading = "Match")]
+    pub icmp_type: Option<u8>,
+    /// Only frames to this destination address or network (of the CIDR's
+    /// family), e.g. 198.18.0.10 on a host that serves several addresses.
+    #[arg(long, help_heading = "Match")]
+    pub to: Option<String>,
+}
+
+impl MatchArgs {
+    /// Whether any match was given.
+    fn any(&self) -> bool {
+        self.proto.is_some()
+            || self.dport.is_some()
+            || self.syn
+            || self.icmp_type.is_some()
+            || self.to.is_some()
+    }
+
+    /// The selector's text form (the daemon parses and checks it).
+    fn selector(&self, cidr: &str) -> String {
+        let mut s = cidr.trim().to_string();
+        let mut add = |word: &str, value: Option<&str>| {
+            s.push(' ');
+            s.push_str(word);
+            if let Some(v) = value {
+                s.push(' ');
+                s.push_str(v.trim());
+            }
+        };
+        if let Some(t) = &self.to {
+            add("to", Some(t));
+        }
+        if let Some(p) = &self.proto {
+            add("proto", Some(p));
+        }
+        if let Some(d) = &self.dport {
+            add("dport", Some(d));
+        }
+        if self.syn {
+            add("syn", None);
+        }
+        if let Some(t) = self.icmp_type {
+            add("type", Some(&t.to_string()));
+        }
+        s
+    }
+}
+
 /// A CIDR command.
 #[derive(Debug, Args)]
 pub struct CidrArgs {
     /// A CIDR such as 198.18.0.0/15 or 2001:db8::/32.
     pub cidr: String,
+    #[command(flatten)]
+    pub matches: MatchArgs,
     #[command(flatten)]
     pub target: Target,
 }
@@ -320,6 +390,7 @@ impl RunArgs {
             default: any_default.then_some(default),
             rules: Vec::new(),
             mode: None,
+            unjudged: None,
         }
     }
 
@@ -455,11 +526,22 @@ pub async fn main(cli: Cli) -> Result<()> {
                     "the default rule covers both families; restart the daemon with --per-v4/--per-v6",
                 ));
             }
+            if args.target == "default" && args.matches.any() {
+                return Err(Error::invalid(
+                    "default",
+                    "the default rule matches every frame no rule takes; for a rule with a match give a CIDR, e.g. `ratelimit set 0.0.0.0/0 --proto tcp --syn --rate 20/s`",
+                ));
+            }
+            let target = if args.target == "default" {
+                args.target
+            } else {
+                args.matches.selector(&args.target)
+            };
             let iface = iface(&args.target_daemon)?;
             let data = control::call(
                 &iface,
                 &Request::Set {
-                    target: args.target,
+                    target,
                     limit: Box::new(limit),
                 },
             )
@@ -581,7 +663,7 @@ pub async fn main(cli: Cli) -> Result<()> {
 
 async fn cidr_command(a: CidrArgs, make: impl FnOnce(String) -> Request) -> Result<()> {
     let iface = iface(&a.target)?;
-    let data = control::call(&iface, &make(a.cidr)).await?;
+    let data = control::call(&iface, &make(a.matches.selector(&a.cidr))).await?;
     print_list(&data);
     Ok(())
 }
@@ -591,16 +673,35 @@ fn print_json(v: &Value) {
 }
 
 fn print_list(data: &Value) {
+    let rules: Vec<&Value> = data["rules"].as_array().into_iter().flatten().collect();
+    let width = rules
+        .iter()
+        .map(|r| r["cidr"].as_str().unwrap_or("?").len())
+        .max()
+        .unwrap_or(0)
+        .max(18);
     println!(
-        "default            {}",
+        "{:<width$} {}",
+        "default",
         data["default"].as_str().unwrap_or("?")
     );
-    for r in data["rules"].as_array().into_iter().flatten() {
+    for r in &rules {
         println!(
-            "{:<18} {}",
+            "{:<width$} {}",
             r["cidr"].as_str().unwrap_or("?"),
             r["rule"].as_str().unwrap_or("?")
         );
+    }
+    if rules.iter().any(|r| r["match"].as_str().is_some_and(|m| !m.is_empty())) {
+        println!(
+            "(a source's rule: its longest CIDR with a rule that matches the frame; one CIDR's rules are tried top to bottom)"
+        );
+        let unjudged = match data["unjudged"].as_str() {
+            Some("drop") => "dropped",
+            Some("pass") => "passed",
+            _ => "judged by the next rule",
+        };
+        println!("(frames a match cannot judge, like non-first fragments: {unjudged})");
     }
     if data["dry_run"].as_bool() == Some(true) {
         println!("(dry run: nothing is dropped)");

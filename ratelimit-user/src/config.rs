@@ -10,10 +10,28 @@ use crate::{
     rate::{Unit, parse_burst, parse_duration, parse_rate},
     rules::{
         Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, Limit,
-        MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Shared, default_limit,
-        default_new_sources,
+        MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Selector, Shared, Unjudged,
+        default_limit, default_new_sources,
     },
 };
+use crate::matching::{Match, parse_ports, parse_proto, proto_name};
+
+/// A protocol or a port as written: a number, or text (`"tcp"`, `"27015-27020"`).
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum RawNumberOrText {
+    Number(u64),
+    Text(String),
+}
+
+impl RawNumberOrText {
+    fn text(&self) -> String {
+        match self {
+            RawNumberOrText::Number(n) => n.to_string(),
+            RawNumberOrText::Text(t) => t.clone(),
+        }
+    }
+}
 
 /// A burst as written: a number or a string with a unit.
 #[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
@@ -110,6 +128,21 @@ const ALGO_PARAMS: &str = "gcra takes rate and burst; token-bucket-interval take
 pub struct RawRule {
     /// The source prefix.
     pub cidr: String,
+    /// The destination prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// `tcp`, `udp`, `icmp`, `icmpv6` or a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<RawNumberOrText>,
+    /// A destination port (`53`) or range (`"27015-27020"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<RawNumberOrText>,
+    /// TCP with SYN and without ACK only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn: Option<bool>,
+    /// The ICMP or ICMPv6 type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_type: Option<u8>,
     /// The rest.
     #[serde(flatten)]
     pub limit: RawLimit,
@@ -134,9 +167,41 @@ pub struct RawConfig {
     /// `normal` (default) or `allowlist-only`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+    /// Frames a rule's match cannot judge: `next-rule` (default), `drop`, `pass`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unjudged: Option<Unjudged>,
     /// Prefix rules.
     #[serde(default, rename = "rule")]
     pub rules: Vec<RawRule>,
+}
+
+impl RawRule {
+    /// The rule's match, checked against its `source`; errors name
+    /// `{field}.proto` and the like.
+    fn matches(&self, field: &str, source: &Prefix) -> Result<Match> {
+        let name = |key: &str| format!("{field}.{key}");
+        let m = Match {
+            dest: self
+                .to
+                .as_deref()
+                .map(|t| Prefix::parse(&name("to"), t))
+                .transpose()?,
+            proto: self
+                .proto
+                .as_ref()
+                .map(|p| parse_proto(&name("proto"), &p.text()))
+                .transpose()?,
+            dports: self
+                .dport
+                .as_ref()
+                .map(|p| parse_ports(&name("dport"), &p.text()))
+                .transpose()?,
+            syn: self.syn.unwrap_or(false),
+            icmp_type: self.icmp_type,
+        };
+        m.validate(source, &name)?;
+        Ok(m)
+    }
 }
 
 impl RawLimit {
@@ -475,13 +540,28 @@ impl From<&RuleSet> for RawConfig {
             clock: Some(set.clock),
             new_states: Some(set.new_states.rate.exact()),
             mode: (set.mode != Mode::Normal).then_some(set.mode),
+            unjudged: (set.unjudged != Unjudged::NextRule).then_some(set.unjudged),
             default: Some(RawLimit::from(&set.default)),
             rules: set
                 .rules
                 .iter()
-                .map(|(p, a)| RawRule {
-                    cidr: p.to_string(),
-                    limit: RawLimit::from(a),
+                .map(|(s, a)| {
+                    let m = &s.matches;
+                    RawRule {
+                        cidr: s.source.to_string(),
+                        to: m.dest.map(|d| d.to_string()),
+                        proto: m.proto.map(|p| RawNumberOrText::Text(proto_name(p).replace("proto ", ""))),
+                        dport: m.dports.map(|(a, b)| {
+                            if a == b {
+                                RawNumberOrText::Number(a.into())
+                            } else {
+                                RawNumberOrText::Text(format!("{a}-{b}"))
+                            }
+                        }),
+                        syn: m.syn.then_some(true),
+                        icmp_type: m.icmp_type,
+                        limit: RawLimit::from(a),
+                    }
                 })
                 .collect(),
         }
@@ -581,20 +661,27 @@ impl RawConfig {
         if let Some(m) = self.mode {
             set.mode = m;
         }
+        if let Some(u) = self.unjudged {
+            set.unjudged = u;
+        }
         if let Some(d) = &self.default {
             set.default = d.validate("default", None)?;
         }
         let mut rules = BTreeMap::new();
         for (i, r) in self.rules.iter().enumerate() {
             let field = format!("rule[{i}]");
-            let prefix = Prefix::parse(&format!("{field}.cidr"), &r.cidr)?;
+            let source = Prefix::parse(&format!("{field}.cidr"), &r.cidr)?;
+            let selector = Selector {
+                source,
+                matches: r.matches(&field, &source)?,
+            };
             let action = r
                 .limit
-                .validate(&format!("{field} ({prefix})"), Some(prefix.addr.is_ipv4()))?;
-            if rules.insert(prefix, action).is_some() {
+                .validate(&format!("{field} ({selector})"), Some(source.addr.is_ipv4()))?;
+            if rules.insert(selector, action).is_some() {
                 return Err(Error::invalid(
                     format!("{field}.cidr"),
-                    format!("{prefix} appears twice"),
+                    format!("{selector} appears twice"),
                 ));
             }
         }
@@ -651,7 +738,7 @@ mod tests {
         };
         assert_eq!((d.burst, d.per_v4, d.per_v6), (200, 32, 56));
         assert_eq!(set.rules.len(), 3);
-        let p = Prefix::parse("x", "198.19.0.0/16").unwrap();
+        let p = Selector::parse("x", "198.19.0.0/16").unwrap();
         let Action::Limit(l) = set.rules[&p] else {
             panic!("not a limit")
         };
@@ -693,7 +780,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let p = |s| Prefix::parse("x", s).unwrap();
+        let p = |s| Selector::parse("x", s).unwrap();
         let Action::Limit(l) = set.rules[&p("198.18.1.0/24")] else {
             panic!()
         };

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod identity;
 pub mod kernel;
 pub mod logs;
+pub mod matching;
 pub mod metrics;
 pub mod rate;
 pub mod rules;

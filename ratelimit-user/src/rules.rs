@@ -9,6 +9,7 @@ use ratelimit_common::{
     map_v4, rolling_quota, rule_flags, sliding_log, sliding_window,
 };
 
+pub use crate::matching::Selector;
 use crate::{
     error::{Error, Result},
     rate::{Rate, Unit},
@@ -830,6 +831,23 @@ pub enum MalformedPolicy {
     Drop,
 }
 
+/// What happens to a frame a rule's match cannot judge: its ports or TCP
+/// flags are not in it (a non-first fragment), or not within what the program
+/// reads (an IPv6 extension header chain longer than six headers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unjudged {
+    /// The rules that need what it lacks are skipped: the next rule of its
+    /// source judges it (in the end the source's rule without matches, or the
+    /// default rule). The default: such a frame is never unlimited.
+    #[default]
+    NextRule,
+    /// Dropped (counted `denied`).
+    Drop,
+    /// Passed (counted `allowed`); in allowlist-only mode, as `next-rule`.
+    Pass,
+}
+
 /// Everything the daemon enforces: global settings, the default rule, the rules.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleSet {
@@ -839,8 +857,12 @@ pub struct RuleSet {
     pub malformed: MalformedPolicy,
     /// The rule for sources no prefix matches.
     pub default: Action,
-    /// Rules by prefix; the longest match wins.
-    pub rules: BTreeMap<Prefix, Action>,
+    /// Rules by source prefix and match; the longest source prefix with a
+    /// matching rule wins, then the most specific match (see
+    /// [`crate::matching`]).
+    pub rules: BTreeMap<Selector, Action>,
+    /// Frames a match cannot judge.
+    pub unjudged: Unjudged,
     /// The clock decisions are made on.
     pub clock: Clock,
     /// The cap on states created per second, all rules together.
@@ -877,6 +899,7 @@ impl Default for RuleSet {
             malformed: MalformedPolicy::Pass,
             default: Action::Limit(default_limit()),
             rules: BTreeMap::new(),
+            unjudged: Unjudged::NextRule,
             clock: Clock::Precise,
             new_states: default_new_states(),
             mode: Mode::Normal,
@@ -896,15 +919,24 @@ impl RuleSet {
     pub fn from_kernel(
         config: &common::Config,
         default: &common::Rule,
-        rules: &BTreeMap<Prefix, common::Rule>,
+        rules: &BTreeMap<Selector, common::Rule>,
     ) -> Self {
-        use common::config_flags::{ALLOWLIST_ONLY, COARSE_CLOCK, DROP_MALFORMED, DRY_RUN};
+        use common::config_flags::{
+            ALLOWLIST_ONLY, COARSE_CLOCK, DROP_MALFORMED, DRY_RUN, UNJUDGED_DROP, UNJUDGED_PASS,
+        };
         RuleSet {
             dry_run: config.flags & DRY_RUN != 0,
             malformed: if config.flags & DROP_MALFORMED != 0 {
                 MalformedPolicy::Drop
             } else {
                 MalformedPolicy::Pass
+            },
+            unjudged: if config.flags & UNJUDGED_DROP != 0 {
+                Unjudged::Drop
+            } else if config.flags & UNJUDGED_PASS != 0 {
+                Unjudged::Pass
+            } else {
+                Unjudged::NextRule
             },
             clock: if config.flags & COARSE_CLOCK != 0 {
                 Clock::Coarse
@@ -980,6 +1012,9 @@ impl RuleSet {
         for (p, a) in &self.rules {
             a.to_kernel(0, &p.to_string())?;
         }
+        // The chains of rules with matches fit (indexes do not matter here).
+        let indexes = self.rules.keys().map(|s| (*s, 0)).collect();
+        crate::matching::compile(&indexes, 0, 0, 0)?;
         Ok(())
     }
 
@@ -998,6 +1033,11 @@ impl RuleSet {
         }
         if self.mode == Mode::AllowlistOnly {
             flags |= common::config_flags::ALLOWLIST_ONLY;
+        }
+        match self.unjudged {
+            Unjudged::NextRule => {}
+            Unjudged::Drop => flags |= common::config_flags::UNJUDGED_DROP,
+            Unjudged::Pass => flags |= common::config_flags::UNJUDGED_PASS,
         }
         Ok(common::Config {
             flags,

@@ -12,7 +12,7 @@ use ratelimit_tests::{
 };
 use ratelimit_user::{
     daemon::monotonic_ns,
-    rules::{Action, Algo, Limit, Prefix, RuleSet, default_limit},
+    rules::{Action, Algo, Limit, RuleSet, Selector, default_limit},
 };
 
 const S: u64 = 1_000_000_000;
@@ -115,7 +115,7 @@ fn rules_select_their_algorithm_per_prefix() {
         limit: 1,
     });
     set.rules.insert(
-        Prefix::parse("cidr", "198.18.9.0/24").expect("prefix"),
+        Selector::parse("cidr", "198.18.9.0/24").expect("prefix"),
         Action::Limit(Limit {
             algo: Algo::SlidingLog {
                 window_ns: HOUR,

@@ -17,7 +17,7 @@ use ratelimit_tests::{
 };
 use ratelimit_user::{
     rate::parse_rate,
-    rules::{Action, Clock, Limit, NewSources, Prefix, RuleSet, Shared, default_limit},
+    rules::{Action, Clock, Limit, NewSources, RuleSet, Selector, Shared, default_limit},
 };
 
 fn limit(rate: &str, burst: u64) -> Limit {
@@ -49,7 +49,7 @@ fn from(i: u32) -> Vec<u8> {
     Udp::new(src, "198.18.0.2".parse().expect("addr")).build()
 }
 
-fn events(l: &Loaded) -> [u64; 2] {
+fn events(l: &Loaded) -> [u64; ratelimit_common::EVENT_COUNT as usize] {
     l.maps.events().expect("reading events")
 }
 
@@ -179,7 +179,7 @@ fn two_levels() -> RuleSet {
     lim.aggregate = Some(shared("1/min", 500));
     let mut set = rules(limit("1/min", 150));
     set.rules.insert(
-        Prefix::parse("cidr", "198.18.0.0/15").expect("prefix"),
+        Selector::parse("cidr", "198.18.0.0/15").expect("prefix"),
         Action::Limit(lim),
     );
     set
@@ -214,7 +214,7 @@ fn two_levels_on_two_cpus_never_over_admit_at_either_level() {
         l.maps.clear_counters().expect("clear");
         let mut lifted = rules(limit("1/min", 150));
         lifted.rules.insert(
-            Prefix::parse("cidr", "198.18.0.0/15").expect("prefix"),
+            Selector::parse("cidr", "198.18.0.0/15").expect("prefix"),
             Action::Limit(limit("1/min", 150)),
         );
         l.maps.apply(&lifted).expect("lifting the aggregate");

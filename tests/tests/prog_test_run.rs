@@ -14,7 +14,7 @@ use ratelimit_tests::{
 use ratelimit_user::{
     rate::parse_rate,
     rules::{
-        Action, HostConnections, Limit, MalformedPolicy, Mode, Prefix, RuleSet, default_limit,
+        Action, HostConnections, Limit, MalformedPolicy, Mode, RuleSet, Selector, default_limit,
     },
 };
 
@@ -284,7 +284,7 @@ fn ipv6_sources_are_keyed_by_their_64_and_ipv4_by_the_rule_prefix() {
     privileged!("ipv6_sources_are_keyed_by_their_64_and_ipv4_by_the_rule_prefix");
     let mut set = rules(limit("1/hour", 1));
     set.rules.insert(
-        Prefix::parse("cidr", "198.19.0.0/16").expect("prefix"),
+        Selector::parse("cidr", "198.19.0.0/16").expect("prefix"),
         Action::Limit(Limit {
             per_v4: 24,
             ..limit("1/hour", 1)
@@ -349,7 +349,7 @@ fn ipv6_sources_are_keyed_by_their_64_and_ipv4_by_the_rule_prefix() {
 #[test]
 fn ipv6_rules_never_match_ipv4_sources() {
     privileged!("ipv6_rules_never_match_ipv4_sources");
-    let p = |s| Prefix::parse("cidr", s).expect("prefix");
+    let p = |s| Selector::parse("cidr", s).expect("prefix");
     let mut set = rules(limit("1000/s", 1000));
     set.rules.insert(p("::/0"), Action::Deny { dry_run: false });
     set.rules.insert(p("198.18.60.0/24"), Action::Allow);
@@ -400,7 +400,7 @@ fn ipv6_rules_never_match_ipv4_sources() {
 fn allow_deny_and_dry_run_rules() {
     privileged!("allow_deny_and_dry_run_rules");
     let mut set = rules(limit("1/hour", 1));
-    let p = |s| Prefix::parse("cidr", s).expect("prefix");
+    let p = |s| Selector::parse("cidr", s).expect("prefix");
     set.rules.insert(p("198.18.10.0/24"), Action::Allow);
     set.rules
         .insert(p("198.18.11.0/24"), Action::Deny { dry_run: false });
@@ -485,7 +485,7 @@ fn global_dry_run_never_drops() {
     let mut set = rules(limit("1/hour", 1));
     set.dry_run = true;
     set.rules.insert(
-        Prefix::parse("c", "198.18.11.0/24").expect("p"),
+        Selector::parse("c", "198.18.11.0/24").expect("p"),
         Action::Deny { dry_run: false },
     );
     let l = Loaded::new(&set);
@@ -662,7 +662,7 @@ fn a_burst_is_admitted_whole_at_any_rate() {
 fn allowlist_only_mode_drops_all_but_the_allow_rules() {
     privileged!("allowlist_only_mode_drops_all_but_the_allow_rules");
     let mut set = rules(limit("1000/s", 1000));
-    let p = |s: &str| Prefix::parse("cidr", s).expect("prefix");
+    let p = |s: &str| Selector::parse("cidr", s).expect("prefix");
     set.rules.insert(p("198.18.5.0/24"), Action::Allow);
     set.rules
         .insert(p("198.18.6.0/24"), Action::Deny { dry_run: false });

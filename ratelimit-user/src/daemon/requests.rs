@@ -10,7 +10,7 @@ use crate::{
     control::Request,
     error::{Error, Result},
     kernel::InterfaceState,
-    rules::{Action, Clock, Limit, Prefix, fmt_duration, source_ip, tick_ns},
+    rules::{Action, Clock, Limit, Selector, fmt_duration, source_ip, tick_ns},
 };
 
 impl Daemon {
@@ -38,9 +38,9 @@ impl Daemon {
                         Ok(())
                     })
                 } else {
-                    let prefix = Prefix::parse("CIDR", &target)?;
+                    let prefix = Selector::parse("CIDR", &target)?;
                     let action =
-                        limit.validate(&prefix.to_string(), Some(prefix.addr.is_ipv4()))?;
+                        limit.validate(&prefix.to_string(), Some(prefix.source.addr.is_ipv4()))?;
                     self.change(|r| {
                         r.live.rules.insert(prefix, Some(action));
                         Ok(())
@@ -48,14 +48,14 @@ impl Daemon {
                 }
             }
             Request::Allow { cidr } => {
-                let prefix = Prefix::parse("CIDR", &cidr)?;
+                let prefix = Selector::parse("CIDR", &cidr)?;
                 self.change(|r| {
                     r.live.rules.insert(prefix, Some(Action::Allow));
                     Ok(())
                 })
             }
             Request::Deny { cidr } => {
-                let prefix = Prefix::parse("CIDR", &cidr)?;
+                let prefix = Selector::parse("CIDR", &cidr)?;
                 self.change(|r| {
                     r.live
                         .rules
@@ -64,7 +64,7 @@ impl Daemon {
                 })
             }
             Request::Unset { cidr } => {
-                let prefix = Prefix::parse("CIDR", &cidr)?;
+                let prefix = Selector::parse("CIDR", &cidr)?;
                 self.change(|r| {
                     if !r.effective().rules.contains_key(&prefix) {
                         return Err(Error::invalid(
@@ -120,11 +120,24 @@ impl Daemon {
 
     pub(super) fn list(&self) -> Value {
         let set = self.rules.effective();
+        // In precedence order: by source, and a source's rules in the order
+        // they are tried (`order`, from 1).
+        let mut order = 0;
+        let mut last = None;
         let rules: Vec<Value> = set
             .rules
             .iter()
             .map(|(p, a)| {
-                json!({"cidr": p.to_string(), "rule": a.to_string(), "origin": self.rules.origin(p)})
+                order = if last == Some(p.source) { order + 1 } else { 1 };
+                last = Some(p.source);
+                json!({
+                    "cidr": p.to_string(),
+                    "source": p.source.to_string(),
+                    "match": p.matches.to_string(),
+                    "order": order,
+                    "rule": a.to_string(),
+                    "origin": self.rules.origin(p),
+                })
             })
             .collect();
         let clock = match set.clock {
@@ -140,6 +153,7 @@ impl Daemon {
             "default": set.default.to_string(),
             "dry_run": set.dry_run,
             "mode": set.mode.name(),
+            "unjudged": set.unjudged,
             "malformed": set.malformed,
             "clock": clock,
             "new_states": set.new_states.to_string(),

@@ -22,7 +22,7 @@ use crate::{
     config::{RawConfig, RawLimit},
     error::{Error, Result},
     identity::Identity,
-    rules::{Action, Mode, Prefix, RuleSet},
+    rules::{Action, Mode, RuleSet, Selector},
     rundir,
 };
 
@@ -32,7 +32,7 @@ pub struct Overlay {
     /// The default rule, if set live.
     pub default: Option<Action>,
     /// Rules set live (`Some`) or unset live (`None`: a base rule removed).
-    pub rules: BTreeMap<Prefix, Option<Action>>,
+    pub rules: BTreeMap<Selector, Option<Action>>,
     /// The mode, if set live (`ratelimit mode`).
     pub mode: Option<Mode>,
 }
@@ -78,7 +78,7 @@ impl Rules {
     }
 
     /// Where the rule of `p` comes from: `live` or `config`.
-    pub fn origin(&self, p: &Prefix) -> &'static str {
+    pub fn origin(&self, p: &Selector) -> &'static str {
         if self.live.rules.contains_key(p) {
             "live"
         } else {
@@ -108,6 +108,7 @@ struct RawOverlay {
 
 #[derive(Serialize, Deserialize)]
 struct RawLive {
+    /// A selector's text form (a CIDR and its match).
     cidr: String,
     /// `None`: unset.
     rule: Option<RawLimit>,
@@ -203,10 +204,10 @@ fn parse(text: &str) -> std::result::Result<Rules, String> {
         );
     }
     for r in &saved.live.rules {
-        let p = Prefix::parse("cidr", &r.cidr).map_err(|e| format!("{e}"))?;
+        let p = Selector::parse("cidr", &r.cidr).map_err(|e| format!("{e}"))?;
         let a = match &r.rule {
             Some(l) => Some(
-                l.validate(&p.to_string(), Some(p.addr.is_ipv4()))
+                l.validate(&p.to_string(), Some(p.source.addr.is_ipv4()))
                     .map_err(|e| format!("its live rule for {p} is invalid ({e})"))?,
             ),
             None => None,
@@ -295,8 +296,8 @@ pub fn initial(
 mod tests {
     use super::*;
 
-    fn p(s: &str) -> Prefix {
-        Prefix::parse("cidr", s).unwrap()
+    fn p(s: &str) -> Selector {
+        Selector::parse("cidr", s).unwrap()
     }
 
     #[test]

@@ -9,7 +9,8 @@ use aya::{
     maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use ratelimit_common::{
-    self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GlobalState, MAP_CONFIG,
+    self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GROUP_BIT,
+    GROUPS_CAPACITY, GlobalState, MAP_CONFIG, MAP_GROUPS, NO_RULE, match_fields,
     MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B,
     MAP_SEEN, MAP_STATE, MAP_STATE_V4, MAP_STATS, REASON_COUNT, Reason, RuleAddr, RuleState, gcra,
 };
@@ -17,7 +18,8 @@ use ratelimit_common::{
 use super::LoadOptions;
 use crate::{
     error::{Error, Result},
-    rules::{Prefix, RuleSet},
+    matching::{self, Match, Selector},
+    rules::{Action, Mode, Prefix, RuleSet, Unjudged},
 };
 
 /// The typed maps.
@@ -39,11 +41,13 @@ pub struct Maps {
     seen: Array<MapData, u64>,
     /// What keys of fleet-wide rules were admitted here.
     fleet_used: HashMap<MapData, FlowKey, Counter>,
+    /// Match groups: a half for each trie.
+    groups: Array<MapData, common::MatchGroup>,
 }
 
 /// The maps' names, in the order [`Maps::from_maps`] takes them: the pinned
 /// ones (the per-CPU scratch map stays inside the program).
-const NAMES: [&str; 14] = common::PINNED_MAPS;
+const NAMES: [&str; 15] = common::PINNED_MAPS;
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
     move |source| Error::Map { op, map, source }
@@ -95,6 +99,7 @@ impl Maps {
             next(),
         );
         let fleet_used = next();
+        let groups = next();
         let seen: Array<MapData, u64> =
             Array::try_from(seen).map_err(map_err("typing", MAP_SEEN))?;
         if !seen.len().is_power_of_two() {
@@ -121,12 +126,13 @@ impl Maps {
             config: Array::try_from(config).map_err(map_err("typing", MAP_CONFIG))?,
             fleet_used: HashMap::try_from(fleet_used)
                 .map_err(map_err("typing", common::MAP_FLEET_USED))?,
+            groups: Array::try_from(groups).map_err(map_err("typing", common::MAP_GROUPS))?,
         })
     }
 
     /// Pins every map in `dir`, replacing what was pinned there.
     pub fn pin(&self, dir: &Path) -> Result<()> {
-        let data: [(&'static str, &MapData); 14] = [
+        let data: [(&'static str, &MapData); 15] = [
             (MAP_RULES, self.tries[0].map()),
             (MAP_RULES_B, self.tries[1].map()),
             (MAP_RULE_TABLE, self.table.map()),
@@ -141,6 +147,7 @@ impl Maps {
             (MAP_GLOBAL, self.global.map()),
             (MAP_EVENTS, self.events.map()),
             (common::MAP_FLEET_USED, self.fleet_used.map()),
+            (common::MAP_GROUPS, self.groups.map()),
         ];
         debug_assert!(data.iter().map(|(n, _)| *n).eq(common::PINNED_MAPS));
         for (name, map) in data {
@@ -171,15 +178,37 @@ impl Maps {
         Ok((self.config()?.active_rules & 1) as usize)
     }
 
-    /// Where each prefix's rule is in the rule table, in trie `which`.
-    fn rule_indexes(&self, which: usize) -> Result<BTreeMap<Prefix, u32>> {
+    /// Where each rule is in the rule table, in trie `which` (and its groups).
+    fn rule_indexes(&self, which: usize) -> Result<BTreeMap<Selector, u32>> {
         let mut out = BTreeMap::new();
         let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
         for entry in self.tries[which].iter() {
-            let (key, index) = entry.map_err(map_err("reading", name))?;
-            out.insert(Prefix::from_lpm(key.prefix_len(), key.data()), index);
+            let (key, value) = entry.map_err(map_err("reading", name))?;
+            let source = Prefix::from_lpm(key.prefix_len(), key.data());
+            if value & GROUP_BIT == 0 {
+                out.insert(Selector::from(source), value);
+                continue;
+            }
+            let group = self
+                .groups
+                .get(&(value & !GROUP_BIT), 0)
+                .map_err(map_err("reading", MAP_GROUPS))?;
+            let count = (group.count as usize).min(group.entries.len());
+            for e in &group.entries[..count] {
+                if e.fields & match_fields::OWN != 0 {
+                    let matches = Match::from_entry(e);
+                    out.insert(Selector { source, matches }, e.rule);
+                }
+            }
         }
         Ok(out)
+    }
+
+    /// Table indexes of the rules of the unjudged-frame policies: a deny and
+    /// an allow, the table's last two entries (no rule of a set is put there).
+    fn policy_indexes(&self) -> (u32, u32) {
+        let n = self.table.len();
+        (n - 2, n - 1)
     }
 
     fn table_rule(&self, index: u32) -> Result<common::Rule> {
@@ -188,8 +217,8 @@ impl Maps {
             .map_err(map_err("reading", MAP_RULE_TABLE))
     }
 
-    /// The rules the program reads now, by prefix.
-    pub fn rules(&self) -> Result<BTreeMap<Prefix, common::Rule>> {
+    /// The rules the program reads now, by selector.
+    pub fn rules(&self) -> Result<BTreeMap<Selector, common::Rule>> {
         self.rule_indexes(self.active()?)?
             .into_iter()
             .map(|(p, i)| Ok((p, self.table_rule(i)?)))
@@ -242,7 +271,7 @@ impl Maps {
             });
         }
         let old_indexes = self.rule_indexes(active)?;
-        let old: BTreeMap<Prefix, common::Rule> = old_indexes
+        let old: BTreeMap<Selector, common::Rule> = old_indexes
             .iter()
             .map(|(p, i)| Ok((*p, self.table_rule(*i)?)))
             .collect::<Result<_>>()?;
@@ -323,28 +352,29 @@ impl Maps {
             .copied()
             .chain([old_config.default_rule])
             .collect();
-        let mut free = (0..self.table.len()).filter(|i| !in_use.contains(i));
+        let (deny_index, allow_index) = self.policy_indexes();
+        let mut free = (0..deny_index).filter(|i| !in_use.contains(i));
         let mut place = |rule: &common::Rule, previous: Option<(u32, &common::Rule)>| match previous
         {
             Some((index, p)) if p == rule => Ok((index, false)),
             _ => free.next().map(|i| (i, true)).ok_or(Error::Capacity {
                 what: "rule table entries".into(),
                 wanted: set.rules.len() + 1,
-                capacity: self.table.len() as usize / 2,
+                capacity: deny_index as usize / 2,
                 option: "--max-rules",
             }),
         };
         let mut writes = Vec::new();
-        let mut entries = Vec::with_capacity(values.len());
-        for (prefix, rule) in &values {
+        let mut entries = BTreeMap::new();
+        for (selector, rule) in &values {
             let previous = old_indexes
-                .get(prefix)
-                .and_then(|i| old.get(prefix).map(|r| (*i, r)));
+                .get(selector)
+                .and_then(|i| old.get(selector).map(|r| (*i, r)));
             let (index, write) = place(rule, previous)?;
             if write {
                 writes.push((index, *rule));
             }
-            entries.push((*prefix, index));
+            entries.insert(*selector, index);
         }
         let (default_index, write) =
             place(&default, Some((old_config.default_rule, &old_default)))?;
@@ -352,6 +382,24 @@ impl Maps {
             writes.push((default_index, default));
         }
         config.default_rule = default_index;
+
+        // The rules of the unjudged-frame policies (constant values) and the
+        // match groups, in the idle half.
+        for (index, action) in [
+            (deny_index, Action::Deny { dry_run: false }),
+            (allow_index, Action::Allow),
+        ] {
+            let rule = action.to_kernel(0, "unjudged")?;
+            if self.table_rule(index)? != rule {
+                writes.push((index, rule));
+            }
+        }
+        let unjudged = match (set.unjudged, set.mode) {
+            (Unjudged::Drop, _) => deny_index,
+            (Unjudged::Pass, Mode::Normal) => allow_index,
+            _ => NO_RULE,
+        };
+        let compiled = matching::compile(&entries, default_index, unjudged, idle as u32 * GROUPS_CAPACITY)?;
 
         // Fresh shared buckets for new rules (and for levels a rule gains).
         for (prefix, rule) in &values {
@@ -366,7 +414,12 @@ impl Maps {
                 .set(*index, rule, 0)
                 .map_err(map_err("writing", MAP_RULE_TABLE))?;
         }
-        self.fill_idle_trie(idle, &entries)?;
+        for (i, group) in compiled.groups.iter().enumerate() {
+            self.groups
+                .set(idle as u32 * GROUPS_CAPACITY + i as u32, group, 0)
+                .map_err(map_err("writing", MAP_GROUPS))?;
+        }
+        self.fill_idle_trie(idle, &compiled.trie)?;
         // The switch: one value, read once per frame.
         self.config
             .set(0, config, 0)

@@ -7,7 +7,7 @@ use ratelimit_tests::{
     frames::{TPID_8021Q, Udp},
     testrun::{Loaded, XDP_DROP, XDP_PASS, load_xdp, test_run},
 };
-use ratelimit_user::rules::{Action, Prefix};
+use ratelimit_user::rules::{Action, Selector};
 use serde_json::json;
 
 use crate::{Opts, ip, limit, met, report::Report, rules, stats, v4};
@@ -42,7 +42,7 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
     // With 1000 prefix rules in the trie (the source matches none of them).
     let mut many = rules(fast);
     for i in 0..1000u32 {
-        let p = Prefix::parse("bench", &format!("2001:db8:{:x}::/48", i + 1)).expect("prefix");
+        let p = Selector::parse("bench", &format!("2001:db8:{:x}::/48", i + 1)).expect("prefix");
         many.rules.insert(p, Action::Allow);
     }
     let with_rules = Loaded::with_capacity(&many, 1 << 20);

@@ -52,12 +52,11 @@ use network_types::{
 use ratelimit_common::{
     Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
-    DROPS_CAPACITY, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
-    GROUP_BIT, GROUPS_CAPACITY, GlobalState, LOCK_RETRIES, MAX_MATCHES, MatchEntry, MatchGroup,
-    NO_RULE, REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD, WIDE_WORDS,
-    WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, family, fixed_window,
-    gcra, interval, match_fields, rolling_quota, rule_addr, rule_flags, sliding_log,
-    sliding_window,
+    DROPS_CAPACITY, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4, GROUP_BIT,
+    GROUPS_CAPACITY, GlobalState, LOCK_RETRIES, MAX_MATCHES, MatchEntry, MatchGroup, NO_RULE,
+    REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words,
+    action, addr_of, algorithm, config_flags, doorkeeper, family, fixed_window, gcra, interval,
+    match_fields, rolling_quota, rule_addr, rule_flags, sliding_log, sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).

@@ -692,7 +692,10 @@ fn print_list(data: &Value) {
             r["rule"].as_str().unwrap_or("?")
         );
     }
-    if rules.iter().any(|r| r["match"].as_str().is_some_and(|m| !m.is_empty())) {
+    if rules
+        .iter()
+        .any(|r| r["match"].as_str().is_some_and(|m| !m.is_empty()))
+    {
         println!(
             "(a source's rule: its longest CIDR with a rule that matches the frame; one CIDR's rules are tried top to bottom)"
         );

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
+use crate::matching::{Match, parse_ports, parse_proto, proto_name};
 use crate::{
     error::{Error, Result},
     rate::{Unit, parse_burst, parse_duration, parse_rate},
@@ -14,7 +15,6 @@ use crate::{
         default_limit, default_new_sources,
     },
 };
-use crate::matching::{Match, parse_ports, parse_proto, proto_name};
 
 /// A protocol or a port as written: a number, or text (`"tcp"`, `"27015-27020"`).
 #[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
@@ -550,7 +550,9 @@ impl From<&RuleSet> for RawConfig {
                     RawRule {
                         cidr: s.source.to_string(),
                         to: m.dest.map(|d| d.to_string()),
-                        proto: m.proto.map(|p| RawNumberOrText::Text(proto_name(p).replace("proto ", ""))),
+                        proto: m
+                            .proto
+                            .map(|p| RawNumberOrText::Text(proto_name(p).replace("proto ", ""))),
                         dport: m.dports.map(|(a, b)| {
                             if a == b {
                                 RawNumberOrText::Number(a.into())
@@ -675,9 +677,10 @@ impl RawConfig {
                 source,
                 matches: r.matches(&field, &source)?,
             };
-            let action = r
-                .limit
-                .validate(&format!("{field} ({selector})"), Some(source.addr.is_ipv4()))?;
+            let action = r.limit.validate(
+                &format!("{field} ({selector})"),
+                Some(source.addr.is_ipv4()),
+            )?;
             if rules.insert(selector, action).is_some() {
                 return Err(Error::invalid(
                     format!("{field}.cidr"),

@@ -236,7 +236,9 @@ pub fn parse_ports(field: &str, s: &str) -> Result<(u16, u16)> {
     let bad = || {
         Error::invalid(
             field,
-            format!("{s:?} is not a port or a range; expected a port like 53 or a range like 27015-27020 (0 to 65535)"),
+            format!(
+                "{s:?} is not a port or a range; expected a port like 53 or a range like 27015-27020 (0 to 65535)"
+            ),
         )
     };
     let port = |p: &str| p.trim().parse::<u16>().map_err(|_| bad());

@@ -31,6 +31,12 @@ pub struct Udp {
     pub sport: u16,
     /// A TCP segment with these flags (and no payload) instead of UDP.
     pub tcp: Option<u8>,
+    /// An ICMP (IPv4) or ICMPv6 (IPv6) message of this type (code 0, 4
+    /// bytes of rest and the payload) instead of UDP.
+    pub icmp: Option<u8>,
+    /// IPv4: the fragment offset, in 8-octet units (non-zero: a non-first
+    /// fragment, whose bytes after the IP header are not a transport header).
+    pub ipv4_frag_offset: u16,
     /// IPv6 extension headers before the transport header, in order: (next
     /// header value naming it, fragment offset in 8-octet units for a
     /// fragment header). Each is 8 octets.
@@ -61,6 +67,8 @@ impl Udp {
             payload: 18,
             sport: 40000,
             tcp: None,
+            icmp: None,
+            ipv4_frag_offset: 0,
             ipv6_ext: Vec::new(),
         }
     }
@@ -77,7 +85,13 @@ impl Udp {
         let mut udp = Vec::with_capacity(20 + self.payload);
         udp.extend_from_slice(&self.sport.to_be_bytes());
         udp.extend_from_slice(&self.dport.to_be_bytes());
-        let proto = if let Some(flags) = self.tcp {
+        let v6 = self.src.is_ipv6();
+        let proto = if let Some(kind) = self.icmp {
+            udp.clear();
+            udp.extend_from_slice(&[kind, 0, 0, 0, 0, 1, 0, 1]);
+            udp.extend((0..self.payload).map(|i| i as u8));
+            if v6 { 58 } else { 1 }
+        } else if let Some(flags) = self.tcp {
             // seq, ack, data offset 5, flags, window, checksum, urgent.
             udp.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
             6
@@ -100,8 +114,13 @@ impl Udp {
                     total as u8,
                     0,
                     1,
-                    0x40,
-                    0,
+                    // Don't fragment, or more fragments and the offset.
+                    if self.ipv4_frag_offset == 0 {
+                        0x40
+                    } else {
+                        0x20 | (self.ipv4_frag_offset >> 8) as u8
+                    },
+                    self.ipv4_frag_offset as u8,
                     64,
                     proto,
                     0,
@@ -143,7 +162,11 @@ impl Udp {
                 pseudo.extend_from_slice(&(udp.len() as u32).to_be_bytes());
                 pseudo.extend_from_slice(&[0, 0, 0, proto]);
                 let sum = checksum(&udp, sum_words(&pseudo));
-                let at = if proto == 6 { 16 } else { 6 };
+                let at = match proto {
+                    6 => 16,
+                    58 => 2,
+                    _ => 6,
+                };
                 udp[at..at + 2]
                     .copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
                 f.extend_from_slice(&ip);

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use ratelimit_common::Reason;
+use ratelimit_common::{Event, Reason};
 use ratelimit_tests::{
     frames::{TPID_8021AD, TPID_8021Q, Udp, arp, tcp},
     net::NetNs,
@@ -14,7 +14,8 @@ use ratelimit_tests::{
 use ratelimit_user::{
     rate::parse_rate,
     rules::{
-        Action, HostConnections, Limit, MalformedPolicy, Mode, RuleSet, Selector, default_limit,
+        Action, HostConnections, Limit, MalformedPolicy, Mode, RuleSet, Selector, Unjudged,
+        default_limit,
     },
 };
 
@@ -872,4 +873,389 @@ fn frames_of_the_hosts_own_connections_pass_a_limit() {
         .join()
         .expect("test thread");
     });
+}
+
+/// A rule set of `(selector, action)` on a default limit of 1000/s.
+fn matching(rules_: &[(&str, Action)]) -> RuleSet {
+    let mut set = rules(limit("1000/s", 1000));
+    for (s, a) in rules_ {
+        set.rules
+            .insert(Selector::parse("cidr", s).expect("selector"), *a);
+    }
+    set
+}
+
+const DENY: Action = Action::Deny { dry_run: false };
+/// Told apart from DENY by its counter (`would_drop`).
+const DRY_DENY: Action = Action::Deny { dry_run: true };
+
+/// `expect`, and that the unjudged-frame event moved by `unjudged`.
+fn expect_unjudged(
+    l: &Loaded,
+    what: &str,
+    frame: &[u8],
+    verdict: u32,
+    reason: Reason,
+    unjudged: u64,
+) {
+    let before = l.maps.events().expect("events")[Event::Unjudged as usize];
+    expect(l, what, frame, verdict, reason);
+    let after = l.maps.events().expect("events")[Event::Unjudged as usize];
+    assert_eq!(after - before, unjudged, "{what}: unjudged frames counted");
+}
+
+/// TCP flags: a SYN rule takes SYNs only; its read-back is the rule written.
+#[test]
+fn rules_match_tcp_syn_and_fragments_follow_the_policy() {
+    privileged!("rules_match_tcp_syn_and_fragments_follow_the_policy");
+    let mut set = matching(&[
+        ("198.18.0.0/15", Action::Allow),
+        ("198.18.0.0/15 tcp syn", DENY),
+    ]);
+    let l = Loaded::new(&set);
+    assert_eq!(l.maps.rule_set().expect("read back").rules, set.rules);
+    let tcp_ = |flags| Udp {
+        tcp: Some(flags),
+        ..v4("198.18.1.1")
+    };
+    expect(&l, "SYN", &tcp_(tcp::SYN).build(), XDP_DROP, Reason::Denied);
+    for (what, flags) in [
+        ("SYN-ACK", tcp::SYN | tcp::ACK),
+        ("ACK", tcp::ACK),
+        ("PSH-ACK", tcp::PSH | tcp::ACK),
+    ] {
+        expect(&l, what, &tcp_(flags).build(), XDP_PASS, Reason::Allowed);
+    }
+    expect(
+        &l,
+        "UDP",
+        &v4("198.18.1.1").build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+    // A non-first fragment of TCP shows no flags: next rule by default.
+    let tcp_fragment = Udp {
+        ipv4_frag_offset: 100,
+        ..tcp_(tcp::SYN)
+    };
+    let udp_fragment = Udp {
+        ipv4_frag_offset: 100,
+        ..v4("198.18.1.1")
+    };
+    expect_unjudged(
+        &l,
+        "TCP fragment, next-rule",
+        &tcp_fragment.build(),
+        XDP_PASS,
+        Reason::Allowed,
+        1,
+    );
+    // A UDP fragment is no TCP: judged, not counted.
+    expect_unjudged(
+        &l,
+        "UDP fragment",
+        &udp_fragment.build(),
+        XDP_PASS,
+        Reason::Allowed,
+        0,
+    );
+
+    set.unjudged = Unjudged::Drop;
+    let l = Loaded::new(&set);
+    assert_eq!(
+        l.maps.rule_set().expect("read back").unjudged,
+        Unjudged::Drop
+    );
+    expect_unjudged(
+        &l,
+        "TCP fragment, drop",
+        &tcp_fragment.build(),
+        XDP_DROP,
+        Reason::Denied,
+        1,
+    );
+    expect_unjudged(
+        &l,
+        "UDP fragment, drop",
+        &udp_fragment.build(),
+        XDP_PASS,
+        Reason::Allowed,
+        0,
+    );
+    expect(
+        &l,
+        "SYN, drop",
+        &tcp_(tcp::SYN).build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+
+    // Pass: under a deny-all source rule, the fragment still passes.
+    let mut set = matching(&[("198.18.0.0/15", DENY), ("198.18.0.0/15 tcp syn", DRY_DENY)]);
+    set.unjudged = Unjudged::Pass;
+    let l = Loaded::new(&set);
+    expect_unjudged(
+        &l,
+        "TCP fragment, pass",
+        &tcp_fragment.build(),
+        XDP_PASS,
+        Reason::Allowed,
+        1,
+    );
+    expect(
+        &l,
+        "SYN, pass",
+        &tcp_(tcp::SYN).build(),
+        XDP_PASS,
+        Reason::WouldDrop,
+    );
+    expect(
+        &l,
+        "ACK, pass",
+        &tcp_(tcp::ACK).build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    // In allowlist-only mode, `pass` is `next-rule`: not allowed.
+    set.mode = Mode::AllowlistOnly;
+    let l = Loaded::new(&set);
+    expect_unjudged(
+        &l,
+        "TCP fragment, allowlist-only",
+        &tcp_fragment.build(),
+        XDP_DROP,
+        Reason::NotAllowed,
+        1,
+    );
+}
+
+/// Ports and ranges, ICMP types, and a prefix's rules tried most specific
+/// first.
+#[test]
+fn rules_match_ports_and_icmp_types() {
+    privileged!("rules_match_ports_and_icmp_types");
+    let set = matching(&[
+        ("198.18.0.0/15", Action::Allow),
+        ("198.18.0.0/15 udp dport 53", DENY),
+        ("198.18.0.0/15 udp dport 27015-27020", DRY_DENY),
+        ("198.18.0.0/15 udp", Action::Limit(limit("1000/s", 1000))),
+        ("198.18.0.0/15 icmp type 8", DENY),
+        ("2001:db8::/32", Action::Allow),
+        ("2001:db8::/32 icmpv6 type 128", DENY),
+    ]);
+    let l = Loaded::new(&set);
+    assert_eq!(l.maps.rule_set().expect("read back").rules, set.rules);
+    let udp = |port| Udp {
+        dport: port,
+        ..v4("198.18.2.1")
+    };
+    expect(&l, "udp 53", &udp(53).build(), XDP_DROP, Reason::Denied);
+    for port in [27015, 27018, 27020] {
+        expect(
+            &l,
+            "in the range",
+            &udp(port).build(),
+            XDP_PASS,
+            Reason::WouldDrop,
+        );
+    }
+    // Other UDP ports: the `udp` rule, not the plain one (a source's first
+    // frame under a limit is a new source's).
+    for (i, port) in [52, 54, 27014, 27021].into_iter().enumerate() {
+        expect(
+            &l,
+            "udp, out of range",
+            &Udp {
+                dport: port,
+                ..v4(&format!("198.18.3.{i}"))
+            }
+            .build(),
+            XDP_PASS,
+            Reason::NewSource,
+        );
+    }
+    let tcp53 = Udp {
+        tcp: Some(tcp::SYN),
+        ..udp(53)
+    };
+    expect(&l, "tcp 53", &tcp53.build(), XDP_PASS, Reason::Allowed);
+    let icmp = |kind| Udp {
+        icmp: Some(kind),
+        ..v4("198.18.2.1")
+    };
+    expect(
+        &l,
+        "echo request",
+        &icmp(8).build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    expect(
+        &l,
+        "echo reply",
+        &icmp(0).build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+    let icmp6 = |kind| Udp {
+        icmp: Some(kind),
+        ..v6("2001:db8:5::1")
+    };
+    expect(
+        &l,
+        "ICMPv6 echo request",
+        &icmp6(128).build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    expect(
+        &l,
+        "ICMPv6 echo reply",
+        &icmp6(129).build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+    expect(
+        &l,
+        "IPv6 UDP 53",
+        &Udp {
+            dport: 53,
+            ..v6("2001:db8:5::1")
+        }
+        .build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+}
+
+/// Destinations; a prefix whose rules all have matches hands the rest of
+/// its frames to the prefix around it, and in the end to the default rule.
+#[test]
+fn rules_match_destinations_and_fall_through_to_the_prefix_around() {
+    privileged!("rules_match_destinations_and_fall_through_to_the_prefix_around");
+    let set = matching(&[
+        ("0.0.0.0/0 to 198.18.0.99", DENY),
+        ("198.18.5.0/24", Action::Allow),
+        ("198.19.0.0/16 tcp syn", DENY),
+        ("198.19.0.0/16", DRY_DENY),
+        ("198.19.5.0/24 udp dport 53", Action::Allow),
+        ("2001:db8::/32 to 2001:db8:1::/48", DENY),
+    ]);
+    let l = Loaded::new(&set);
+    assert_eq!(l.maps.rule_set().expect("read back").rules, set.rules);
+    let to = |src: &str, dst: &str| Udp::new(addr(src), addr(dst));
+    expect(
+        &l,
+        "to .99",
+        &to("198.18.7.1", "198.18.0.99").build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    expect(
+        &l,
+        "to .2: default rule",
+        &to("198.18.7.1", "198.18.0.2").build(),
+        XDP_PASS,
+        Reason::NewSource,
+    );
+    // A longer source prefix wins over the destination rule.
+    expect(
+        &l,
+        "from the allowed /24",
+        &to("198.18.5.1", "198.18.0.99").build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+    let from_5 = |flags: Option<u8>, port| Udp {
+        tcp: flags,
+        dport: port,
+        ..v4("198.19.5.1")
+    };
+    expect(
+        &l,
+        "udp 53 in the /24",
+        &from_5(None, 53).build(),
+        XDP_PASS,
+        Reason::Allowed,
+    );
+    expect(
+        &l,
+        "SYN in the /24: the /16's syn rule",
+        &from_5(Some(tcp::SYN), 80).build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    expect(
+        &l,
+        "udp 54 in the /24: the /16's rule",
+        &from_5(None, 54).build(),
+        XDP_PASS,
+        Reason::WouldDrop,
+    );
+    expect(
+        &l,
+        "IPv6 to the /48",
+        &to("2001:db8:9::1", "2001:db8:1::5").build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    expect(
+        &l,
+        "IPv6 elsewhere",
+        &to("2001:db8:9::1", "2001:db8:2::5").build(),
+        XDP_PASS,
+        Reason::NewSource,
+    );
+}
+
+/// Ports behind IPv6 extension headers; a chain longer than the bound and a
+/// non-first fragment cannot be judged.
+#[test]
+fn rules_find_ports_behind_ipv6_extension_headers() {
+    privileged!("rules_find_ports_behind_ipv6_extension_headers");
+    let set = matching(&[
+        ("2001:db8::/32", Action::Allow),
+        ("2001:db8::/32 tcp dport 80 syn", DENY),
+    ]);
+    let l = Loaded::new(&set);
+    let syn = |ext: Vec<(u8, u16)>| Udp {
+        tcp: Some(tcp::SYN),
+        dport: 80,
+        ipv6_ext: ext,
+        ..v6("2001:db8:5::1")
+    };
+    expect(&l, "plain", &syn(vec![]).build(), XDP_DROP, Reason::Denied);
+    for (what, ext) in [
+        ("hop-by-hop", vec![(0, 0)]),
+        ("routing", vec![(43, 0)]),
+        ("destination options", vec![(60, 0)]),
+        ("first fragment", vec![(44, 0)]),
+        (
+            "hop-by-hop, routing, fragment, destination options",
+            vec![(0, 0), (43, 0), (44, 0), (60, 0)],
+        ),
+        (
+            "six headers",
+            vec![(0, 0), (60, 0), (43, 0), (60, 0), (43, 0), (60, 0)],
+        ),
+    ] {
+        expect_unjudged(&l, what, &syn(ext).build(), XDP_DROP, Reason::Denied, 0);
+    }
+    expect_unjudged(
+        &l,
+        "non-first fragment",
+        &syn(vec![(44, 100)]).build(),
+        XDP_PASS,
+        Reason::Allowed,
+        1,
+    );
+    let seven = vec![(0, 0), (60, 0), (43, 0), (60, 0), (43, 0), (60, 0), (60, 0)];
+    expect_unjudged(
+        &l,
+        "seven headers",
+        &syn(seven).build(),
+        XDP_PASS,
+        Reason::Allowed,
+        1,
+    );
 }

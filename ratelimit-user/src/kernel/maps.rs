@@ -10,9 +10,9 @@ use aya::{
 };
 use ratelimit_common::{
     self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GROUP_BIT,
-    GROUPS_CAPACITY, GlobalState, MAP_CONFIG, MAP_GROUPS, NO_RULE, match_fields,
-    MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B,
-    MAP_SEEN, MAP_STATE, MAP_STATE_V4, MAP_STATS, REASON_COUNT, Reason, RuleAddr, RuleState, gcra,
+    GROUPS_CAPACITY, GlobalState, MAP_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_GROUPS,
+    MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATE, MAP_STATE_V4,
+    MAP_STATS, NO_RULE, REASON_COUNT, Reason, RuleAddr, RuleState, gcra, match_fields,
 };
 
 use super::LoadOptions;
@@ -399,7 +399,12 @@ impl Maps {
             (Unjudged::Pass, Mode::Normal) => allow_index,
             _ => NO_RULE,
         };
-        let compiled = matching::compile(&entries, default_index, unjudged, idle as u32 * GROUPS_CAPACITY)?;
+        let compiled = matching::compile(
+            &entries,
+            default_index,
+            unjudged,
+            idle as u32 * GROUPS_CAPACITY,
+        )?;
 
         // Fresh shared buckets for new rules (and for levels a rule gains).
         for (prefix, rule) in &values {

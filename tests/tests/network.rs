@@ -366,3 +366,166 @@ fn the_hosts_own_downloads_pass_the_default_limit() {
         "frames passed as host_connection under --host-connections limit"
     );
 }
+
+/// A SYN flood and a normal TCP upload from the same source: under a SYN
+/// rule the flood's SYNs are limited to the rule, the upload's frames (ACKs,
+/// no SYN) are never judged by it and all arrive.
+#[test]
+fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
+    use std::{
+        io::{Read, Write},
+        net::{TcpListener, TcpStream},
+        time::Instant,
+    };
+    privileged!("a_syn_rule_limits_the_flood_not_the_sources_established_traffic");
+    let pair = Pair::new();
+    let run = TempDir::new("syn");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "1M/s"]);
+    d.cli_ok(&[
+        "set",
+        "198.18.0.0/15",
+        "--proto",
+        "tcp",
+        "--syn",
+        "--rate",
+        "20/s",
+        "--burst",
+        "20",
+    ]);
+    let listed = d.cli_ok(&["list"]);
+    assert!(
+        listed.contains("198.18.0.0/15 tcp syn"),
+        "list does not show the SYN rule:\n{listed}"
+    );
+    let listener = std::thread::scope(|s| {
+        s.spawn(|| {
+            pair.rx.enter();
+            TcpListener::bind(("198.18.0.2", 0)).expect("listen in rx")
+        })
+        .join()
+        .expect("listener")
+    });
+    let port = listener.local_addr().expect("addr").port();
+    let upload = Duration::from_millis(1500);
+    let pair = &pair;
+    let (received, sent, syns) = std::thread::scope(|s| {
+        let server = s.spawn(move || {
+            let (mut c, _) = listener.accept().expect("accept");
+            c.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut got = 0usize;
+            while let Ok(n) = c.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            got
+        });
+        let client = s.spawn(move || {
+            pair.tx.enter();
+            let mut c = TcpStream::connect(("198.18.0.2", port)).expect("connect from tx");
+            c.set_write_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            let chunk = vec![7u8; 64 * 1024];
+            let start = Instant::now();
+            let mut sent = 0usize;
+            while start.elapsed() < upload {
+                match c.write(&chunk) {
+                    Ok(n) => sent += n,
+                    Err(e) => panic!("the upload failed after {sent} bytes: {e}"),
+                }
+            }
+            sent
+        });
+        // The flood starts once the connection is up (its own SYN met a full
+        // bucket): SYNs from the same source to a closed port.
+        std::thread::sleep(Duration::from_millis(200));
+        let mut syn = pair.udp(ip("198.18.0.1"), 9);
+        syn.tcp = Some(ratelimit_tests::frames::tcp::SYN);
+        let flood = [Flow {
+            frame: syn.build(),
+            pps: 4000,
+        }];
+        let syns = send(&pair.tx, &pair.tx_if, &flood, Duration::from_secs(1));
+        let sent = client.join().expect("client");
+        (server.join().expect("server"), sent, syns[0])
+    });
+    eprintln!(
+        "upload {received} of {sent} bytes; {} SYNs sent; limited {}",
+        syns.frames,
+        stat(&d, "limited")
+    );
+    assert_eq!(received, sent, "the upload lost bytes");
+    assert!(sent > 1 << 20, "the upload sent only {sent} bytes");
+    // The flood's SYNs beyond the rule's bucket are dropped; the upload's
+    // frames are not (nothing else is limited).
+    let admitted = expected(&syns, 20.0, 20.0);
+    within(
+        "SYNs limited",
+        stat(&d, "limited"),
+        syns.frames as f64 - admitted,
+        0.02,
+    );
+}
+
+/// `mode allowlist-only` under traffic drops every source but the allowed
+/// ones (counted `not_allowed`), and `mode normal` brings the rules back.
+#[test]
+fn allowlist_only_mode_on_and_off_under_traffic() {
+    privileged!("allowlist_only_mode_on_and_off_under_traffic");
+    let pair = Pair::new();
+    let run = TempDir::new("allowonly");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    d.cli_ok(&["allow", "198.18.0.1"]);
+    let (friend, other) = (ip("198.18.0.1"), ip("198.18.0.7"));
+    // (frames sent, frames arrived) per source, for 500 ms at 200/s each.
+    let probe = || {
+        let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+        let flows: Vec<Flow> = [friend, other]
+            .iter()
+            .map(|src| Flow {
+                frame: pair.udp(*src, PORT).build(),
+                pps: 200,
+            })
+            .collect();
+        let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500));
+        let got = rx.finish();
+        let arrived = |src: &IpAddr| got.get(src).copied().unwrap_or(0);
+        (
+            (sent[0].frames, arrived(&friend)),
+            (sent[1].frames, arrived(&other)),
+        )
+    };
+    let (f, o) = probe();
+    assert!(
+        f.0 > 0 && f.0 == f.1,
+        "normal mode, allowed: {f:?} (sent, arrived)"
+    );
+    assert!(o.0 > 0 && o.0 == o.1, "normal mode, other: {o:?}");
+
+    let listed = d.cli_ok(&["mode", "allowlist-only"]);
+    assert!(listed.contains("allowlist-only"), "{listed}");
+    let before = stat(&d, "not_allowed");
+    let (f, o) = probe();
+    assert!(f.0 > 0 && f.0 == f.1, "allowlist-only, allowed: {f:?}");
+    assert_eq!(o.1, 0, "allowlist-only, other: {o:?}");
+    counter_moved(&d, "not_allowed", before, o.0);
+
+    d.cli_ok(&["mode", "normal"]);
+    let (f, o) = probe();
+    assert!(f.0 > 0 && f.0 == f.1, "normal again, allowed: {f:?}");
+    assert!(o.0 > 0 && o.0 == o.1, "normal again, other: {o:?}");
+}
+
+/// `reason` moved by at least `n` since `before` (the kernel's own IPv6
+/// chatter may add a few).
+fn counter_moved(d: &Daemon, reason: &str, before: u64, n: u64) {
+    let now = stat(d, reason);
+    assert!(
+        (n..n + 10).contains(&(now - before)),
+        "{reason} moved by {}, expected {n}",
+        now - before
+    );
+}

@@ -46,6 +46,33 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
         many.rules.insert(p, Action::Allow);
     }
     let with_rules = Loaded::with_capacity(&many, 1 << 20);
+    // Ten rules with matches, seven of them on the source's own prefix: the
+    // frame (UDP to port 9) is tried against all seven, then its prefix's
+    // rule without matches takes it (the longest chain one source can meet).
+    let mut matched = rules(fast);
+    for s in [
+        "198.18.0.0/16",
+        "198.18.0.0/16 tcp syn",
+        "198.18.0.0/16 tcp dport 80",
+        "198.18.0.0/16 udp dport 53",
+        "198.18.0.0/16 udp dport 27015-27020",
+        "198.18.0.0/16 udp dport 123",
+        "198.18.0.0/16 icmp type 8",
+        "198.18.0.0/16 to 198.18.0.99",
+        "198.19.0.0/16 tcp syn",
+        "2001:db8::/32 udp dport 53",
+        "2001:db8::/32 icmpv6 type 128",
+    ] {
+        let action = if s == "198.18.0.0/16" {
+            Action::Limit(fast)
+        } else {
+            Action::Deny { dry_run: false }
+        };
+        matched
+            .rules
+            .insert(Selector::parse("bench", s).expect("selector"), action);
+    }
+    let with_matches = Loaded::with_capacity(&matched, 1 << 20);
 
     let frame4 = v4("198.18.7.1");
     let frame6 = Udp::new(ip("2001:db8:7::1"), ip("2001:db8::2")).build();
@@ -112,6 +139,12 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
         (
             "ratelimit, IPv4, 1000 rules in the trie",
             with_rules.prog_fd(),
+            &frame4,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4, 10 rules with matches, 7 tried before the source's own",
+            with_matches.prog_fd(),
             &frame4,
             XDP_PASS,
         ),

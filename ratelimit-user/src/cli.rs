@@ -26,6 +26,8 @@ pub struct Cli {
 }
 
 /// The commands.
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: attach to an interface and enforce.
@@ -738,7 +740,7 @@ fn print_stats(data: &Value) {
     }
     if let Some(events) = data["events"].as_object() {
         println!();
-        println!("{:<18} {:>12}", "state event", "count");
+        println!("{:<18} {:>12}", "event", "count");
         for (name, n) in events {
             println!("{:<18} {:>12}", name, n.as_u64().unwrap_or(0));
         }

@@ -551,7 +551,7 @@ mod tests {
 
     #[test]
     fn precedence_is_the_order() {
-        let mut v = vec![
+        let mut v = [
             sel("198.18.0.0/15"),
             sel("198.18.0.0/15 tcp"),
             sel("198.18.0.0/15 tcp syn"),

@@ -122,6 +122,13 @@ pub const DEFAULT_STATE_V6_CAPACITY: u32 = 1 << 18;
 /// Default capacity of [`MAP_RULES`]. A load-time setting.
 pub const DEFAULT_RULES_CAPACITY: u32 = 16 * 1024;
 
+/// Entries of [`MAP_RULE_TABLE`] for `rules` rules: every rule can change at
+/// once (twice the rules and the default rule), and the two rules of the
+/// unjudged-frame policies (a deny, an allow) last.
+pub const fn rule_table_len(rules: u32) -> u32 {
+    2 * (rules + 1) + 2
+}
+
 /// An IPv6 address or an IPv4-mapped IPv4 address, network byte order.
 pub type Addr = [u8; 16];
 

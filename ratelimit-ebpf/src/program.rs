@@ -56,7 +56,8 @@ use ratelimit_common::{
     GROUPS_CAPACITY, GlobalState, LOCK_RETRIES, MAX_MATCHES, MatchEntry, MatchGroup, NO_RULE,
     REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words,
     action, addr_of, algorithm, config_flags, doorkeeper, family, fixed_window, gcra, interval,
-    match_fields, rolling_quota, rule_addr, rule_flags, sliding_log, sliding_window,
+    match_fields, rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log,
+    sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -70,7 +71,7 @@ static RL_RULES_B: LpmTrie<RuleAddr, u32> = LpmTrie::with_max_entries(DEFAULT_RU
 // the two rules of the unjudged-frame policies (allow, deny) last.
 #[map(name = "RL_RULE_TABLE")]
 static RL_RULE_TABLE: Array<Rule> =
-    Array::with_max_entries(2 * (DEFAULT_RULES_CAPACITY + 1) + 2, 0);
+    Array::with_max_entries(rule_table_len(DEFAULT_RULES_CAPACITY), 0);
 
 #[map(name = "RL_GROUPS")]
 static RL_GROUPS: Array<MatchGroup> = Array::with_max_entries(2 * GROUPS_CAPACITY, 0);

@@ -97,7 +97,7 @@ impl LoadOptions {
             .map_max_entries(MAP_STATE, self.state_capacity_v6)
             .map_max_entries(MAP_RULES, self.rules_capacity)
             .map_max_entries(MAP_RULES_B, self.rules_capacity)
-            .map_max_entries(MAP_RULE_TABLE, 2 * (self.rules_capacity + 1))
+            .map_max_entries(MAP_RULE_TABLE, common::rule_table_len(self.rules_capacity))
             .map_max_entries(MAP_RULE_STATE, self.rules_capacity + 1)
             .map_max_entries(common::MAP_WIDE, self.wide_capacity)
             .map_max_entries(MAP_SEEN, self.seen_slots);

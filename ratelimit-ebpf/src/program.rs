@@ -1209,6 +1209,24 @@ struct Flow {
     family: u8,
 }
 
+impl Flow {
+    /// Nothing read yet, for a frame of family `fam`.
+    #[inline(always)]
+    fn unread(fam: u8) -> Self {
+        Self {
+            source: [0; 4],
+            dest: [0; 4],
+            sport: 0,
+            dport: 0,
+            proto: 0,
+            tcp_flags: 0,
+            icmp_type: 0,
+            status: L4_NONE,
+            family: fam,
+        }
+    }
+}
+
 /// [`Flow::status`]: the transport header was read (TCP's or UDP's ports and
 /// TCP's flags, ICMP's type).
 const L4_HEADER: u8 = 0;
@@ -1263,17 +1281,7 @@ pub extern "C" fn rl_host_connection(ctx: *mut xdp_md, l3: u64, fam: u32, local_
     // (Ethernet and two VLAN tags).
     // SAFETY: a local.
     let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
-    let mut flow = Flow {
-        source: [0; 4],
-        dest: [0; 4],
-        sport: 0,
-        dport: 0,
-        proto: 0,
-        tcp_flags: 0,
-        icmp_type: 0,
-        status: L4_NONE,
-        family: fam as u8,
-    };
+    let mut flow = Flow::unread(fam as u8);
     let xdp = XdpContext::new(ctx);
     if transport(&xdp, l3, fam as u8, &mut flow).is_err() || flow.status != L4_HEADER {
         return 0;
@@ -1412,27 +1420,12 @@ pub extern "C" fn rl_select(ctx: *mut xdp_md, l3: u64, fam: u32, group: u32) -> 
     let Some(g) = RL_GROUPS.get(group) else {
         return NO_RULE;
     };
-    let mut flow = Flow {
-        source: [0; 4],
-        dest: [0; 4],
-        sport: 0,
-        dport: 0,
-        proto: 0,
-        tcp_flags: 0,
-        icmp_type: 0,
-        status: L4_NONE,
-        family: fam as u8,
-    };
+    let mut flow = Flow::unread(fam as u8);
     let xdp = XdpContext::new(ctx);
-    if transport(&xdp, l3, fam as u8, &mut flow).is_err() {
-        // A transport header cut short: what was read before stands (the
-        // addresses always are: the program checked the IP header).
-        flow.status = if flow.status == L4_HEADER {
-            L4_PROTO
-        } else {
-            flow.status
-        };
-    }
+    // A transport header cut short leaves the status at what was read before
+    // it (`L4_HEADER` is set only once the header is read): the error itself
+    // says nothing more.
+    let _ = transport(&xdp, l3, fam as u8, &mut flow);
     let mut counted = false;
     let mut i = 0;
     while i < MAX_MATCHES {

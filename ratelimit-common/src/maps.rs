@@ -110,6 +110,24 @@ pub const DEFAULT_SEEN_SLOTS: u32 = 1 << 20;
 /// source in [`MAP_DROPS`]: `top` is an estimate, the drop path stays cheap.
 pub const DROP_SAMPLE: u64 = 16;
 
+/// Key of [`MAP_DROPS`]: what a drop is charged to. A source, or for a drop
+/// at a rule's second or third key level the key of that level (a source's
+/// network, e.g. its /24).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DropKey {
+    /// The address, masked to `prefix` (IPv4-mapped for IPv4).
+    pub addr: Addr,
+    /// The bits of `addr` that count, of its family (24 for an IPv4 /24),
+    /// or 0 for a whole source address.
+    pub prefix: u8,
+    /// 1 for a source (its own level, a denial); 2 or 3 for a key level.
+    pub level: u8,
+    /// Zero.
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<DropKey>() == 20);
+
 /// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
 pub const DROPS_CAPACITY: u32 = 65_536;
 
@@ -329,6 +347,70 @@ pub mod rule_flags {
     /// connected UDP socket whose local port is in the ephemeral range
     /// ([`super::Config::local_ports`]), found with the kernel's socket lookup.
     pub const HOST_CONNECTIONS: u8 = 1 << 6;
+    /// The rule has key levels beyond its own ([`super::Rule::levels`]).
+    pub const LEVELS: u8 = 1 << 7;
+}
+
+/// Bits of [`KeyLevel::flags`].
+pub mod level_flags {
+    /// The level is in use.
+    pub const ON: u8 = 1 << 0;
+    /// The level counts bytes (frame lengths), not packets.
+    pub const BYTES: u8 = 1 << 1;
+}
+
+/// Key levels a limit rule may have in all, its own first: e.g. per /32, per
+/// /24 and per /16 at once. The others are [`Rule::levels`].
+pub const MAX_KEY_LEVELS: usize = 3;
+
+/// A level's keys are its rule's id with the level's number (1 or 2 for
+/// [`Rule::levels`]`[0]` and `[1]`) in the bits from here up: the daemon keeps
+/// rule ids below [`MAX_RULE_ID`].
+pub const LEVEL_ID_SHIFT: u32 = 30;
+
+/// The largest rule id the daemon gives.
+pub const MAX_RULE_ID: u32 = (1 << LEVEL_ID_SHIFT) - 1;
+
+/// One more key level of a limit rule ([`Rule::levels`]): a GCRA bucket per
+/// key of its own prefix length, e.g. per /24 beside the rule's per /32. A
+/// frame passes only if its own level, every other level and the aggregate
+/// admit it; one that any refuses consumes nothing at the others.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KeyLevel {
+    /// The bucket of each key.
+    pub params: gcra::Params,
+    /// [`KeyLevel::key_prefix_v6`] as a mask over the address words.
+    pub mask_v6: Words,
+    /// [`KeyLevel::key_prefix_v4`] as a mask over the IPv4 word.
+    pub mask_v4: u32,
+    /// Bits of an IPv4 source kept in the level's key.
+    pub key_prefix_v4: u8,
+    /// Bits of an IPv6 source kept in the level's key.
+    pub key_prefix_v6: u8,
+    /// Bits of [`level_flags`].
+    pub flags: u8,
+    /// Zero.
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<KeyLevel>() == 72);
+
+impl KeyLevel {
+    /// Whether the level is in use.
+    pub const fn is_on(&self) -> bool {
+        self.flags & level_flags::ON != 0
+    }
+
+    /// Sets the masks from the key prefixes.
+    pub fn set_masks(&mut self) {
+        self.mask_v6 = mask_words(&[u32::MAX; 4], u32::from(self.key_prefix_v6));
+        self.mask_v4 = mask_words(&[0, 0, 0, u32::MAX], 96 + u32::from(self.key_prefix_v4))[3];
+    }
+
+    /// The id of the level's keys: level `n` (1 or 2) of the rule `rule_id`.
+    pub const fn key_id(rule_id: u32, n: u32) -> u32 {
+        rule_id | (n << LEVEL_ID_SHIFT)
+    }
 }
 
 /// Which algorithm a limit rule uses: [`Rule::algorithm`].
@@ -483,8 +565,10 @@ pub struct Rule {
     pub mask_v6: Words,
     /// [`Rule::key_prefix_v4`] as a mask over the IPv4 word, network order.
     pub mask_v4: u32,
-    /// Zero.
-    pub _pad2: u32,
+    /// The rule's own index in [`MAP_RULE_TABLE`], set by the daemon where it
+    /// places the rule: the program hands it to its global functions (a value
+    /// read from a map keeps the verifier's view of every path alike).
+    pub index: u32,
     /// The algorithm's parameters, per source key.
     pub params: AlgoParams,
     /// Budget for frames from sources that have no state yet (packets), unless
@@ -493,8 +577,11 @@ pub struct Rule {
     /// The aggregate level, if [`rule_flags::AGGREGATE`]: every frame under the
     /// rule together. State in [`RuleState::aggregate`].
     pub aggregate: gcra::Params,
+    /// Key levels beyond the rule's own, if [`rule_flags::LEVELS`]: in order,
+    /// those [`KeyLevel::is_on`] first.
+    pub levels: [KeyLevel; MAX_KEY_LEVELS - 1],
 }
-const _: () = assert!(core::mem::size_of::<Rule>() == 192);
+const _: () = assert!(core::mem::size_of::<Rule>() == 336);
 
 impl Rule {
     /// The rule as it is in normal mode (see [`action::NOT_ALLOWED`]).
@@ -519,6 +606,9 @@ impl Rule {
     pub fn set_masks(&mut self) {
         self.mask_v6 = mask_words(&[u32::MAX; 4], u32::from(self.key_prefix_v6));
         self.mask_v4 = mask_words(&[0, 0, 0, u32::MAX], 96 + u32::from(self.key_prefix_v4))[3];
+        for level in &mut self.levels {
+            level.set_masks();
+        }
     }
 }
 
@@ -810,10 +900,14 @@ pub enum Reason {
     HostConnection = 12,
     /// Allowlist-only mode and not under an `allow` rule: dropped.
     NotAllowed = 13,
+    /// Over the second key level of its rule ([`Rule::levels`]`[0]`): dropped.
+    Level2Limited = 14,
+    /// Over the third key level of its rule ([`Rule::levels`]`[1]`): dropped.
+    Level3Limited = 15,
 }
 
 /// Number of [`Reason`]s: the size of [`MAP_STATS`].
-pub const REASON_COUNT: u32 = 14;
+pub const REASON_COUNT: u32 = 16;
 
 impl Reason {
     /// Every reason, in index order.
@@ -832,6 +926,8 @@ impl Reason {
         Reason::AggregateLimited,
         Reason::HostConnection,
         Reason::NotAllowed,
+        Reason::Level2Limited,
+        Reason::Level3Limited,
     ];
 
     /// Stable name, used in stats output and metric labels.
@@ -851,6 +947,8 @@ impl Reason {
             Reason::AggregateLimited => "aggregate_limited",
             Reason::HostConnection => "host_connection",
             Reason::NotAllowed => "not_allowed",
+            Reason::Level2Limited => "level2_limited",
+            Reason::Level3Limited => "level3_limited",
         }
     }
 
@@ -864,6 +962,8 @@ impl Reason {
                 | Reason::NewSourceLimited
                 | Reason::AggregateLimited
                 | Reason::NotAllowed
+                | Reason::Level2Limited
+                | Reason::Level3Limited
         )
     }
 }
@@ -884,6 +984,7 @@ mod pod {
     // SAFETY: all are `#[repr(C)]`, `Copy`, and have no padding (sizes asserted above).
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowKeyV4 {}
+    unsafe impl aya::Pod for super::DropKey {}
     unsafe impl aya::Pod for super::Rule {}
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::Counter {}

@@ -22,6 +22,12 @@
 //! the own level empty after all (another CPU took the last token), the
 //! aggregate's units are given back. So a frame denied at one level consumes
 //! nothing at the other, and no level ever admits more than its own bucket.
+//!
+//! A rule's further key levels (its sources' /24 beside their own /32, say)
+//! sit between the two: once the own level would admit the frame, each is
+//! taken in turn with compare-and-swap ([`rl_levels`]); a level that refuses
+//! makes the ones taken before it get their units back, and so does an
+//! aggregate or an own commit that refuses after them.
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg},
@@ -50,14 +56,14 @@ use network_types::{
     vlan::VlanHdr,
 };
 use ratelimit_common::{
-    Addr, CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
+    CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
-    DROPS_CAPACITY, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4, GROUP_BIT,
-    GROUPS_CAPACITY, GlobalState, LOCK_RETRIES, MAX_MATCHES, MatchEntry, MatchGroup, NO_RULE,
-    REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words,
-    action, addr_of, algorithm, config_flags, doorkeeper, family, fixed_window, gcra, interval,
-    match_fields, rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log,
-    sliding_window,
+    DROPS_CAPACITY, DropKey, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
+    GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES, MAX_MATCHES, MatchEntry,
+    MatchGroup, NO_RULE, REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD,
+    WIDE_WORDS, WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, family,
+    fixed_window, gcra, interval, level_flags, match_fields, rolling_quota, rule_addr, rule_flags,
+    rule_table_len, sliding_log, sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -98,7 +104,7 @@ static RL_WIDE: LruHashMap<FlowKey, WideState> =
 static RL_WIDE_ZERO: PerCpuArray<WideState> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "RL_DROPS")]
-static RL_DROPS: LruHashMap<Addr, u64> = LruHashMap::with_max_entries(DROPS_CAPACITY, 0);
+static RL_DROPS: LruHashMap<DropKey, u64> = LruHashMap::with_max_entries(DROPS_CAPACITY, 0);
 
 #[map(name = "RL_SEEN")]
 static RL_SEEN: Array<u64> = Array::with_max_entries(DEFAULT_SEEN_SLOTS, 0);
@@ -142,8 +148,13 @@ struct Outcome {
     reason: Reason,
     /// The rule asked for dry run.
     dry_run: bool,
-    /// The frame's source address (zero when not IP).
+    /// What a drop is charged to in `top`: the frame's source address, or
+    /// for a drop at a key level its key (zero when not IP).
     source: Words,
+    /// The bits of `source` that count: 0 for all of them.
+    prefix: u8,
+    /// 1 for a source, 2 or 3 for a key level.
+    level: u8,
 }
 
 impl Outcome {
@@ -152,6 +163,8 @@ impl Outcome {
             reason,
             dry_run: false,
             source: [0; 4],
+            prefix: 0,
+            level: 1,
         }
     }
 }
@@ -168,15 +181,26 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
             reason,
             dry_run,
             source,
+            prefix,
+            level,
         }) => {
             if reason.drops() {
-                // `top` ranks sources: a drop for a shared budget says nothing
-                // about the source that happened to meet it.
+                // `top` ranks sources and networks: a drop for a shared budget
+                // says nothing about the source that happened to meet it.
                 if matches!(
                     reason,
-                    Reason::Limited | Reason::Denied | Reason::NotAllowed
+                    Reason::Limited
+                        | Reason::Denied
+                        | Reason::NotAllowed
+                        | Reason::Level2Limited
+                        | Reason::Level3Limited
                 ) {
-                    dropper = Some(source);
+                    dropper = Some(DropKey {
+                        addr: addr_of(&source),
+                        prefix,
+                        level,
+                        _pad: [0; 2],
+                    });
                 }
                 if dry_run || config.flags & config_flags::DRY_RUN != 0 {
                     (Reason::WouldDrop, xdp_action::XDP_PASS)
@@ -203,10 +227,10 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
     // `top` needs drops per source, but a hash update per dropped frame would
     // double the cost of the drop path: one drop in DROP_SAMPLE (per CPU) is
     // credited DROP_SAMPLE times to its source.
-    if let Some(source) = dropper
+    if let Some(key) = dropper
         && n.is_multiple_of(DROP_SAMPLE)
     {
-        count_drop(&source, DROP_SAMPLE);
+        count_drop(&key, DROP_SAMPLE);
     }
     if reason == Reason::StateFailed {
         warn!(&ctx, "storing a promoted source's state failed; passed");
@@ -227,7 +251,7 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
         return Ok(Outcome::of(Reason::Passed));
     };
     let mut reason = match rule.action {
-        action::LIMIT => limit(rule, family, &source, len, config),
+        action::LIMIT => limit(ctx, l3, rule, family, &source, len, config),
         action::DENY => Reason::Denied,
         action::ALLOW => Reason::Allowed,
         // Allowlist-only mode: the daemon marks every other rule so.
@@ -244,10 +268,29 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
     {
         reason = Reason::HostConnection;
     }
+    // A source is charged whole: prefix 0 stands for all its bits.
+    let (mut charged, mut prefix, mut level) = (source, 0u8, 1u8);
+    if matches!(reason, Reason::Level2Limited | Reason::Level3Limited) {
+        let n = if reason == Reason::Level2Limited {
+            0
+        } else {
+            1
+        };
+        let lv = &rule.levels[n];
+        charged = level_masked(lv, family, &source);
+        prefix = if family == family::V4 {
+            lv.key_prefix_v4
+        } else {
+            lv.key_prefix_v6
+        };
+        level = n as u8 + 2;
+    }
     Ok(Outcome {
         reason,
         dry_run: rule.flags & rule_flags::DRY_RUN != 0,
-        source,
+        source: charged,
+        prefix,
+        level,
     })
 }
 
@@ -357,7 +400,15 @@ impl Target {
 
 /// Applies a limit rule to the frame from `source`.
 #[inline(always)]
-fn limit(rule: &'static Rule, fam: u8, source: &Words, len: u64, config: &Config) -> Reason {
+fn limit(
+    ctx: &XdpContext,
+    l3: usize,
+    rule: &'static Rule,
+    fam: u8,
+    source: &Words,
+    len: u64,
+    config: &Config,
+) -> Reason {
     let masked = masked(rule, fam, source);
     let key = FlowKey::of(&masked, rule.id);
     let cost = if rule.flags & rule_flags::BYTES != 0 {
@@ -397,9 +448,20 @@ fn limit(rule: &'static Rule, fam: u8, source: &Words, len: u64, config: &Config
         target = untracked(&key, &masked, fam, rule, config, now, cost);
     }
     let reason = match target.kind {
-        Kind::Gcra => two_levels(target.level, agg, now),
+        Kind::Gcra => two_levels(
+            target.level,
+            &shared_levels(ctx, l3, rule, fam, len, now),
+            now,
+        ),
         // The wide algorithms count packets (the daemon sets BYTES for gcra only).
-        Kind::Wide => limit_wide(target.wide, rule, len, now),
+        // Key levels are for gcra rules only (the daemon refuses others).
+        Kind::Wide => reason_of(rl_wide(
+            ctx.ctx,
+            l3 as u64,
+            u64::from(fam) | (len << 16),
+            rule.index,
+            now,
+        )),
         Kind::Done => target.reason,
     };
     if matches!(reason, Reason::Passed | Reason::NewSource) {
@@ -514,11 +576,12 @@ enum Commit {
     Contended,
 }
 
-/// Decides a frame at its own level and the rule's aggregate, committing both
-/// or neither (module docs). A null own word is no own level (a rule without
-/// a new-source budget): the aggregate alone judges.
+/// Decides a frame at its own level and the rule's shared levels (its key
+/// levels and aggregate), committing all or none (module docs). A null own
+/// word is no own level (a rule without a new-source budget): the shared
+/// levels alone judge.
 #[inline(always)]
-fn two_levels(own: Level, agg: Aggregate, now: u64) -> Reason {
+fn two_levels(own: Level, shared: &Levels, now: u64) -> Reason {
     // SAFETY: `own.params` points into a rule value valid for this run.
     let params = unsafe { &*own.params };
     let unbounded = own.word.is_null();
@@ -537,11 +600,10 @@ fn two_levels(own: Level, agg: Aggregate, now: u64) -> Reason {
             return own.deny;
         }
     }
-    if agg.is_some() {
-        match take(agg.word, agg.params, now, agg.cost) {
-            Taken::Yes => {}
-            Taken::No => return Reason::AggregateLimited,
-            Taken::Contended => return Reason::Contended,
+    if shared.on {
+        let taken = shared.take();
+        if taken != Reason::Passed {
+            return taken;
         }
     }
     if unbounded {
@@ -569,10 +631,8 @@ fn two_levels(own: Level, agg: Aggregate, now: u64) -> Reason {
     match end {
         Commit::Passed => own.pass,
         denied => {
-            // The aggregate gets its units back.
-            if agg.is_some() {
-                give_back(agg.word, agg.params, now, agg.cost);
-            }
+            // The shared levels get their units back.
+            shared.give_back();
             if matches!(denied, Commit::Denied) {
                 own.deny
             } else {
@@ -637,6 +697,293 @@ fn give_back(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) {
             break;
         }
         seen = found;
+    }
+}
+
+/// A limit rule's shared levels: its key levels beyond the frame's own
+/// ([`Rule::levels`]) and its aggregate, as [`rl_levels`] takes them (all
+/// fields always set; see [`Aggregate`]).
+#[derive(Clone, Copy)]
+struct Levels {
+    /// The rule has such levels.
+    on: bool,
+    ctx: *mut xdp_md,
+    l3: u64,
+    /// The family, and the frame's length from bit 16 (see [`rl_levels`]).
+    packed: u64,
+    /// The rule's index in the rule table.
+    index: u32,
+    now: u64,
+}
+
+/// The reason a global function answered: one of those a limit gives.
+#[inline(always)]
+fn reason_of(r: u32) -> Reason {
+    if r == Reason::Passed as u32 {
+        Reason::Passed
+    } else if r == Reason::Limited as u32 {
+        Reason::Limited
+    } else if r == Reason::AggregateLimited as u32 {
+        Reason::AggregateLimited
+    } else if r == Reason::Level2Limited as u32 {
+        Reason::Level2Limited
+    } else if r == Reason::Level3Limited as u32 {
+        Reason::Level3Limited
+    } else if r == Reason::StateFailed as u32 {
+        Reason::StateFailed
+    } else {
+        Reason::Contended
+    }
+}
+
+/// A frame under a rule of a wide-state algorithm ([`limit_wide`]) whose key
+/// has a state: the rule at `index` in the rule table, `packed` as for
+/// [`rl_levels`]. A global function, as [`rl_host_connection`]: the five
+/// algorithms' decisions and refunds are verified once, apart, and the limit
+/// path sees only a number come back (at the price of looking the key's
+/// state up again here).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_wide(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, now: u64) -> u32 {
+    let Some(rule) = RL_RULE_TABLE.get(index) else {
+        return Reason::Passed as u32;
+    };
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    let fam = (packed & 0xff) as u8;
+    let Ok(source) = source_at(&XdpContext::new(ctx), l3, fam) else {
+        return Reason::Passed as u32;
+    };
+    let key = FlowKey::of(&masked(rule, fam, &source), rule.id);
+    match RL_WIDE.get_ptr_mut(key) {
+        Some(wide) => limit_wide(wide, rule, packed >> 16, now) as u32,
+        None => Reason::StateFailed as u32,
+    }
+}
+
+/// The shared levels of `rule` for this frame.
+#[inline(always)]
+fn shared_levels(ctx: &XdpContext, l3: usize, rule: &Rule, fam: u8, len: u64, now: u64) -> Levels {
+    Levels {
+        on: rule.flags & (rule_flags::LEVELS | rule_flags::AGGREGATE) != 0,
+        ctx: ctx.ctx,
+        l3: l3 as u64,
+        packed: u64::from(fam) | (len << 16),
+        index: rule.index,
+        now,
+    }
+}
+
+/// [`rl_levels`]: take a unit at each level.
+const LEVELS_TAKE: u64 = 0;
+/// [`rl_levels`]: give each level its unit back.
+const LEVELS_GIVE_BACK: u64 = 1 << 8;
+
+impl Levels {
+    /// Takes the frame's units at every level, or at none: the reason it was
+    /// refused, else `Passed`.
+    #[inline(always)]
+    fn take(&self) -> Reason {
+        reason_of(rl_levels(
+            self.ctx,
+            self.l3,
+            self.packed | LEVELS_TAKE,
+            self.index,
+            self.now,
+        ))
+    }
+
+    /// Gives back what [`Levels::take`] took, once a later level refused.
+    #[inline(always)]
+    fn give_back(&self) {
+        if self.on {
+            rl_levels(
+                self.ctx,
+                self.l3,
+                self.packed | LEVELS_GIVE_BACK,
+                self.index,
+                self.now,
+            );
+        }
+    }
+}
+
+/// The shared levels of the rule at `index` in the rule table (its key
+/// levels, then its aggregate), for the frame whose IP header starts at `l3`:
+/// `packed` holds the family (bits 0-7), the operation ([`LEVELS_TAKE`] or
+/// [`LEVELS_GIVE_BACK`]) and the frame's length (from bit 16). Taking answers
+/// `Reason::Passed` when every level admitted the frame (its units are then
+/// taken at each), else the reason of the level that refused (those before
+/// it got their units back).
+///
+/// A global function, as [`rl_host_connection`]: the verifier checks it once
+/// and the limit path sees only a number come back. It calls [`rl_level`] for
+/// each level, so that the verifier walks each level's retries once, not
+/// every combination of them.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_levels(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, now: u64) -> u32 {
+    let passed = Reason::Passed as u32;
+    let Some(rule) = RL_RULE_TABLE.get(index) else {
+        return passed;
+    };
+    let keyed = rule.flags & rule_flags::LEVELS != 0 && rule.levels[0].is_on();
+    let second = keyed && rule.levels[1].is_on();
+    let agg = rule.flags & rule_flags::AGGREGATE != 0;
+    let level = |n: u64, op: u64| rl_level(ctx, l3, packed | op | (n << LEVEL_SHIFT), index, now);
+    let give_back_keyed = || {
+        if keyed {
+            level(1, LEVELS_GIVE_BACK);
+        }
+        if second {
+            level(2, LEVELS_GIVE_BACK);
+        }
+    };
+    if packed & LEVELS_GIVE_BACK != 0 {
+        give_back_keyed();
+        if agg {
+            level(0, LEVELS_GIVE_BACK);
+        }
+        return passed;
+    }
+    if keyed {
+        let r = level(1, LEVELS_TAKE);
+        if r != passed {
+            return r;
+        }
+    }
+    if second {
+        let r = level(2, LEVELS_TAKE);
+        if r != passed {
+            level(1, LEVELS_GIVE_BACK);
+            return r;
+        }
+    }
+    if agg {
+        let r = level(0, LEVELS_TAKE);
+        if r != passed {
+            give_back_keyed();
+            return r;
+        }
+    }
+    passed
+}
+
+/// Where [`rl_level`] finds the level's number in `packed`: 0 for the
+/// aggregate, 1 and 2 for [`Rule::levels`]` [0]` and `[1]`.
+const LEVEL_SHIFT: u64 = 9;
+
+/// One shared level of [`rl_levels`] (the level's number in `packed` at
+/// [`LEVEL_SHIFT`]). A key level whose key has no state gets a full bucket
+/// (only frames their own level admits come here, so a spoofed flood does not
+/// create them); one whose state cannot be stored does not judge.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, now: u64) -> u32 {
+    let passed = Reason::Passed as u32;
+    let Some(rule) = RL_RULE_TABLE.get(index) else {
+        return passed;
+    };
+    let giving = packed & LEVELS_GIVE_BACK != 0;
+    let n = (packed >> LEVEL_SHIFT) & 3;
+    let len = packed >> 16;
+    let (word, params, cost, refused) = if n == 0 {
+        let agg = aggregate(rule, rule_state(rule), len);
+        (agg.word, agg.params, agg.cost, Reason::AggregateLimited)
+    } else {
+        let (lv, refused) = if n == 1 {
+            (&rule.levels[0], Reason::Level2Limited)
+        } else {
+            (&rule.levels[1], Reason::Level3Limited)
+        };
+        // See `rl_host_connection` on the mask.
+        // SAFETY: a local.
+        let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+        let fam = (packed & 0xff) as u8;
+        let Ok(source) = source_at(&XdpContext::new(ctx), l3, fam) else {
+            return passed;
+        };
+        let cost = if lv.flags & level_flags::BYTES != 0 {
+            len
+        } else {
+            1
+        };
+        let word = level_state(rule.id, n as u32, lv, fam, &source, now, !giving);
+        (word, &lv.params, cost, refused)
+    };
+    if word.is_null() {
+        return passed;
+    }
+    if giving {
+        give_back(word, params, now, cost);
+        return passed;
+    }
+    match take(word, params, now, cost) {
+        Taken::Yes => passed,
+        Taken::No => refused as u32,
+        Taken::Contended => Reason::Contended as u32,
+    }
+}
+
+/// The bits of `source` that make its key at a key level.
+#[inline(always)]
+fn level_masked(lv: &KeyLevel, fam: u8, source: &Words) -> Words {
+    if fam == family::V4 {
+        [0, 0, V4_MAPPED_WORD, source[3] & lv.mask_v4]
+    } else {
+        let m = &lv.mask_v6;
+        [
+            source[0] & m[0],
+            source[1] & m[1],
+            source[2] & m[2],
+            source[3] & m[3],
+        ]
+    }
+}
+
+/// The state word of `source`'s key at level `n` (1 or 2) of the rule
+/// `rule_id`, created full if missing and `create`; null if there is none.
+#[inline(always)]
+fn level_state(
+    rule_id: u32,
+    n: u32,
+    lv: &KeyLevel,
+    fam: u8,
+    source: &Words,
+    now: u64,
+    create: bool,
+) -> *mut u64 {
+    let key = FlowKey::of(&level_masked(lv, fam, source), KeyLevel::key_id(rule_id, n));
+    let v4 = fam == family::V4;
+    let found = if v4 { state_v4(&key) } else { state_v6(&key) };
+    if !found.is_null() || !create {
+        return found.cast();
+    }
+    // Another CPU creating it at the same moment wins; this one then takes
+    // from the winner's state.
+    let fresh = gcra::State::full(now, &lv.params);
+    if v4 {
+        let _ = RL_STATE4.insert(key.v4(), fresh, u64::from(BPF_NOEXIST));
+        state_v4(&key).cast()
+    } else {
+        let _ = RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST));
+        state_v6(&key).cast()
+    }
+}
+
+/// The source address words of the frame whose IP header starts at `l3`.
+#[inline(always)]
+fn source_at(ctx: &XdpContext, l3: usize, fam: u8) -> Result<Words, Malformed> {
+    if fam == family::V4 {
+        let ip: *const Ipv4Hdr = ptr_at(ctx, l3)?;
+        // SAFETY: ptr_at checked the bounds; packet loads may be unaligned.
+        let src = unsafe { read_unaligned((*ip).src_addr.as_ptr().cast::<u32>()) };
+        Ok([0, 0, V4_MAPPED_WORD, src])
+    } else {
+        let ip: *const Ipv6Hdr = ptr_at(ctx, l3)?;
+        // SAFETY: as above.
+        Ok(unsafe { read_unaligned((*ip).src_addr.as_ptr().cast::<Words>()) })
     }
 }
 
@@ -1037,16 +1384,15 @@ fn rule_state(rule: &Rule) -> *mut RuleState {
 
 /// Counts a drop against its source for `ratelimit top`. Only on the drop path.
 #[inline(always)]
-fn count_drop(source: &Words, weight: u64) {
-    let source = addr_of(source);
-    match RL_DROPS.get_ptr_mut(source) {
+fn count_drop(key: &DropKey, weight: u64) {
+    match RL_DROPS.get_ptr_mut(key) {
         // SAFETY: an 8-byte, 8-aligned map value; other CPUs add atomically too.
         Some(n) => unsafe {
             atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, weight);
         },
         None => {
             // A lost race with another CPU loses one count: fine for a ranking.
-            let _ = RL_DROPS.insert(source, weight, 0);
+            let _ = RL_DROPS.insert(key, weight, 0);
         }
     }
 }

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 
 use crate::{
-    config::{RawBurst, RawConfig, RawLimit},
+    config::{RawBurst, RawConfig, RawLevel, RawLimit},
     control::{self, Request},
     daemon::{self, RunOptions},
     error::{Error, Result},
@@ -167,9 +167,11 @@ pub struct SetArgs {
     pub target: String,
     #[command(flatten)]
     pub matches: MatchArgs,
-    /// Rate, e.g. 500/s, 30/min, 10k/s, 100Mbit/s (gcra).
+    /// Rate, e.g. 500/s, 30/min, 10k/s, 100Mbit/s (gcra). Up to three key
+    /// levels at once, each a --rate with its --per (and --burst, if any):
+    /// `--per 32 --rate 100/s --per 24 --rate 1000/s`.
     #[arg(long)]
-    pub rate: Option<String>,
+    pub rate: Vec<String>,
     /// Algorithm: gcra (default), token-bucket-interval, fixed-window,
     /// sliding-log, sliding-window, rolling-quota.
     #[arg(long)]
@@ -198,12 +200,14 @@ pub struct SetArgs {
     /// Packets per period (rolling-quota).
     #[arg(long)]
     pub rate_cap: Option<u64>,
-    /// Burst: a count, or a size for byte rates.
+    /// Burst: a count, or a size for byte rates (with several levels, one
+    /// per --rate, in the same order).
     #[arg(long)]
-    pub burst: Option<String>,
-    /// Key prefix length for the CIDR's family (32 per IPv4 address, 64 per IPv6 /64).
+    pub burst: Vec<String>,
+    /// Key prefix length for the CIDR's family (32 per IPv4 address, 64 per
+    /// IPv6 /64); with several levels, one per --rate, in the same order.
     #[arg(long)]
-    pub per: Option<u8>,
+    pub per: Vec<u8>,
     /// Count bytes: with a plain count rate like 1M/s, 1M bytes/s.
     #[arg(long)]
     pub bytes: bool,
@@ -484,19 +488,23 @@ pub async fn main(cli: Cli) -> Result<()> {
         }
         Command::Serve(args) => crate::serve::serve(&args.listen, &args.redis, &args.prefix).await,
         Command::Set(args) => {
-            let mut rate = args.rate.clone();
-            if let Some(r) = &rate
-                && args.bytes
-                && !r.contains('B')
-                && !r.contains("bit")
-            {
-                // `--bytes` with a plain count: the count is bytes.
-                let (amount, per) = r.split_once('/').unwrap_or((r, "s"));
-                rate = Some(format!("{amount}B/{per}"));
-            }
+            // `--bytes` with a plain count: the count is bytes.
+            let rates: Vec<String> = args
+                .rate
+                .iter()
+                .map(|r| {
+                    if args.bytes && !r.contains('B') && !r.contains("bit") {
+                        let (amount, per) = r.split_once('/').unwrap_or((r, "s"));
+                        format!("{amount}B/{per}")
+                    } else {
+                        r.clone()
+                    }
+                })
+                .collect();
+            let levels = set_levels(&args, &rates)?;
             let limit = RawLimit {
                 action: Some("limit".into()),
-                rate,
+                rate: rates.first().cloned(),
                 algorithm: args.algorithm.clone(),
                 limit: args.limit,
                 window: args.window.clone(),
@@ -506,11 +514,11 @@ pub async fn main(cli: Cli) -> Result<()> {
                 quota: args.quota,
                 period: args.period.clone(),
                 rate_cap: args.rate_cap,
-                burst: args.burst.clone().map(RawBurst::Text),
+                burst: args.burst.first().cloned().map(RawBurst::Text),
                 per: if args.target == "default" {
                     None
                 } else {
-                    args.per
+                    args.per.first().copied()
                 },
                 per_v4: None,
                 per_v6: None,
@@ -521,8 +529,9 @@ pub async fn main(cli: Cli) -> Result<()> {
                 aggregate_burst: args.aggregate_burst.clone().map(RawBurst::Text),
                 fleet: args.fleet.then_some(true),
                 host_connections: args.host_connections,
+                levels,
             };
-            if args.target == "default" && args.per.is_some() {
+            if args.target == "default" && !args.per.is_empty() {
                 return Err(Error::invalid(
                     "--per",
                     "the default rule covers both families; restart the daemon with --per-v4/--per-v6",
@@ -648,11 +657,15 @@ pub async fn main(cli: Cli) -> Result<()> {
             if t.read.json {
                 print_json(&data)
             } else {
-                println!("{:<40} {:>14} {:>14}", "source", "dropped", "dropped/s");
+                println!(
+                    "{:<40} {:>5} {:>14} {:>14}",
+                    "source", "level", "dropped", "dropped/s"
+                );
                 for row in data["top"].as_array().into_iter().flatten() {
                     println!(
-                        "{:<40} {:>14} {:>14.0}",
+                        "{:<40} {:>5} {:>14} {:>14.0}",
                         row["source"].as_str().unwrap_or("?"),
+                        row["level"].as_u64().unwrap_or(1),
                         row["dropped"].as_u64().unwrap_or(0),
                         row["dropped_per_s"].as_f64().unwrap_or(0.0)
                     );
@@ -661,6 +674,72 @@ pub async fn main(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The key levels `set` was given beyond the first: the second and third
+/// `--rate`, each with its `--per` and `--burst`.
+fn set_levels(args: &SetArgs, rates: &[String]) -> Result<Option<Vec<RawLevel>>> {
+    if rates.len() > ratelimit_common::MAX_KEY_LEVELS {
+        return Err(Error::invalid(
+            "--rate",
+            format!(
+                "{} given; a rule has at most {} key levels, e.g. --per 32 --rate 100/s --per 24 --rate 1000/s --per 16 --rate 10k/s",
+                rates.len(),
+                ratelimit_common::MAX_KEY_LEVELS
+            ),
+        ));
+    }
+    if rates.len() <= 1 {
+        for (flag, n) in [("--per", args.per.len()), ("--burst", args.burst.len())] {
+            if n > 1 {
+                return Err(Error::invalid(
+                    flag,
+                    format!("given {n} times for one --rate; several levels need a --rate each"),
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    if args.target == "default" {
+        return Err(Error::invalid(
+            "--rate",
+            "the default rule's key levels are set in the config file (`levels` under [default], with per-v4 and per-v6)",
+        ));
+    }
+    if args.per.len() != rates.len() {
+        return Err(Error::invalid(
+            "--per",
+            format!(
+                "{} given for {} --rate: with several levels give each its own --per, in the same order (--per 32 --rate 100/s --per 24 --rate 1000/s)",
+                args.per.len(),
+                rates.len()
+            ),
+        ));
+    }
+    if !args.burst.is_empty() && args.burst.len() != rates.len() {
+        return Err(Error::invalid(
+            "--burst",
+            format!(
+                "{} given for {} --rate: give one per --rate, in the same order, or none for one second's worth each",
+                args.burst.len(),
+                rates.len()
+            ),
+        ));
+    }
+    Ok(Some(
+        rates
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(i, rate)| RawLevel {
+                rate: rate.clone(),
+                burst: args.burst.get(i).cloned().map(RawBurst::Text),
+                per: Some(args.per[i]),
+                per_v4: None,
+                per_v6: None,
+            })
+            .collect(),
+    ))
 }
 
 async fn cidr_command(a: CidrArgs, make: impl FnOnce(String) -> Request) -> Result<()> {

@@ -10,11 +10,12 @@ use crate::{
     error::{Error, Result},
     rate::{Unit, parse_burst, parse_duration, parse_rate},
     rules::{
-        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, Limit,
+        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, KeyLevel, Limit,
         MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Selector, Shared, Unjudged,
         default_limit, default_new_sources,
     },
 };
+use ratelimit_common as common;
 
 /// A protocol or a port as written: a number, or text (`"tcp"`, `"27015-27020"`).
 #[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
@@ -117,6 +118,30 @@ pub struct RawLimit {
     /// dropped by this limit; `limit`: they are limited like any frame.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_connections: Option<HostConnections>,
+    /// Key levels beyond the rule's own (at most two), e.g.
+    /// `levels = [{ rate = "1000/s", per = 24 }]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub levels: Option<Vec<RawLevel>>,
+}
+
+/// A key level of a limit: a token bucket (gcra) per key of its own prefix.
+#[derive(Clone, Debug, Default, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawLevel {
+    /// e.g. `"1000/s"`.
+    pub rate: String,
+    /// e.g. `2000`; one second's worth by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<RawBurst>,
+    /// Key prefix length for a rule's own family.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per: Option<u8>,
+    /// IPv4 key prefix length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_v4: Option<u8>,
+    /// IPv6 key prefix length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_v6: Option<u8>,
 }
 
 /// What each algorithm takes, for errors.
@@ -230,11 +255,12 @@ impl RawLimit {
                 || self.aggregate_burst.is_some()
                 || self.fleet.is_some()
                 || self.host_connections.is_some()
+                || self.levels.is_some()
             {
                 return Err(Error::invalid(
                     field,
                     format!(
-                        "an {name} rule takes no rate, burst, per, algorithm, new-sources, aggregate, fleet or host-connections"
+                        "an {name} rule takes no rate, burst, per, levels, algorithm, new-sources, aggregate, fleet or host-connections"
                     ),
                 ));
             }
@@ -288,6 +314,7 @@ impl RawLimit {
                     aggregate: self.aggregate(field)?,
                     fleet: self.fleet.unwrap_or(false),
                     host_connections: self.host_connections.unwrap_or_default(),
+                    levels: self.levels(field, family_v4, (per_v4, per_v6))?,
                 };
                 Action::Limit(limit).to_kernel(0, field)?;
                 if algo == Algo::Gcra && rate.unit == Unit::Bytes && burst < 1514 {
@@ -336,6 +363,73 @@ impl RawLimit {
             )),
             (Some(rate), burst) => Ok(NewSources::Budget(shared(&name, rate, burst.as_ref())?)),
         }
+    }
+
+    /// The key levels beyond the rule's own: a family's key prefix not given
+    /// is the rule's own for that family.
+    fn levels(
+        &self,
+        field: &str,
+        family_v4: Option<bool>,
+        own: (u8, u8),
+    ) -> Result<[Option<KeyLevel>; common::MAX_KEY_LEVELS - 1]> {
+        let mut out = [None; common::MAX_KEY_LEVELS - 1];
+        let Some(levels) = &self.levels else {
+            return Ok(out);
+        };
+        if levels.len() > out.len() {
+            return Err(Error::invalid(
+                format!("{field}.levels"),
+                format!(
+                    "{} levels given; a rule has at most {} key levels, its own and {} more",
+                    levels.len(),
+                    common::MAX_KEY_LEVELS,
+                    out.len()
+                ),
+            ));
+        }
+        for (i, raw) in levels.iter().enumerate() {
+            let name = format!("{field}.levels[{}]", i + 1);
+            let bucket = shared(&format!("{name}.rate"), &raw.rate, raw.burst.as_ref())?;
+            let (mut per_v4, mut per_v6) =
+                (raw.per_v4.unwrap_or(own.0), raw.per_v6.unwrap_or(own.1));
+            if let Some(per) = raw.per {
+                match family_v4 {
+                    Some(true) => per_v4 = per,
+                    Some(false) => per_v6 = per,
+                    None => {
+                        return Err(Error::invalid(
+                            format!("{name}.per"),
+                            "the default rule covers both families: use per-v4 and per-v6",
+                        ));
+                    }
+                }
+            }
+            if per_v4 > 32 {
+                return Err(Error::invalid(
+                    format!("{name}.per-v4"),
+                    format!("{per_v4} is not an IPv4 prefix length (0 to 32)"),
+                ));
+            }
+            if per_v6 > 128 {
+                return Err(Error::invalid(
+                    format!("{name}.per-v6"),
+                    format!("{per_v6} is not an IPv6 prefix length (0 to 128)"),
+                ));
+            }
+            if bucket.rate.tokens == 0 {
+                return Err(Error::invalid(
+                    format!("{name}.rate"),
+                    "0/s: a level that admits nothing; to drop a network use `ratelimit deny CIDR`",
+                ));
+            }
+            out[i] = Some(KeyLevel {
+                bucket,
+                per_v4,
+                per_v6,
+            });
+        }
+        Ok(out)
     }
 
     fn aggregate(&self, field: &str) -> Result<Option<Shared>> {
@@ -493,6 +587,19 @@ impl From<&Action> for RawLimit {
                     raw.aggregate = Some(a.rate.exact());
                     raw.aggregate_burst = Some(RawBurst::Count(a.burst));
                 }
+                let levels: Vec<RawLevel> = l
+                    .levels
+                    .iter()
+                    .flatten()
+                    .map(|k| RawLevel {
+                        rate: k.bucket.rate.exact(),
+                        burst: Some(RawBurst::Count(k.bucket.burst)),
+                        per: None,
+                        per_v4: Some(k.per_v4),
+                        per_v6: Some(k.per_v6),
+                    })
+                    .collect();
+                raw.levels = (!levels.is_empty()).then_some(levels);
                 match l.algo {
                     Algo::Gcra => {
                         raw.rate = Some(l.rate.exact());

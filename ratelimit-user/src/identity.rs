@@ -226,7 +226,7 @@ fn mount_bpffs() -> Result<()> {
 
 /// The layout of the maps this build pins. A daemon never adopts pins of another
 /// layout: they live under another directory.
-pub const PIN_LAYOUT: &str = "v4";
+pub const PIN_LAYOUT: &str = "v5";
 
 /// Where the daemon of `id` pins its link and maps under `root`.
 pub fn pin_dir(root: &Path, id: &Identity) -> PathBuf {

@@ -405,6 +405,57 @@ pub struct Limit {
     pub fleet: bool,
     /// What the limit does to frames of the host's own connections.
     pub host_connections: HostConnections,
+    /// Key levels beyond the rule's own (gcra buckets per key of their own
+    /// prefix length), in order; those in use first.
+    pub levels: [Option<KeyLevel>; common::MAX_KEY_LEVELS - 1],
+}
+
+/// One more key level of a limit: a token bucket (gcra) per key of its own
+/// prefix length, e.g. 1000/s per /24 beside the rule's 100/s per /32. A
+/// frame passes only if every level admits it; one a level refuses consumes
+/// nothing at the others. Held per host (not across a fleet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyLevel {
+    /// The bucket of each key.
+    pub bucket: Shared,
+    /// Bits of an IPv4 source that make one key.
+    pub per_v4: u8,
+    /// Bits of an IPv6 source that make one key.
+    pub per_v6: u8,
+}
+
+impl KeyLevel {
+    /// The kernel's value; `field` names the level for errors.
+    fn to_kernel(self, field: &str) -> Result<common::KeyLevel> {
+        let mut flags = common::level_flags::ON;
+        if self.bucket.rate.unit == Unit::Bytes {
+            flags |= common::level_flags::BYTES;
+        }
+        Ok(common::KeyLevel {
+            params: self.bucket.params(field)?,
+            key_prefix_v4: self.per_v4,
+            key_prefix_v6: self.per_v6,
+            flags,
+            ..Default::default()
+        })
+    }
+
+    /// The level a kernel value holds, if it is in use.
+    fn from_kernel(l: &common::KeyLevel) -> Option<Self> {
+        let unit = if l.flags & common::level_flags::BYTES != 0 {
+            Unit::Bytes
+        } else {
+            Unit::Packets
+        };
+        l.is_on().then(|| KeyLevel {
+            bucket: Shared {
+                rate: rate_of(&l.params, unit),
+                burst: l.params.capacity.max(1),
+            },
+            per_v4: l.key_prefix_v4,
+            per_v6: l.key_prefix_v6,
+        })
+    }
 }
 
 /// What a limit does to frames that belong to the host's own connections: an
@@ -562,6 +613,17 @@ impl fmt::Display for Limit {
             )?,
         }
         write!(f, " per /{} (IPv4) /{} (IPv6)", self.per_v4, self.per_v6)?;
+        for (n, l) in self.levels.iter().flatten().enumerate() {
+            write!(
+                f,
+                ", level {} {} burst {}{unit} per /{} (IPv4) /{} (IPv6)",
+                n + 2,
+                l.bucket.rate,
+                l.bucket.burst,
+                l.per_v4,
+                l.per_v6
+            )?;
+        }
         if let Some(a) = &self.aggregate {
             write!(f, ", aggregate {a}")?;
         }
@@ -724,6 +786,14 @@ impl Action {
                     } else {
                         HostConnections::Limit
                     },
+                    levels: if r.flags & rule_flags::LEVELS != 0 {
+                        [
+                            KeyLevel::from_kernel(&r.levels[0]),
+                            KeyLevel::from_kernel(&r.levels[1]),
+                        ]
+                    } else {
+                        [None, None]
+                    },
                 })
             }
         }
@@ -813,6 +883,19 @@ impl Action {
                     aggregate,
                     ..Default::default()
                 };
+                if l.levels.iter().any(Option::is_some) && l.algo != Algo::Gcra {
+                    return Err(Error::invalid(
+                        field,
+                        format!(
+                            "key levels (a second --rate and --per, or `levels`) need gcra, not {}",
+                            l.algo.name()
+                        ),
+                    ));
+                }
+                for (i, l) in l.levels.iter().flatten().enumerate() {
+                    rule.levels[i] = l.to_kernel(&format!("{field}.levels[{}]", i + 1))?;
+                    rule.flags |= rule_flags::LEVELS;
+                }
                 rule.set_masks();
                 rule
             }
@@ -889,6 +972,7 @@ pub fn default_limit() -> Limit {
         aggregate: None,
         fleet: false,
         host_connections: HostConnections::Pass,
+        levels: [None, None],
     }
 }
 

@@ -293,3 +293,155 @@ fn the_coarse_clock_keeps_its_bound() {
         "coarse clock: {admitted} of {runs} admitted in {t:.3} s at 2000/s: the bucket must refill and limit"
     );
 }
+
+/// A rule over 198.18.0.0/15 with three key levels, all refilling once a
+/// minute: 40 per /32, 100 per /24 and `slash16` per /16.
+fn three_levels(slash16: &str, burst16: u64) -> RuleSet {
+    use ratelimit_user::rules::KeyLevel;
+    let mut lim = limit("1/min", 40);
+    lim.levels = [
+        Some(KeyLevel {
+            bucket: shared("1/min", 100),
+            per_v4: 24,
+            per_v6: 48,
+        }),
+        Some(KeyLevel {
+            bucket: shared(slash16, burst16),
+            per_v4: 16,
+            per_v6: 32,
+        }),
+    ];
+    lim.new_sources = NewSources::Unlimited;
+    let mut set = rules(limit("1/min", 1000));
+    set.rules.insert(
+        Selector::parse("cidr", "198.18.0.0/15").expect("prefix"),
+        Action::Limit(lim),
+    );
+    set
+}
+
+fn src(a: u8, b: u8) -> Vec<u8> {
+    Udp::new(
+        IpAddr::from([198, 18, a, b]),
+        "198.18.0.2".parse().expect("addr"),
+    )
+    .build()
+}
+
+/// Eight sources, four in each of two /24s of one /16, one /24 per CPU, each
+/// asking for 500 at once, against 40 per /32, 100 per /24 and 150 per /16:
+/// exactly 150 pass in every trial, no /24 more than 100 and no source more
+/// than 40. Then the /16 is lifted: the /24s have exactly the 50 they did not
+/// use left, so a frame refused at one level took nothing at the others.
+#[test]
+fn three_key_levels_on_two_cpus_never_over_admit_at_any_level() {
+    privileged!("three_key_levels_on_two_cpus_never_over_admit_at_any_level");
+    for trial in 0..5u8 {
+        let mut l = Loaded::new(&three_levels("1/min", 150));
+        let per_cpu: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2u8)
+                .map(|cpu| {
+                    let l = &l;
+                    s.spawn(move || {
+                        pin_to_cpu(cpu as usize);
+                        let frames: Vec<Vec<u8>> =
+                            (0..4u8).map(|k| src(1 + cpu, 10 * trial + k + 1)).collect();
+                        let mut got = vec![0u64; 4];
+                        for _ in 0..500 {
+                            for (k, f) in frames.iter().enumerate() {
+                                got[k] += u64::from(l.verdict(f) == XDP_PASS);
+                            }
+                        }
+                        got
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        let total: u64 = per_cpu.iter().flatten().sum();
+        let contended = l.packets(Reason::Contended);
+        assert_eq!(
+            total, 150,
+            "trial {trial}: {total} passed a /16 level of 150 ({per_cpu:?} per source, {contended} contended)"
+        );
+        for (cpu, got) in per_cpu.iter().enumerate() {
+            let net: u64 = got.iter().sum();
+            assert!(
+                net <= 100,
+                "trial {trial}: the /24 of CPU {cpu} got {net} of 100"
+            );
+            assert!(
+                got.iter().all(|g| *g <= 40),
+                "trial {trial}: a source got more than its 40: {got:?}"
+            );
+        }
+        let refused = l.packets(Reason::Limited)
+            + l.packets(Reason::Level2Limited)
+            + l.packets(Reason::Level3Limited)
+            + contended;
+        assert_eq!(total + refused, 8 * 500);
+        assert!(
+            l.packets(Reason::Level3Limited) > 0,
+            "the /16 level refused frames"
+        );
+
+        // The /16 lifted (same levels, a limit far above): what is left is
+        // the /24s' 200 less the 150 admitted.
+        l.maps.clear_counters().expect("clear");
+        l.maps
+            .apply(&three_levels("100M/s", 1 << 30))
+            .expect("lifting the /16 level");
+        let mut more = 0;
+        for net in 1..=2u8 {
+            for k in 0..4u8 {
+                let f = src(net, 10 * trial + k + 1);
+                more += (0..100).filter(|_| l.verdict(&f) == XDP_PASS).count();
+            }
+        }
+        assert_eq!(
+            more, 50,
+            "trial {trial}: after the /16 is lifted the /24s admit {more}: a frame refused at one \
+             level must not have used another's units"
+        );
+        assert!(
+            l.packets(Reason::Level2Limited) > 0,
+            "the /24 level limits now"
+        );
+    }
+}
+
+/// A frame refused at a key level is charged, in `top`'s counts, to the key
+/// of that level (the /24), with the level's number.
+#[test]
+fn drops_at_a_key_level_are_charged_to_its_network() {
+    privileged!("drops_at_a_key_level_are_charged_to_its_network");
+    let l = Loaded::new(&three_levels("1/min", 1000));
+    // 40 sources of one /24, 10 frames each: the /24's 100 pass, 300 refused
+    // there (sampled one in 16 per CPU).
+    for k in 0..40u8 {
+        let f = src(7, k + 1);
+        for _ in 0..10 {
+            l.verdict(&f);
+        }
+    }
+    assert_eq!(
+        l.packets(Reason::Passed) + l.packets(Reason::NewSource),
+        100
+    );
+    assert_eq!(l.packets(Reason::Level2Limited), 300);
+    let drops: Vec<_> = l
+        .maps
+        .drops()
+        .collect::<Result<_, _>>()
+        .expect("reading drops");
+    let net = drops
+        .iter()
+        .find(|(k, _)| k.level == 2)
+        .expect("a drop charged to level 2");
+    assert_eq!(net.0.prefix, 24);
+    assert_eq!(&net.0.addr[12..], &[198, 18, 7, 0]);
+    assert!(net.1 >= 16 * (300 / 16 - 1), "charged {} of 300", net.1);
+}

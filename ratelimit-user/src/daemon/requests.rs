@@ -301,10 +301,21 @@ impl Daemon {
     /// Drop counts by source now (`top` reads this twice).
     fn drops(&self) -> Result<Value> {
         let mut drops = serde_json::Map::new();
+        let mut levels = serde_json::Map::new();
         for entry in self.enforcer.maps.drops() {
-            let (addr, n) = entry?;
-            drops.insert(source_ip(&addr).to_string(), json!(n));
+            let (key, n) = entry?;
+            let ip = source_ip(&key.addr);
+            let name = if key.prefix == 0 {
+                ip.to_string()
+            } else {
+                format!("{ip}/{}", key.prefix)
+            };
+            if key.level > 1 {
+                levels.insert(name.clone(), json!(key.level));
+            }
+            let sum = drops.get(&name).and_then(Value::as_u64).unwrap_or(0) + n;
+            drops.insert(name, json!(sum));
         }
-        Ok(json!({"iface": self.enforcer.iface(), "drops": drops}))
+        Ok(json!({"iface": self.enforcer.iface(), "drops": drops, "levels": levels}))
     }
 }

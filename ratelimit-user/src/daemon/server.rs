@@ -130,6 +130,7 @@ async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
         return second;
     }
     let iface = second.data.get("iface").cloned().unwrap_or(Value::Null);
+    let levels = second.data.get("levels").cloned().unwrap_or(Value::Null);
     let (Some(before), Some(after)) = (read(first), read(second)) else {
         return Response::refused("the daemon sent unreadable drop counters");
     };
@@ -146,7 +147,10 @@ async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
     let rows: Vec<Value> = rows
         .into_iter()
         .map(|(source, total, rate)| {
-            json!({"source": source, "dropped": total, "dropped_per_s": rate.round() as u64})
+            // 1: the source's own level (or a deny); 2 and 3: a rule's key
+            // levels, whose keys are networks.
+            let level = levels.get(&source).and_then(Value::as_u64).unwrap_or(1);
+            json!({"source": source, "level": level, "dropped": total, "dropped_per_s": rate.round() as u64})
         })
         .collect();
     Response {

@@ -9,10 +9,10 @@ use aya::{
     maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use ratelimit_common::{
-    self as common, Addr, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GROUP_BIT,
-    GROUPS_CAPACITY, GlobalState, MAP_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_GROUPS,
-    MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATE, MAP_STATE_V4,
-    MAP_STATS, NO_RULE, REASON_COUNT, Reason, RuleAddr, RuleState, gcra, match_fields,
+    self as common, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GROUP_BIT, GROUPS_CAPACITY,
+    GlobalState, MAP_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_GROUPS, MAP_RULE_STATE,
+    MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATE, MAP_STATE_V4, MAP_STATS, NO_RULE,
+    REASON_COUNT, Reason, RuleAddr, RuleState, gcra, match_fields,
 };
 
 use super::LoadOptions;
@@ -31,7 +31,7 @@ pub struct Maps {
     state_v4: HashMap<MapData, FlowKeyV4, gcra::State>,
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
-    drops: HashMap<MapData, Addr, u64>,
+    drops: HashMap<MapData, common::DropKey, u64>,
     wide: HashMap<MapData, FlowKey, common::WideState>,
     rule_state: Array<MapData, RuleState>,
     /// Held for the program; not read by the daemon.
@@ -283,9 +283,12 @@ impl Maps {
             .max()
             .unwrap_or(0);
         let mut fresh_id = || {
-            next_id = next_id.checked_add(1).ok_or_else(|| {
-                Error::invalid("rules", "rule ids exhausted; restart with --reset")
-            })?;
+            next_id = next_id
+                .checked_add(1)
+                .filter(|id| *id <= common::MAX_RULE_ID)
+                .ok_or_else(|| {
+                    Error::invalid("rules", "rule ids exhausted; restart with --reset")
+                })?;
             Ok::<u32, Error>(next_id)
         };
         // Slot 0 is the default rule's; a rule that stays keeps its slot; a new
@@ -356,7 +359,7 @@ impl Maps {
         let mut free = (0..deny_index).filter(|i| !in_use.contains(i));
         let mut place = |rule: &common::Rule, previous: Option<(u32, &common::Rule)>| match previous
         {
-            Some((index, p)) if p == rule => Ok((index, false)),
+            Some((index, p)) if *p == common::Rule { index, ..*rule } => Ok((index, false)),
             _ => free.next().map(|i| (i, true)).ok_or(Error::Capacity {
                 what: "rule table entries".into(),
                 wanted: set.rules.len() + 1,
@@ -372,14 +375,20 @@ impl Maps {
                 .and_then(|i| old.get(selector).map(|r| (*i, r)));
             let (index, write) = place(rule, previous)?;
             if write {
-                writes.push((index, *rule));
+                writes.push((index, common::Rule { index, ..*rule }));
             }
             entries.insert(*selector, index);
         }
         let (default_index, write) =
             place(&default, Some((old_config.default_rule, &old_default)))?;
         if write {
-            writes.push((default_index, default));
+            writes.push((
+                default_index,
+                common::Rule {
+                    index: default_index,
+                    ..default
+                },
+            ));
         }
         config.default_rule = default_index;
 
@@ -389,7 +398,10 @@ impl Maps {
             (deny_index, Action::Deny { dry_run: false }),
             (allow_index, Action::Allow),
         ] {
-            let rule = action.to_kernel(0, "unjudged")?;
+            let rule = common::Rule {
+                index,
+                ..action.to_kernel(0, "unjudged")?
+            };
             if self.table_rule(index)? != rule {
                 writes.push((index, rule));
             }
@@ -557,8 +569,8 @@ impl Maps {
             )
     }
 
-    /// Drop counts by source address.
-    pub fn drops(&self) -> impl Iterator<Item = Result<(Addr, u64)>> + '_ {
+    /// Drop counts by source address, or by key of a rule's key level.
+    pub fn drops(&self) -> impl Iterator<Item = Result<(common::DropKey, u64)>> + '_ {
         self.drops
             .iter()
             .map(|e| e.map_err(map_err("reading", MAP_DROPS)))
@@ -739,6 +751,15 @@ fn carry_over(previous: &common::Rule, rule: &mut common::Rule) -> bool {
     if previous.action != LIMIT || previous.algorithm != rule.algorithm {
         return false;
     }
+    // A level added, removed or keyed anew gets a new id: its keys might
+    // otherwise meet states an earlier level of the same number left.
+    let layout = |r: &common::Rule| {
+        r.levels
+            .map(|l| (l.is_on(), l.key_prefix_v4, l.key_prefix_v6))
+    };
+    if layout(previous) != layout(rule) {
+        return false;
+    }
     if rule.algorithm == common::algorithm::GCRA {
         let gcra = rule.gcra().succeeding(&previous.gcra());
         rule.params = common::AlgoParams::from_gcra(gcra);
@@ -747,5 +768,10 @@ fn carry_over(previous: &common::Rule, rule: &mut common::Rule) -> bool {
     // (see `Maps::reset_shared` for a level a rule gains).
     rule.new_sources = rule.new_sources.succeeding(&previous.new_sources);
     rule.aggregate = rule.aggregate.succeeding(&previous.aggregate);
+    for (level, was) in rule.levels.iter_mut().zip(&previous.levels) {
+        if level.is_on() {
+            level.params = level.params.succeeding(&was.params);
+        }
+    }
     true
 }

@@ -73,6 +73,33 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
             .insert(Selector::parse("bench", s).expect("selector"), action);
     }
     let with_matches = Loaded::with_capacity(&matched, 1 << 20);
+    // Three key levels (per /32, /24 and /16), all within their limits: the
+    // frame is taken at each, beside the one-level rule above.
+    let bucket = |rate: &str| ratelimit_user::rules::Shared {
+        rate: ratelimit_user::rate::parse_rate("bench", rate).expect("rate"),
+        burst: 1 << 32,
+    };
+    let three = ratelimit_user::rules::Limit {
+        levels: [
+            Some(ratelimit_user::rules::KeyLevel {
+                bucket: bucket("100M/s"),
+                per_v4: 24,
+                per_v6: 48,
+            }),
+            Some(ratelimit_user::rules::KeyLevel {
+                bucket: bucket("100M/s"),
+                per_v4: 16,
+                per_v6: 32,
+            }),
+        ],
+        ..fast
+    };
+    let three_levels = Loaded::with_capacity(&rules(three), 1 << 20);
+    let aggregate = ratelimit_user::rules::Limit {
+        aggregate: Some(bucket("100M/s")),
+        ..fast
+    };
+    let with_aggregate = Loaded::with_capacity(&rules(aggregate), 1 << 20);
 
     let frame4 = v4("198.18.7.1");
     let frame6 = Udp::new(ip("2001:db8:7::1"), ip("2001:db8::2")).build();
@@ -139,6 +166,18 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
         (
             "ratelimit, IPv4, 1000 rules in the trie",
             with_rules.prog_fd(),
+            &frame4,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4, one level and the rule's aggregate",
+            with_aggregate.prog_fd(),
+            &frame4,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4, three key levels (/32, /24, /16)",
+            three_levels.prog_fd(),
             &frame4,
             XDP_PASS,
         ),

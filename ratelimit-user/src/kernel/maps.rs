@@ -502,6 +502,9 @@ impl Maps {
             unjudged,
             idle as u32 * GROUPS_CAPACITY,
         )?;
+        // Entries of the trie, list entries included (0 lets the program skip
+        // the lookup).
+        config.rule_count = compiled.trie.len() as u32;
 
         // Fresh shared buckets for new rules (and for levels a rule gains).
         for (prefix, rule) in &values {

@@ -601,7 +601,9 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Allow(a) => {
             listable_command(a, ListAction::Allow, |cidr| Request::Allow { cidr }).await
         }
-        Command::Deny(a) => listable_command(a, ListAction::Deny, |cidr| Request::Deny { cidr }).await,
+        Command::Deny(a) => {
+            listable_command(a, ListAction::Deny, |cidr| Request::Deny { cidr }).await
+        }
         Command::Unset(a) => {
             let iface = iface(&a.target)?;
             let request = match (&a.list, &a.cidr) {
@@ -856,7 +858,10 @@ fn print_list(data: &Value) {
                 },
             );
         }
-        if lists.iter().any(|l| l["shadowed"].as_u64().unwrap_or(0) > 0) {
+        if lists
+            .iter()
+            .any(|l| l["shadowed"].as_u64().unwrap_or(0) > 0)
+        {
             println!(
                 "(shadowed: entries with exactly the CIDR of a rule, which wins, or, in a deny list, of an allow list entry, which wins)"
             );

@@ -172,9 +172,9 @@ fn parse_line(raw: &str) -> std::result::Result<Option<Prefix>, String> {
             "{cidr:?} is not a CIDR (ipset ranges and port entries such as hash:net,port are not taken)"
         ));
     }
-    Prefix::parse("entry", cidr).map(Some).map_err(|_| {
-        format!("{cidr:?} is not a CIDR or address (expected {PREFIX_FORMS})")
-    })
+    Prefix::parse("entry", cidr)
+        .map(Some)
+        .map_err(|_| format!("{cidr:?} is not a CIDR or address (expected {PREFIX_FORMS})"))
 }
 
 /// The longest list name.
@@ -305,14 +305,24 @@ mod tests {
 
     #[test]
     fn spamhaus_semicolon_comments() {
-        let got = parse("--from", "drop.txt", "; Spamhaus DROP\n198.18.64.0/18 ; SBL1\n").unwrap();
+        let got = parse(
+            "--from",
+            "drop.txt",
+            "; Spamhaus DROP\n198.18.64.0/18 ; SBL1\n",
+        )
+        .unwrap();
         assert_eq!(got.entries, vec![p("198.18.64.0/18")]);
     }
 
     #[test]
     fn duplicates_are_counted_once() {
         // Host bits are cleared: 198.18.0.9/24 is 198.18.0.0/24.
-        let got = parse("--from", "d.txt", "198.18.0.0/24\n198.18.0.9/24\n198.18.0.1\n198.18.0.1\n").unwrap();
+        let got = parse(
+            "--from",
+            "d.txt",
+            "198.18.0.0/24\n198.18.0.9/24\n198.18.0.1\n198.18.0.1\n",
+        )
+        .unwrap();
         assert_eq!(got.entries, vec![p("198.18.0.0/24"), p("198.18.0.1")]);
         assert_eq!((got.lines, got.duplicates), (4, 2));
     }

@@ -840,7 +840,11 @@ fn lists_survive_restarts_and_reload_with_the_config() {
     d.stop(libc::SIGTERM);
     let d = Daemon::start(&pair.rx, &iface, &run_dir, &[]);
     assert_eq!(names(&d), [("bans".into(), 2)]);
-    probe("after SIGTERM and a start without the config", &[bans], &[cfg, free]);
+    probe(
+        "after SIGTERM and a start without the config",
+        &[bans],
+        &[cfg, free],
+    );
 
     // Allowlist-only: an allow list passes, the rest is dropped.
     let friends = run.0.join("friends.txt");

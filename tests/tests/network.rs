@@ -590,7 +590,10 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
         out.lines().next().unwrap_or("")
     );
     let lists = d.json(&["list"])["lists"].clone();
-    assert_eq!(lists[0]["name"], "bulk", "the name is the file's stem: {lists}");
+    assert_eq!(
+        lists[0]["name"], "bulk",
+        "the name is the file's stem: {lists}"
+    );
     assert_eq!(lists[0]["entries"], 100_000, "{lists}");
     assert_eq!(lists[0]["action"], "deny", "{lists}");
     assert_eq!(
@@ -640,7 +643,10 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
         .expect("the blocklist");
     assert_eq!(shadowed["shadowed"], 1, "{shadowed}");
     let (l, _) = probe();
-    assert!(l.0 > 0 && l.0 == l.1, "allow-listed inside a blocklist: {l:?}");
+    assert!(
+        l.0 > 0 && l.0 == l.1,
+        "allow-listed inside a blocklist: {l:?}"
+    );
     d.cli_ok(&["unset", "--list", "friends"]);
 
     // Unloaded under traffic: dropped before, passing after.
@@ -655,7 +661,10 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
     let unset_at = std::time::Instant::now();
     d.cli_ok(&["unset", "--list", "bulk"]);
     let done_at = std::time::Instant::now();
-    println!("unset --list (100 000 entries) took {:?}", done_at - unset_at);
+    println!(
+        "unset --list (100 000 entries) took {:?}",
+        done_at - unset_at
+    );
     sender.join().expect("sender");
     let got = rx.finish_timed();
     assert_eq!(

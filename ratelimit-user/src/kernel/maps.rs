@@ -540,14 +540,9 @@ impl Maps {
     /// Rules with matches at a list entry's CIDR are tried first; frames they
     /// do not match meet the list entry. Otherwise the longest prefix wins, as
     /// between rules.
-    fn add_list_entries(
-        &self,
-        set: &RuleSet,
-        entries: &mut BTreeMap<Selector, u32>,
-    ) -> Result<()> {
+    fn add_list_entries(&self, set: &RuleSet, entries: &mut BTreeMap<Selector, u32>) -> Result<()> {
         let (deny_index, allow_index) = self.policy_indexes();
-        let capacity = self
-            .tries[0]
+        let capacity = self.tries[0]
             .map()
             .info()
             .map(|i| i.max_entries())

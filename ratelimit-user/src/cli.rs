@@ -863,7 +863,7 @@ fn print_list(data: &Value) {
             .any(|l| l["shadowed"].as_u64().unwrap_or(0) > 0)
         {
             println!(
-                "(shadowed: entries with exactly the CIDR of a rule, which wins, or, in a deny list, of an allow list entry, which wins)"
+                "(shadowed: entries with exactly the CIDR of a rule, which wins, and deny entries equal to or inside an allow list entry, which wins)"
             );
         }
     }

@@ -13,7 +13,7 @@
 //! of the two constant policy rules at the end of the rule table (a deny, an
 //! allow): see `kernel::Maps::apply` for the precedence.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, net::IpAddr, sync::Arc};
 
 use crate::{
     error::{Error, Result},
@@ -250,6 +250,53 @@ impl List {
     }
 }
 
+/// The prefixes of the allow lists, to find what they cover: an entry of a
+/// deny list equal to or inside an allow list entry is left out (allow wins:
+/// a source the operator allowed is never dropped by a bulk list).
+pub struct Allowed {
+    /// By family (IPv4?) and prefix length.
+    by_len: std::collections::BTreeMap<(bool, u8), std::collections::HashSet<IpAddr>>,
+}
+
+impl Allowed {
+    /// The entries of every allow list in `lists`.
+    pub fn of<'a>(lists: impl IntoIterator<Item = &'a List>) -> Self {
+        let mut by_len: std::collections::BTreeMap<_, std::collections::HashSet<_>> =
+            Default::default();
+        for l in lists.into_iter().filter(|l| l.action == ListAction::Allow) {
+            for p in l.entries.iter() {
+                by_len
+                    .entry((p.addr.is_ipv4(), p.len))
+                    .or_default()
+                    .insert(p.addr);
+            }
+        }
+        Self { by_len }
+    }
+
+    /// Whether `p` is equal to or inside an allow list entry.
+    pub fn covers(&self, p: &Prefix) -> bool {
+        self.by_len
+            .iter()
+            .filter(|((v4, len), _)| *v4 == p.addr.is_ipv4() && *len <= p.len)
+            .any(|((_, len), set)| set.contains(&masked(p.addr, *len)))
+    }
+}
+
+/// `addr` with all but its first `len` bits cleared.
+fn masked(addr: IpAddr, len: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            IpAddr::from((u32::from(a) & mask).to_be_bytes())
+        }
+        IpAddr::V6(a) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            IpAddr::from((u128::from(a) & mask).to_be_bytes())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,6 +409,32 @@ mod tests {
     fn an_empty_file_is_an_empty_list() {
         let got = parse("--from", "e.txt", "# nothing yet\n\n").unwrap();
         assert!(got.entries.is_empty());
+    }
+
+    #[test]
+    fn allow_entries_cover_deny_entries_inside_them() {
+        let allow = List::parse(
+            "--from",
+            ListAction::Allow,
+            "a",
+            "198.18.7.0/24\n198.18.9.9\n2001:db8:1::/48\n",
+        )
+        .unwrap()
+        .0;
+        let allowed = Allowed::of([&allow]);
+        for inside in [
+            "198.18.7.0/24",
+            "198.18.7.9",
+            "198.18.7.128/25",
+            "198.18.9.9",
+            "2001:db8:1:2::1",
+        ] {
+            assert!(allowed.covers(&p(inside)), "{inside}");
+        }
+        for outside in ["198.18.6.9", "198.18.0.0/16", "198.18.9.8", "2001:db8:2::1"] {
+            assert!(!allowed.covers(&p(outside)), "{outside}");
+        }
+        assert_eq!(masked(p("198.18.7.9").addr, 0), p("0.0.0.0/0").addr);
     }
 
     #[test]

@@ -2,8 +2,6 @@
 //! (see [`super::store`]) and are applied whole or not at all; reads answer
 //! from the maps.
 
-use std::collections::HashSet;
-
 use ratelimit_common::{Event, Reason};
 use serde_json::{Value, json};
 
@@ -12,8 +10,8 @@ use crate::{
     control::Request,
     error::{Error, Result},
     kernel::InterfaceState,
-    lists::{List, ListAction, check_name},
-    rules::{Action, Clock, Limit, Prefix, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
+    lists::{Allowed, List, ListAction, check_name},
+    rules::{Action, Clock, Limit, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
 };
 
 impl Daemon {
@@ -229,15 +227,10 @@ impl Daemon {
 
     /// Each list: its name, action, entries and source, and how many of its
     /// entries are shadowed (they have exactly the CIDR of a rule without a
-    /// match, which wins, or, in a deny list, of an allow list entry, which
-    /// wins: see `kernel::Maps::apply`).
+    /// match, which wins, or, in a deny list, are equal to or inside an allow
+    /// list entry, which wins: see `kernel::Maps::apply`).
     fn list_summary(&self, set: &RuleSet) -> Vec<Value> {
-        let allowed: HashSet<Prefix> = set
-            .lists
-            .values()
-            .filter(|l| l.action == ListAction::Allow)
-            .flat_map(|l| l.entries.iter().copied())
-            .collect();
+        let allowed = Allowed::of(set.lists.values());
         set.lists
             .iter()
             .map(|(name, l)| {
@@ -246,7 +239,7 @@ impl Daemon {
                     .iter()
                     .filter(|p| {
                         set.rules.contains_key(&Selector::from(**p))
-                            || (l.action == ListAction::Deny && allowed.contains(*p))
+                            || (l.action == ListAction::Deny && allowed.covers(p))
                     })
                     .count();
                 json!({

@@ -23,7 +23,7 @@ use ratelimit_common::{
 use super::LoadOptions;
 use crate::{
     error::{Error, Result},
-    lists::{List, ListAction},
+    lists::{Allowed, List, ListAction},
     matching::{self, Match, Selector},
     rules::{Action, Mode, Prefix, RuleSet, Unjudged},
 };
@@ -533,13 +533,15 @@ impl Maps {
     }
 
     /// Adds the entries of `set`'s lists to `entries` (the rules' selectors
-    /// and table indexes), pointing at the policy rules. Precedence, where
-    /// two have the same CIDR: a rule without a match wins over a list entry
-    /// (explicit beats bulk: the entry is *shadowed*); an allow list entry
-    /// wins over a deny list entry (the operator allowed it on purpose).
-    /// Rules with matches at a list entry's CIDR are tried first; frames they
-    /// do not match meet the list entry. Otherwise the longest prefix wins, as
-    /// between rules.
+    /// and table indexes), pointing at the policy rules. Precedence: a rule
+    /// without a match at exactly a list entry's CIDR wins over it (explicit
+    /// beats bulk: the entry is *shadowed*); a deny list entry equal to or
+    /// inside an allow list entry is left out (shadowed too: a source the
+    /// operator allowed is never dropped by a bulk list). Rules with matches
+    /// at a list entry's CIDR are tried first; frames they do not match meet
+    /// the list entry. Otherwise the longest prefix wins, as between rules (an
+    /// allow list /32 inside a denied /16 passes; a deny list /32 inside an
+    /// *allow rule's* /16 is dropped).
     fn add_list_entries(&self, set: &RuleSet, entries: &mut BTreeMap<Selector, u32>) -> Result<()> {
         let (deny_index, allow_index) = self.policy_indexes();
         let capacity = self.tries[0]
@@ -549,23 +551,20 @@ impl Maps {
             .unwrap_or(0)
             .saturating_sub(self.rules_capacity()) as usize;
         let mut listed = 0usize;
-        for action in [ListAction::Deny, ListAction::Allow] {
+        let allowed = Allowed::of(set.lists.values());
+        for action in [ListAction::Allow, ListAction::Deny] {
             let index = match action {
                 ListAction::Deny => deny_index,
                 ListAction::Allow => allow_index,
             };
             for list in set.lists.values().filter(|l| l.action == action) {
                 for p in list.entries.iter() {
-                    match entries.entry(Selector::from(*p)) {
-                        btree_map::Entry::Vacant(v) => {
-                            v.insert(index);
-                            listed += 1;
-                        }
-                        btree_map::Entry::Occupied(mut o) => {
-                            if *o.get() == deny_index && index == allow_index {
-                                o.insert(allow_index);
-                            }
-                        }
+                    if action == ListAction::Deny && allowed.covers(p) {
+                        continue;
+                    }
+                    if let btree_map::Entry::Vacant(v) = entries.entry(Selector::from(*p)) {
+                        v.insert(index);
+                        listed += 1;
                     }
                 }
             }

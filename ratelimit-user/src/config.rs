@@ -883,6 +883,51 @@ mod tests {
     }
 
     #[test]
+    fn lists_in_the_config_are_read_relative_to_it() {
+        let dir = std::env::temp_dir().join(format!("rl-config-lists-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("bad.txt"), "198.18.0.1\nnot-an-address\n").unwrap();
+        std::fs::write(dir.join("ok.netset"), "# ok\n198.18.0.0/24\n").unwrap();
+        let toml = dir.join("r.toml");
+        std::fs::write(
+            &toml,
+            "[[list]]\nname = \"ok\"\naction = \"deny\"\npath = \"ok.netset\"\n",
+        )
+        .unwrap();
+        let set = RawConfig::load(&toml)
+            .unwrap()
+            .validate(&RuleSet::default())
+            .unwrap();
+        assert_eq!(set.lists["ok"].entries.len(), 1);
+        std::fs::write(
+            &toml,
+            "[[list]]\nname = \"bad\"\naction = \"deny\"\npath = \"bad.txt\"\n",
+        )
+        .unwrap();
+        let e = RawConfig::load(&toml)
+            .unwrap()
+            .validate(&RuleSet::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("list[0].path:") && e.contains("bad.txt:2:"),
+            "{e}"
+        );
+        std::fs::write(
+            &toml,
+            "[[list]]\nname = \"ok\"\naction = \"drop\"\npath = \"ok.netset\"\n",
+        )
+        .unwrap();
+        let e = RawConfig::load(&toml)
+            .unwrap()
+            .validate(&RuleSet::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("list[0].action:"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn bad_files_say_why() {
         for (text, needle) in [
             ("colour = 1", "unknown field `colour`"),

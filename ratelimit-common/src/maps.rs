@@ -137,8 +137,15 @@ pub const DEFAULT_STATE_CAPACITY: u32 = 1 << 20;
 /// Default capacity of [`MAP_STATE`]: IPv6 sources (per /64 by default) tracked
 /// at once, 96 bytes each. A load-time setting.
 pub const DEFAULT_STATE_V6_CAPACITY: u32 = 1 << 18;
-/// Default capacity of [`MAP_RULES`]. A load-time setting.
+/// Default number of rules (the rule table holds twice as many, see
+/// [`rule_table_len`]). A load-time setting.
 pub const DEFAULT_RULES_CAPACITY: u32 = 16 * 1024;
+/// Default number of blocklist and allowlist entries, all lists together.
+/// They share [`MAP_RULES`] with the rules (which has room for both) and point
+/// at the rule table's two constant policy rules, so the table does not grow;
+/// an LPM trie allocates per entry, so unused room costs nothing. A load-time
+/// setting.
+pub const DEFAULT_LIST_CAPACITY: u32 = 1 << 20;
 
 /// Entries of [`MAP_RULE_TABLE`] for `rules` rules: every rule can change at
 /// once (twice the rules and the default rule), and the two rules of the

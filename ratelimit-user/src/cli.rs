@@ -12,6 +12,7 @@ use crate::{
     daemon::{self, RunOptions},
     error::{Error, Result},
     kernel::{AttachMode, LoadOptions},
+    lists::{self, ListAction},
     rate::parse_rate,
     rules::{Clock, MalformedPolicy},
 };
@@ -34,12 +35,12 @@ pub enum Command {
     Run(RunArgs),
     /// Set a limit on the default rule or a CIDR.
     Set(SetArgs),
-    /// Exempt a CIDR: never limited.
-    Allow(CidrArgs),
-    /// Drop everything from a CIDR.
-    Deny(CidrArgs),
-    /// Remove the rule of a CIDR.
-    Unset(CidrArgs),
+    /// Exempt a CIDR, or a list of them (--from FILE): never limited.
+    Allow(ListableArgs),
+    /// Drop everything from a CIDR, or from a list of them (--from FILE).
+    Deny(ListableArgs),
+    /// Remove the rule of a CIDR, or a list (--list NAME).
+    Unset(UnsetArgs),
     /// Switch between normal and allowlist-only (everything not under an
     /// `allow` rule dropped); kept across restarts.
     Mode(ModeArgs),
@@ -122,6 +123,11 @@ pub struct RunArgs {
     /// Prefix rules at most (a load-time setting).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_RULES_CAPACITY)]
     pub max_rules: u32,
+    /// Blocklist and allowlist entries at most, all lists together (a
+    /// load-time setting; kernel memory is taken per entry loaded, about 100
+    /// bytes in each of the two rule tries).
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_LIST_CAPACITY)]
+    pub max_list_entries: u32,
     /// Sources tracked at once under the algorithms other than gcra (a load-time
     /// setting; about 540 bytes each).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_WIDE_CAPACITY)]
@@ -329,6 +335,44 @@ pub struct CidrArgs {
     pub target: Target,
 }
 
+/// `ratelimit allow` and `ratelimit deny`: a CIDR, or a list from a file.
+#[derive(Debug, Args)]
+pub struct ListableArgs {
+    /// A CIDR such as 198.18.0.0/15 or 2001:db8::/32.
+    #[arg(required_unless_present = "from", conflicts_with = "from")]
+    pub cidr: Option<String>,
+    #[command(flatten)]
+    pub matches: MatchArgs,
+    /// Load a list from FILE (`-`: standard input), applied whole or not at
+    /// all: one CIDR or address per line, `#` comments, FireHOL .netset
+    /// files, `ipset save` output (its `add` lines). Loading a name again
+    /// replaces that list.
+    #[arg(long, value_name = "FILE", help_heading = "Lists")]
+    pub from: Option<String>,
+    /// The list's name [default: the file's stem, e.g. firehol_level1 for
+    /// firehol_level1.netset]; `ratelimit unset --list NAME` removes it.
+    #[arg(long, requires = "from", help_heading = "Lists")]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `ratelimit unset`.
+#[derive(Debug, Args)]
+pub struct UnsetArgs {
+    /// A CIDR such as 198.18.0.0/15 or 2001:db8::/32.
+    #[arg(required_unless_present = "list", conflicts_with = "list")]
+    pub cidr: Option<String>,
+    #[command(flatten)]
+    pub matches: MatchArgs,
+    /// Remove the list of this name (a list of the config file: until
+    /// `ratelimit reload --replace`).
+    #[arg(long, value_name = "NAME")]
+    pub list: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
+}
+
 /// `ratelimit reload`.
 #[derive(Debug, Args)]
 pub struct ReloadArgs {
@@ -395,6 +439,7 @@ impl RunArgs {
             new_states: self.new_states.clone(),
             default: any_default.then_some(default),
             rules: Vec::new(),
+            lists: Vec::new(),
             mode: None,
             unjudged: None,
         }
@@ -424,6 +469,7 @@ impl RunArgs {
             ("--max-sources", self.max_sources),
             ("--max-sources-v6", self.max_sources_v6),
             ("--max-rules", self.max_rules),
+            ("--max-list-entries", self.max_list_entries),
             ("--max-wide-sources", self.max_wide_sources),
         ] {
             if n == 0 {
@@ -455,6 +501,7 @@ impl RunArgs {
                 state_capacity: self.max_sources,
                 state_capacity_v6: self.max_sources_v6,
                 rules_capacity: self.max_rules,
+                list_capacity: self.max_list_entries,
                 wide_capacity: self.max_wide_sources,
                 seen_slots: self.doorkeeper_slots,
             },
@@ -560,9 +607,34 @@ pub async fn main(cli: Cli) -> Result<()> {
             print_list(&data);
             Ok(())
         }
-        Command::Allow(a) => cidr_command(a, |cidr| Request::Allow { cidr }).await,
-        Command::Deny(a) => cidr_command(a, |cidr| Request::Deny { cidr }).await,
-        Command::Unset(a) => cidr_command(a, |cidr| Request::Unset { cidr }).await,
+        Command::Allow(a) => {
+            listable_command(a, ListAction::Allow, |cidr| Request::Allow { cidr }).await
+        }
+        Command::Deny(a) => {
+            listable_command(a, ListAction::Deny, |cidr| Request::Deny { cidr }).await
+        }
+        Command::Unset(a) => {
+            let iface = iface(&a.target)?;
+            let request = match (&a.list, &a.cidr) {
+                (Some(name), _) => {
+                    if a.matches.any() {
+                        return Err(Error::invalid(
+                            "--list",
+                            "a list is removed by its name alone: leave out --proto, --dport, --syn, --icmp-type and --to",
+                        ));
+                    }
+                    Request::UnsetList { name: name.clone() }
+                }
+                (None, Some(cidr)) => Request::Unset {
+                    cidr: a.matches.selector(cidr),
+                },
+                (None, None) => {
+                    return Err(Error::invalid("CIDR", "give a CIDR, or --list NAME"));
+                }
+            };
+            print_list(&control::call(&iface, &request).await?);
+            Ok(())
+        }
         Command::Mode(m) => {
             let data = control::call(&iface(&m.target)?, &Request::Mode { mode: m.mode }).await?;
             print_list(&data);
@@ -742,9 +814,65 @@ fn set_levels(args: &SetArgs, rates: &[String]) -> Result<Option<Vec<RawLevel>>>
     ))
 }
 
-async fn cidr_command(a: CidrArgs, make: impl FnOnce(String) -> Request) -> Result<()> {
+/// `allow` or `deny`: one CIDR (`make`), or a list of `action` (`--from`).
+async fn listable_command(
+    a: ListableArgs,
+    action: ListAction,
+    make: impl FnOnce(String) -> Request,
+) -> Result<()> {
+    let Some(from) = &a.from else {
+        let Some(cidr) = &a.cidr else {
+            return Err(Error::invalid("CIDR", "give a CIDR, or --from FILE"));
+        };
+        let iface = iface(&a.target)?;
+        let data = control::call(&iface, &make(a.matches.selector(cidr))).await?;
+        print_list(&data);
+        return Ok(());
+    };
+    if a.matches.any() {
+        return Err(Error::invalid(
+            "--from",
+            "list entries match the source alone: leave out --proto, --dport, --syn, --icmp-type and --to (or give such rules with `ratelimit set`)",
+        ));
+    }
+    let (source, text) = if from == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| Error::invalid("--from", format!("cannot read standard input: {e}")))?;
+        ("stdin".to_string(), text)
+    } else {
+        let text = std::fs::read_to_string(from)
+            .map_err(|e| Error::invalid("--from", format!("cannot read {from}: {e}")))?;
+        (from.clone(), text)
+    };
+    let name = match (&a.name, from.as_str()) {
+        (Some(n), _) => n.clone(),
+        (None, "-") => {
+            return Err(Error::invalid(
+                "--name",
+                "a list read from standard input (--from -) needs a name: add --name NAME",
+            ));
+        }
+        (None, path) => lists::default_name(path).unwrap_or_default(),
+    };
+    lists::check_name("--name", &name)?;
+    // Checked here too, so a bad file is reported before the daemon is asked
+    // (the daemon checks it again: it is the one writer).
+    lists::parse("--from", &source, &text)?;
     let iface = iface(&a.target)?;
-    let data = control::call(&iface, &make(a.matches.selector(&a.cidr))).await?;
+    let data = control::call(
+        &iface,
+        &Request::LoadList {
+            name,
+            action,
+            source,
+            text,
+        },
+    )
+    .await?;
+    if let Some(loaded) = data.get("loaded") {
+        println!("{}", loaded["summary"].as_str().unwrap_or("loaded"));
+    }
     print_list(&data);
     Ok(())
 }
@@ -786,6 +914,37 @@ fn print_list(data: &Value) {
             _ => "judged by the next rule",
         };
         println!("(frames a match cannot judge, like non-first fragments: {unjudged})");
+    }
+    let lists: Vec<&Value> = data["lists"].as_array().into_iter().flatten().collect();
+    if !lists.is_empty() {
+        println!();
+        println!(
+            "{:<20} {:<6} {:>9} {:>9}  source",
+            "list", "action", "entries", "shadowed"
+        );
+        for l in &lists {
+            println!(
+                "{:<20} {:<6} {:>9} {:>9}  {}{}",
+                l["name"].as_str().unwrap_or("?"),
+                l["action"].as_str().unwrap_or("?"),
+                l["entries"].as_u64().unwrap_or(0),
+                l["shadowed"].as_u64().unwrap_or(0),
+                l["source"].as_str().unwrap_or("?"),
+                if l["origin"] == "config" {
+                    " (config)"
+                } else {
+                    ""
+                },
+            );
+        }
+        if lists
+            .iter()
+            .any(|l| l["shadowed"].as_u64().unwrap_or(0) > 0)
+        {
+            println!(
+                "(shadowed: entries with exactly the CIDR of a rule, which wins, and deny entries equal to or inside an allow list entry, which wins)"
+            );
+        }
     }
     if data["dry_run"].as_bool() == Some(true) {
         println!("(dry run: nothing is dropped)");

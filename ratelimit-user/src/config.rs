@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
+use crate::lists::{List, ListAction, check_name};
 use crate::matching::{Match, parse_ports, parse_proto, proto_name};
 use crate::{
     error::{Error, Result},
@@ -198,6 +199,23 @@ pub struct RawConfig {
     /// Prefix rules.
     #[serde(default, rename = "rule")]
     pub rules: Vec<RawRule>,
+    /// Blocklists and allowlists read from files.
+    #[serde(default, rename = "list", skip_serializing_if = "Vec::is_empty")]
+    pub lists: Vec<RawList>,
+}
+
+/// A `[[list]]` table: a blocklist or allowlist file, read again on every
+/// reload.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawList {
+    /// The list's name, shown by `ratelimit list`.
+    pub name: String,
+    /// `deny` or `allow`.
+    pub action: String,
+    /// The file: one CIDR or address per line, FireHOL .netset, or `ipset
+    /// save` output. A relative path is relative to the config file.
+    pub path: std::path::PathBuf,
 }
 
 impl RawRule {
@@ -639,9 +657,12 @@ impl From<&Action> for RawLimit {
 }
 
 impl From<&RuleSet> for RawConfig {
-    /// The exact config of a rule set: [`RawConfig::validate`] reads it back whole.
+    /// The exact config of a rule set: [`RawConfig::validate`] reads it back
+    /// whole, but for its lists (their entries are not config: the saved
+    /// record keeps them beside it).
     fn from(set: &RuleSet) -> Self {
         RawConfig {
+            lists: Vec::new(),
             dry_run: Some(set.dry_run),
             malformed: Some(set.malformed),
             clock: Some(set.clock),
@@ -745,11 +766,19 @@ impl RawConfig {
         })
     }
 
-    /// Reads and parses a file.
+    /// Reads and parses a file. The paths of its lists are made relative to
+    /// the file's directory.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(Error::io(format!("reading config {}", path.display())))?;
-        Self::parse(path, &text)
+        let mut raw = Self::parse(path, &text)?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for l in &mut raw.lists {
+            if l.path.is_relative() {
+                l.path = dir.join(&l.path);
+            }
+        }
+        Ok(raw)
     }
 
     /// Validates everything into a rule set, on top of `base` (the CLI's default).
@@ -796,6 +825,18 @@ impl RawConfig {
             }
         }
         set.rules = rules;
+        for (i, l) in self.lists.iter().enumerate() {
+            let field = format!("list[{i}]");
+            check_name(&format!("{field}.name"), &l.name)?;
+            let action = ListAction::parse(&format!("{field}.action"), &l.action)?;
+            let list = List::read(&format!("{field}.path"), action, &l.path)?;
+            if set.lists.insert(l.name.clone(), list).is_some() {
+                return Err(Error::invalid(
+                    format!("{field}.name"),
+                    format!("a list named {:?} appears twice", l.name),
+                ));
+            }
+        }
         set.validate()?;
         Ok(set)
     }
@@ -946,6 +987,51 @@ mod tests {
             let e = parse(&file).expect_err(text).to_string();
             assert!(e.contains(needle), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn lists_in_the_config_are_read_relative_to_it() {
+        let dir = std::env::temp_dir().join(format!("rl-config-lists-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("bad.txt"), "198.18.0.1\nnot-an-address\n").unwrap();
+        std::fs::write(dir.join("ok.netset"), "# ok\n198.18.0.0/24\n").unwrap();
+        let toml = dir.join("r.toml");
+        std::fs::write(
+            &toml,
+            "[[list]]\nname = \"ok\"\naction = \"deny\"\npath = \"ok.netset\"\n",
+        )
+        .unwrap();
+        let set = RawConfig::load(&toml)
+            .unwrap()
+            .validate(&RuleSet::default())
+            .unwrap();
+        assert_eq!(set.lists["ok"].entries.len(), 1);
+        std::fs::write(
+            &toml,
+            "[[list]]\nname = \"bad\"\naction = \"deny\"\npath = \"bad.txt\"\n",
+        )
+        .unwrap();
+        let e = RawConfig::load(&toml)
+            .unwrap()
+            .validate(&RuleSet::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("list[0].path:") && e.contains("bad.txt:2:"),
+            "{e}"
+        );
+        std::fs::write(
+            &toml,
+            "[[list]]\nname = \"ok\"\naction = \"drop\"\npath = \"ok.netset\"\n",
+        )
+        .unwrap();
+        let e = RawConfig::load(&toml)
+            .unwrap()
+            .validate(&RuleSet::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("list[0].action:"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

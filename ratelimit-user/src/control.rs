@@ -25,6 +25,9 @@ use crate::{
 
 /// The longest request line a daemon reads, bytes: far more than any rule.
 pub const MAX_REQUEST: usize = 64 << 10;
+/// The longest [`Request::LoadList`] line, bytes: a list of some 10 million
+/// lines. Read by one connection at a time.
+pub const MAX_LIST_REQUEST: usize = 256 << 20;
 
 /// The control socket of `id`'s daemon.
 pub fn socket_path(id: &Identity) -> PathBuf {
@@ -56,6 +59,23 @@ pub enum Request {
     Unset {
         /// The CIDR.
         cidr: String,
+    },
+    /// Load a list whole, replacing the list of that name.
+    LoadList {
+        /// The list's name.
+        name: String,
+        /// Deny or allow.
+        action: crate::lists::ListAction,
+        /// Where the CLI read it (a path as typed, or `stdin`), for errors and
+        /// `list`.
+        source: String,
+        /// The file's text, parsed by the daemon.
+        text: String,
+    },
+    /// Remove a list.
+    UnsetList {
+        /// The list's name.
+        name: String,
     },
     /// Switch the mode.
     Mode {

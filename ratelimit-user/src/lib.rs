@@ -1,6 +1,6 @@
 //! The ratelimit daemon and CLI as a library: loading and attaching the XDP
 //! program ([`kernel`]), the validated rule model ([`rules`], [`rate`],
-//! [`config`]), the daemon ([`daemon`]), its control socket ([`control`]) and the
+//! [`config`], [`lists`]), the daemon ([`daemon`]), its control socket ([`control`]) and the
 //! command line ([`cli`]).
 
 pub mod cli;
@@ -11,6 +11,7 @@ pub mod error;
 pub mod fleet;
 pub mod identity;
 pub mod kernel;
+pub mod lists;
 pub mod logs;
 pub mod matching;
 pub mod metrics;

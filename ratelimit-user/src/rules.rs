@@ -12,6 +12,7 @@ use ratelimit_common::{
 pub use crate::matching::Selector;
 use crate::{
     error::{Error, Result},
+    lists::List,
     rate::{Rate, Unit},
 };
 
@@ -952,6 +953,9 @@ pub struct RuleSet {
     pub new_states: Shared,
     /// Normal or allowlist-only.
     pub mode: Mode,
+    /// Blocklists and allowlists by name: their entries go into the rule
+    /// trie beside the rules (see `kernel::Maps::apply` for the precedence).
+    pub lists: BTreeMap<String, List>,
 }
 
 /// The default limit when nothing is configured: 1000 packets/s per IPv4 address
@@ -987,6 +991,7 @@ impl Default for RuleSet {
             clock: Clock::Precise,
             new_states: default_new_states(),
             mode: Mode::Normal,
+            lists: BTreeMap::new(),
         }
     }
 }
@@ -1041,6 +1046,7 @@ impl RuleSet {
                 .iter()
                 .map(|(p, r)| (*p, Action::from_kernel(r)))
                 .collect(),
+            lists: BTreeMap::new(),
         }
     }
 

@@ -738,3 +738,120 @@ fn daemons_on_two_interfaces_do_not_disturb_each_other() {
     assert!(two.rx_has_xdp(), "stopping one daemon detached the other");
     assert!(b.json(&["status"])["mode"] == "native");
 }
+
+/// Lists: one from the config file (`[[list]]`, a path relative to it, read
+/// again on SIGHUP) and one from standard input (`deny --from - --name`), no
+/// file behind it: both come back after a SIGKILL and a restart that adopts
+/// the pins (and are not taken for rules), the live one after a clean stop
+/// and a start without the config; an allow list passes in allowlist-only
+/// mode.
+#[test]
+fn lists_survive_restarts_and_reload_with_the_config() {
+    privileged!("lists_survive_restarts_and_reload_with_the_config");
+    use std::io::Write as _;
+    let pair = Pair::new();
+    let run = TempDir::new("lists");
+    std::fs::write(run.0.join("cfg.txt"), "# from the config\n198.18.0.20\n").expect("list");
+    let config = run.0.join("rules.toml");
+    std::fs::write(
+        &config,
+        "[[list]]\nname = \"cfg\"\naction = \"deny\"\npath = \"cfg.txt\"\n",
+    )
+    .expect("config");
+    let config = config.to_str().expect("utf-8").to_string();
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", &config]);
+
+    // `deny --from -`: the entries come from standard input.
+    let mut cmd = std::process::Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{}", d.netns))
+        .arg(ratelimit_bin())
+        .args(["deny", "--from", "-", "--name", "bans", "--iface", &d.iface])
+        .env("RATELIMIT_RUN_DIR", &d.run_dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("ratelimit deny --from -");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"198.18.0.21\n2001:db8::21\n")
+        .expect("writing stdin");
+    let out = child.wait_with_output().expect("deny --from -");
+    assert!(
+        out.status.success(),
+        "deny --from -: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (cfg, bans, free) = (ip("198.18.0.20"), ip("198.18.0.21"), ip("198.18.0.23"));
+    let probe = |what: &str, dropped: &[std::net::IpAddr], passing: &[std::net::IpAddr]| {
+        let sources: Vec<_> = dropped.iter().chain(passing).map(|s| (*s, 200)).collect();
+        let got = pair.probe(&sources, Duration::from_millis(400));
+        for s in dropped {
+            assert_eq!(got.get(s).copied().unwrap_or(0), 0, "{what}: {s} passed");
+        }
+        for s in passing {
+            let n = got.get(s).copied().unwrap_or(0);
+            assert!(n >= 70, "{what}: only {n} of ~80 frames from {s} arrived");
+        }
+    };
+    let names = |d: &Daemon| -> Vec<(String, u64)> {
+        let list = d.json(&["list"]);
+        assert_eq!(
+            list["rules"].as_array().map(Vec::len),
+            Some(0),
+            "list entries taken for rules: {list}"
+        );
+        list["lists"]
+            .as_array()
+            .expect("lists")
+            .iter()
+            .map(|l| {
+                (
+                    l["name"].as_str().unwrap_or("?").to_string(),
+                    l["entries"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    probe("loaded", &[cfg, bans], &[free]);
+    assert_eq!(names(&d), [("bans".into(), 2), ("cfg".into(), 1)]);
+
+    // SIGKILL, then a restart that adopts the pins.
+    let (iface, run_dir) = (d.iface.clone(), d.run_dir.clone());
+    d.stop(libc::SIGKILL);
+    let d = Daemon::start(&pair.rx, &iface, &run_dir, &["--config", &config]);
+    assert_eq!(d.json(&["status"])["adopted"], true);
+    assert_eq!(names(&d), [("bans".into(), 2), ("cfg".into(), 1)]);
+    probe("after SIGKILL and restart", &[cfg, bans], &[free]);
+
+    // SIGHUP reads the config's list file again.
+    std::fs::write(run.0.join("cfg.txt"), "198.18.0.20\n198.18.0.23\n").expect("list");
+    d.child.signal(libc::SIGHUP);
+    let start = Instant::now();
+    while names(&d).contains(&("cfg".into(), 1)) && start.elapsed() < Duration::from_secs(5) {
+        sleep(Duration::from_millis(50));
+    }
+    assert_eq!(names(&d), [("bans".into(), 2), ("cfg".into(), 2)]);
+    probe("after SIGHUP", &[cfg, bans, free], &[]);
+
+    // A clean stop, a start without the config: the live list comes back.
+    d.stop(libc::SIGTERM);
+    let d = Daemon::start(&pair.rx, &iface, &run_dir, &[]);
+    assert_eq!(names(&d), [("bans".into(), 2)]);
+    probe(
+        "after SIGTERM and a start without the config",
+        &[bans],
+        &[cfg, free],
+    );
+
+    // Allowlist-only: an allow list passes, the rest is dropped.
+    let friends = run.0.join("friends.txt");
+    std::fs::write(&friends, "198.18.0.23/32\n").expect("list");
+    d.cli_ok(&["allow", "--from", friends.to_str().expect("utf-8")]);
+    d.cli_ok(&["mode", "allowlist-only"]);
+    probe("allowlist-only", &[bans, cfg], &[free]);
+    let out = d.cli_ok(&["unset", "--list", "bans"]);
+    assert!(!out.contains("bans"), "{out}");
+}

@@ -456,6 +456,14 @@ impl Daemon {
         for (p, a) in &set.rules {
             println!("ratelimit:   {p}: {a}");
         }
+        for (name, l) in &set.lists {
+            println!(
+                "ratelimit:   {} list {name}: {} entries from {}",
+                l.action,
+                l.entries.len(),
+                l.source
+            );
+        }
     }
 
     /// Reads the config file again: the new base with the live changes on top

@@ -10,7 +10,8 @@ use crate::{
     control::Request,
     error::{Error, Result},
     kernel::InterfaceState,
-    rules::{Action, Clock, Limit, Selector, fmt_duration, source_ip, tick_ns},
+    lists::{Allowed, List, ListAction, check_name},
+    rules::{Action, Clock, Limit, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
 };
 
 impl Daemon {
@@ -81,6 +82,66 @@ impl Daemon {
                     Ok(())
                 })
             }
+            Request::LoadList {
+                name,
+                action,
+                source,
+                text,
+            } => {
+                let started = std::time::Instant::now();
+                check_name("--name", &name)?;
+                let (list, parsed) = List::parse("--from", action, &source, &text)?;
+                let replaced = self.rules.effective().lists.get(&name).map(|l| l.action);
+                let mut data = self.change(|r| {
+                    r.live.lists.insert(name.clone(), Some(list));
+                    Ok(())
+                })?;
+                let ms = started.elapsed().as_millis();
+                let dups = if parsed.duplicates > 0 {
+                    format!(", {} duplicate lines", parsed.duplicates)
+                } else {
+                    String::new()
+                };
+                let verb = match replaced {
+                    Some(a) => format!("replaced the {a} list {name} with"),
+                    None => format!("loaded {action} list {name}:"),
+                };
+                data["loaded"] = json!({
+                    "name": name,
+                    "action": action,
+                    "source": source,
+                    "lines": parsed.lines,
+                    "entries": parsed.entries.len(),
+                    "duplicates": parsed.duplicates,
+                    "replaced": replaced.is_some(),
+                    "applied_ms": ms as u64,
+                    "summary": format!(
+                        "{verb} {} entries from {source}{dups}; applied in {ms} ms",
+                        parsed.entries.len()
+                    ),
+                });
+                Ok(data)
+            }
+            Request::UnsetList { name } => self.change(|r| {
+                if !r.effective().lists.contains_key(&name) {
+                    let names: Vec<String> = r.effective().lists.keys().cloned().collect();
+                    return Err(Error::invalid(
+                        "--list",
+                        if names.is_empty() {
+                            format!("no list named {name:?}: no list is loaded")
+                        } else {
+                            format!("no list named {name:?}; the lists are {}", names.join(", "))
+                        },
+                    ));
+                }
+                if r.base.lists.contains_key(&name) {
+                    // A list of the config file: removed until reload --replace.
+                    r.live.lists.insert(name, None);
+                } else {
+                    r.live.lists.remove(&name);
+                }
+                Ok(())
+            }),
             Request::Mode { mode } => self.change(|r| {
                 r.live.mode = Some(mode);
                 Ok(())
@@ -149,6 +210,7 @@ impl Daemon {
                 fmt_duration(tick_ns())
             ),
         };
+        let lists = self.list_summary(&set);
         json!({
             "default": set.default.to_string(),
             "dry_run": set.dry_run,
@@ -158,8 +220,38 @@ impl Daemon {
             "clock": clock,
             "new_states": set.new_states.to_string(),
             "rules": rules,
-            "live_changes": self.rules.live.rules.len() + usize::from(self.rules.live.default.is_some()),
+            "lists": lists,
+            "live_changes": self.rules.live.rules.len() + usize::from(self.rules.live.default.is_some()) + self.rules.live.lists.len(),
         })
+    }
+
+    /// Each list: its name, action, entries and source, and how many of its
+    /// entries are shadowed (they have exactly the CIDR of a rule without a
+    /// match, which wins, or, in a deny list, are equal to or inside an allow
+    /// list entry, which wins: see `kernel::Maps::apply`).
+    fn list_summary(&self, set: &RuleSet) -> Vec<Value> {
+        let allowed = Allowed::of(set.lists.values());
+        set.lists
+            .iter()
+            .map(|(name, l)| {
+                let shadowed = l
+                    .entries
+                    .iter()
+                    .filter(|p| {
+                        set.rules.contains_key(&Selector::from(**p))
+                            || (l.action == ListAction::Deny && allowed.covers(p))
+                    })
+                    .count();
+                json!({
+                    "name": name,
+                    "action": l.action,
+                    "entries": l.entries.len(),
+                    "shadowed": shadowed,
+                    "source": l.source,
+                    "origin": self.rules.list_origin(name),
+                })
+            })
+            .collect()
     }
 
     /// States evicted since this daemon started, estimated: states created
@@ -243,6 +335,9 @@ impl Daemon {
             "wide_sources": wide_keys,
             "wide_capacity": sizes.wide_capacity,
             "rules_capacity": sizes.rules_capacity,
+            "lists": set.lists.len(),
+            "list_entries": set.lists.values().map(|l| l.entries.len()).sum::<usize>(),
+            "list_capacity": sizes.list_capacity,
             "state_map_full": state_full,
             "states_created": created,
             "new_states_capped": events[Event::NewStateCapped as usize],

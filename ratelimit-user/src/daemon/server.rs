@@ -4,7 +4,9 @@
 //!
 //! Bounded: at most [`MAX_CONNECTIONS`] at a time (past it the oldest idle one
 //! is closed for the newcomer), a request line of at most [`MAX_REQUEST`] bytes
-//! that must arrive within [`REQUEST_TIMEOUT`], and accept errors back off.
+//! that must arrive within [`REQUEST_TIMEOUT`], and accept errors back off. A
+//! list (`deny --from FILE`) may be longer, up to [`MAX_LIST_REQUEST`] within
+//! [`LIST_TIMEOUT`], read by one connection at a time.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -16,7 +18,7 @@ use tokio::{
 };
 
 use crate::{
-    control::{MAX_REQUEST, Request, Response},
+    control::{MAX_LIST_REQUEST, MAX_REQUEST, Request, Response},
     slots::{AcceptBackoff, Slot, Slots},
 };
 
@@ -28,20 +30,25 @@ pub type Job = (Request, oneshot::Sender<Response>);
 pub const MAX_CONNECTIONS: usize = 256;
 /// A request line must arrive within this time.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// A request longer than [`MAX_REQUEST`] (a list) must arrive within this time.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `top` watches the drop counters.
 const TOP_WINDOW: Duration = Duration::from_millis(250);
 
 /// Serves `listener` until the task is dropped.
 pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
     let slots = Slots::new(MAX_CONNECTIONS);
+    // One long request (a list) is read at a time: memory stays bounded.
+    let long = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
     let mut backoff = AcceptBackoff::default();
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
                 backoff.accepted();
                 let jobs = jobs.clone();
+                let long = long.clone();
                 slots.spawn(move |slot| async move {
-                    connection(stream, slot, &jobs).await;
+                    connection(stream, slot, &jobs, &long).await;
                 });
             }
             Err(e) => {
@@ -56,20 +63,36 @@ pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
     }
 }
 
-async fn connection(stream: UnixStream, slot: Slot, jobs: &mpsc::Sender<Job>) {
+async fn connection(
+    stream: UnixStream,
+    slot: Slot,
+    jobs: &mpsc::Sender<Job>,
+    long: &tokio::sync::Semaphore,
+) {
     let (read, mut write) = stream.into_split();
     let mut line = Vec::new();
     let mut reader = BufReader::new(read).take(MAX_REQUEST as u64 + 1);
     let reading = reader.read_until(b'\n', &mut line);
-    let read = tokio::time::timeout(REQUEST_TIMEOUT, reading).await;
+    let mut read = tokio::time::timeout(REQUEST_TIMEOUT, reading).await;
     slot.busy();
+    let mut _permit = None;
+    if matches!(read, Ok(Ok(_))) && line.len() > MAX_REQUEST && line.last() != Some(&b'\n') {
+        // A list: the rest of the line, one such connection at a time.
+        _permit = long.acquire().await.ok();
+        reader.set_limit((MAX_LIST_REQUEST + 1 - line.len()) as u64);
+        let rest = reader.read_until(b'\n', &mut line);
+        read = tokio::time::timeout(LIST_TIMEOUT, rest).await;
+    }
     let response = match read {
         // Idle, closed or broken: nothing to answer.
         Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return,
-        Ok(Ok(_)) if line.len() > MAX_REQUEST => {
-            Response::refused(format!("request longer than {MAX_REQUEST} bytes"))
+        Ok(Ok(_)) if line.len() > MAX_LIST_REQUEST => {
+            Response::refused(format!("request longer than {MAX_LIST_REQUEST} bytes"))
         }
         Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
+            Ok(r) if line.len() > MAX_REQUEST && !matches!(r, Request::LoadList { .. }) => {
+                Response::refused(format!("request longer than {MAX_REQUEST} bytes"))
+            }
             Err(e) => Response::refused(format!("bad request: {e}")),
             Ok(Request::Top { n }) => top(n, jobs).await,
             Ok(Request::FleetTop { n }) => fleet_top(n, jobs).await,

@@ -5,6 +5,9 @@
 //! kept on top of the base, across reloads (SIGHUP, `ratelimit reload`) and
 //! restarts, until they are unset or dropped with `ratelimit reload --replace`.
 //! Both are saved in the run directory, whole or not at all, after every change.
+//! Lists are saved with their entries (a list loaded with `deny --from FILE`
+//! comes back without its file; one of the config file is read again from its
+//! file when the daemon is given the config file).
 //!
 //! A daemon that adopts a running program and is given no rules continues with
 //! the saved base and live changes; if the saved record is damaged or does not
@@ -22,6 +25,7 @@ use crate::{
     config::{RawConfig, RawLimit},
     error::{Error, Result},
     identity::Identity,
+    lists::{List, ListAction},
     rules::{Action, Mode, RuleSet, Selector},
     rundir,
 };
@@ -35,6 +39,8 @@ pub struct Overlay {
     pub rules: BTreeMap<Selector, Option<Action>>,
     /// The mode, if set live (`ratelimit mode`).
     pub mode: Option<Mode>,
+    /// Lists loaded live (`Some`) or removed live (`None`: a base list removed).
+    pub lists: BTreeMap<String, Option<List>>,
 }
 
 /// A daemon's rules: the base and the live changes.
@@ -74,7 +80,26 @@ impl Rules {
                 }
             }
         }
+        for (name, list) in &self.live.lists {
+            match list {
+                Some(l) => {
+                    set.lists.insert(name.clone(), l.clone());
+                }
+                None => {
+                    set.lists.remove(name);
+                }
+            }
+        }
         set
+    }
+
+    /// Where the list `name` comes from: `live` or `config`.
+    pub fn list_origin(&self, name: &str) -> &'static str {
+        if self.live.lists.contains_key(name) {
+            "live"
+        } else {
+            "config"
+        }
     }
 
     /// Where the rule of `p` comes from: `live` or `config`.
@@ -92,8 +117,46 @@ impl Rules {
 struct Saved {
     version: u32,
     base: RawConfig,
+    /// The base's lists, with their entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    base_lists: Vec<SavedList>,
     #[serde(default)]
     live: RawOverlay,
+}
+
+/// A list as saved: its entries one per line.
+#[derive(Serialize, Deserialize)]
+struct SavedList {
+    name: String,
+    action: ListAction,
+    source: String,
+    entries: String,
+}
+
+impl SavedList {
+    fn of(name: &str, l: &List) -> Self {
+        SavedList {
+            name: name.to_string(),
+            action: l.action,
+            source: l.source.clone(),
+            entries: l.text(),
+        }
+    }
+
+    fn list(&self) -> std::result::Result<List, String> {
+        crate::lists::check_name("name", &self.name).map_err(|e| format!("{e}"))?;
+        let field = format!("list {}", self.name);
+        List::parse(&field, self.action, &self.source, &self.entries)
+            .map(|(l, _)| l)
+            .map_err(|e| format!("its list {} is invalid ({e})", self.name))
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct RawLiveList {
+    name: String,
+    /// `None`: removed.
+    list: Option<SavedList>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -104,6 +167,8 @@ struct RawOverlay {
     rules: Vec<RawLive>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mode: Option<Mode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    lists: Vec<RawLiveList>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -126,6 +191,12 @@ fn record(rules: &Rules) -> Saved {
     Saved {
         version: VERSION,
         base: RawConfig::from(&rules.base),
+        base_lists: rules
+            .base
+            .lists
+            .iter()
+            .map(|(n, l)| SavedList::of(n, l))
+            .collect(),
         live: RawOverlay {
             default: rules.live.default.as_ref().map(RawLimit::from),
             rules: rules
@@ -138,6 +209,15 @@ fn record(rules: &Rules) -> Saved {
                 })
                 .collect(),
             mode: rules.live.mode,
+            lists: rules
+                .live
+                .lists
+                .iter()
+                .map(|(n, l)| RawLiveList {
+                    name: n.clone(),
+                    list: l.as_ref().map(|l| SavedList::of(n, l)),
+                })
+                .collect(),
         },
     }
 }
@@ -186,13 +266,17 @@ fn parse(text: &str) -> std::result::Result<Rules, String> {
             version: 1,
             base: serde_json::from_value(value)
                 .map_err(|e| format!("it is not a rules record ({e})"))?,
+            base_lists: Vec::new(),
             live: RawOverlay::default(),
         }
     };
-    let base = saved
+    let mut base = saved
         .base
         .validate(&RuleSet::default())
         .map_err(|e| format!("its base rules are invalid ({e})"))?;
+    for l in &saved.base_lists {
+        base.lists.insert(l.name.clone(), l.list()?);
+    }
     let mut live = Overlay {
         mode: saved.live.mode,
         ..Overlay::default()
@@ -213,6 +297,10 @@ fn parse(text: &str) -> std::result::Result<Rules, String> {
             None => None,
         };
         live.rules.insert(p, a);
+    }
+    for l in &saved.live.lists {
+        let list = l.list.as_ref().map(SavedList::list).transpose()?;
+        live.lists.insert(l.name.clone(), list);
     }
     let rules = Rules { base, live };
     rules
@@ -347,5 +435,41 @@ mod tests {
             .insert(p("2001:db8::/32"), Some(Action::Deny { dry_run: true }));
         let text = serde_json::to_string(&record(&rules)).unwrap();
         assert_eq!(parse(&text).unwrap(), rules);
+    }
+
+    #[test]
+    fn lists_are_saved_with_their_entries() {
+        let list = |action, text: &str| {
+            List::parse("--from", action, "/gone/list.txt", text)
+                .unwrap()
+                .0
+        };
+        let mut base = RuleSet::default();
+        base.lists.insert(
+            "firehol".into(),
+            list(ListAction::Deny, "198.18.0.0/16\n2001:db8::/48\n"),
+        );
+        let mut rules = Rules::of(base);
+        rules.live.lists.insert(
+            "bans".into(),
+            Some(list(ListAction::Deny, "198.19.0.1\n198.19.0.2\n")),
+        );
+        rules.live.lists.insert(
+            "friends".into(),
+            Some(list(ListAction::Allow, "198.18.7.7\n")),
+        );
+        let text = serde_json::to_string(&record(&rules)).unwrap();
+        let back = parse(&text).unwrap();
+        assert_eq!(back, rules);
+        let e = back.effective();
+        assert_eq!(e.lists["bans"].entries.len(), 2);
+        assert_eq!(e.lists["firehol"].source, "/gone/list.txt");
+        assert_eq!(back.list_origin("bans"), "live");
+        assert_eq!(back.list_origin("firehol"), "config");
+
+        // A base list removed live stays removed.
+        rules.live.lists.insert("firehol".into(), None);
+        let back = parse(&serde_json::to_string(&record(&rules)).unwrap()).unwrap();
+        assert!(!back.effective().lists.contains_key("firehol"));
     }
 }

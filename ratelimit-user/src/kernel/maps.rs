@@ -2,7 +2,12 @@
 //! counters, events and states read back, and the rule set the kernel enforces
 //! read back when the daemon's own record is lost.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, HashMap as StdHashMap, btree_map},
+    path::Path,
+    sync::Arc,
+};
 
 use aya::{
     Ebpf,
@@ -18,6 +23,7 @@ use ratelimit_common::{
 use super::LoadOptions;
 use crate::{
     error::{Error, Result},
+    lists::{Allowed, List, ListAction},
     matching::{self, Match, Selector},
     rules::{Action, Mode, Prefix, RuleSet, Unjudged},
 };
@@ -43,7 +49,19 @@ pub struct Maps {
     fleet_used: HashMap<MapData, FlowKey, Counter>,
     /// Match groups: a half for each trie.
     groups: Array<MapData, common::MatchGroup>,
+    /// What each trie holds, as this daemon (the one writer) last wrote or
+    /// read it (`None`: not known yet, read from the kernel when needed). With
+    /// 100 000 list entries, writing only what differs makes a rule change
+    /// cost a few syscalls, not 300 000.
+    known: [Option<TrieEntries>; 2],
 }
+
+/// A trie's entries: (prefix length, key) → value.
+type TrieEntries = StdHashMap<(u32, RuleAddr), u32>;
+
+/// The name of the recovered list of `action` (list entries read back from
+/// the pinned maps when the daemon's own record is lost).
+pub const RECOVERED_LIST: [&str; 2] = ["recovered-deny", "recovered-allow"];
 
 /// The maps' names, in the order [`Maps::from_maps`] takes them: the pinned
 /// ones (the per-CPU scratch map stays inside the program).
@@ -127,6 +145,7 @@ impl Maps {
             fleet_used: HashMap::try_from(fleet_used)
                 .map_err(map_err("typing", common::MAP_FLEET_USED))?,
             groups: Array::try_from(groups).map_err(map_err("typing", common::MAP_GROUPS))?,
+            known: [None, None],
         })
     }
 
@@ -164,10 +183,12 @@ impl Maps {
     /// The sizes the maps were created with.
     pub fn capacities(&self) -> LoadOptions {
         let max = |m: &MapData| m.info().map(|i| i.max_entries()).unwrap_or(0);
+        let rules_capacity = self.rules_capacity();
         LoadOptions {
             state_capacity: max(self.state_v4.map()),
             state_capacity_v6: max(self.state.map()),
-            rules_capacity: max(self.tries[0].map()),
+            rules_capacity,
+            list_capacity: max(self.tries[0].map()).saturating_sub(rules_capacity),
             wide_capacity: max(self.wide.map()),
             seen_slots: self.seen.len(),
         }
@@ -178,15 +199,44 @@ impl Maps {
         Ok((self.config()?.active_rules & 1) as usize)
     }
 
+    /// Rules at most: the rule-state array has a slot for each and the
+    /// default rule's.
+    fn rules_capacity(&self) -> u32 {
+        self.rule_state.len().saturating_sub(1)
+    }
+
+    /// The entries of trie `which`, read from the kernel.
+    fn read_trie(&self, which: usize) -> Result<TrieEntries> {
+        let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
+        self.tries[which]
+            .iter()
+            .map(|e| {
+                e.map(|(k, v)| ((k.prefix_len(), k.data()), v))
+                    .map_err(map_err("reading", name))
+            })
+            .collect()
+    }
+
+    /// The entries of trie `which`: as known, or read from the kernel.
+    fn trie_entries(&self, which: usize) -> Result<Cow<'_, TrieEntries>> {
+        match &self.known[which] {
+            Some(k) => Ok(Cow::Borrowed(k)),
+            None => Ok(Cow::Owned(self.read_trie(which)?)),
+        }
+    }
+
     /// Where each rule is in the rule table, in trie `which` (and its groups).
+    /// List entries (they point at the policy rules) are not rules.
     fn rule_indexes(&self, which: usize) -> Result<BTreeMap<Selector, u32>> {
         let mut out = BTreeMap::new();
-        let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
-        for entry in self.tries[which].iter() {
-            let (key, value) = entry.map_err(map_err("reading", name))?;
-            let source = Prefix::from_lpm(key.prefix_len(), key.data());
+        let (deny_index, allow_index) = self.policy_indexes();
+        let is_list = |i: u32| i == deny_index || i == allow_index;
+        for (&(bits, key), &value) in self.trie_entries(which)?.iter() {
+            let source = Prefix::from_lpm(bits, key);
             if value & GROUP_BIT == 0 {
-                out.insert(Selector::from(source), value);
+                if !is_list(value) {
+                    out.insert(Selector::from(source), value);
+                }
                 continue;
             }
             let group = self
@@ -195,13 +245,48 @@ impl Maps {
                 .map_err(map_err("reading", MAP_GROUPS))?;
             let count = (group.count as usize).min(group.entries.len());
             for e in &group.entries[..count] {
-                if e.fields & match_fields::OWN != 0 {
+                if e.fields & match_fields::OWN != 0 && !is_list(e.rule) {
                     let matches = Match::from_entry(e);
                     out.insert(Selector { source, matches }, e.rule);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// The list entries the program reads now: (deny, allow), sorted. A list
+    /// entry is a trie entry (or the own entry without a match of a group)
+    /// that points at a policy rule.
+    pub fn list_entries(&self) -> Result<(Vec<Prefix>, Vec<Prefix>)> {
+        let (deny_index, allow_index) = self.policy_indexes();
+        let (mut deny, mut allow) = (Vec::new(), Vec::new());
+        let mut add = |source: Prefix, index: u32| {
+            if index == deny_index {
+                deny.push(source);
+            } else if index == allow_index {
+                allow.push(source);
+            }
+        };
+        for (&(bits, key), &value) in self.trie_entries(self.active()?)?.iter() {
+            let source = Prefix::from_lpm(bits, key);
+            if value & GROUP_BIT == 0 {
+                add(source, value);
+                continue;
+            }
+            let group = self
+                .groups
+                .get(&(value & !GROUP_BIT), 0)
+                .map_err(map_err("reading", MAP_GROUPS))?;
+            let count = (group.count as usize).min(group.entries.len());
+            for e in &group.entries[..count] {
+                if e.fields & match_fields::OWN != 0 && Match::from_entry(e).is_any() {
+                    add(source, e.rule);
+                }
+            }
+        }
+        deny.sort_unstable();
+        allow.sort_unstable();
+        Ok((deny, allow))
     }
 
     /// Table indexes of the rules of the unjudged-frame policies: a deny and
@@ -227,12 +312,24 @@ impl Maps {
 
     /// The rule set the kernel enforces now, read back from the maps (see
     /// [`RuleSet::from_kernel`]).
+    /// The list entries come back as two lists, [`RECOVERED_LIST`] (their
+    /// names and files are not in the maps).
     pub fn rule_set(&self) -> Result<RuleSet> {
-        Ok(RuleSet::from_kernel(
-            &self.config()?,
-            &self.default_rule()?,
-            &self.rules()?,
-        ))
+        let mut set = RuleSet::from_kernel(&self.config()?, &self.default_rule()?, &self.rules()?);
+        let (deny, allow) = self.list_entries()?;
+        for (action, entries) in [(ListAction::Deny, deny), (ListAction::Allow, allow)] {
+            if !entries.is_empty() {
+                set.lists.insert(
+                    RECOVERED_LIST[action as usize].to_string(),
+                    List {
+                        action,
+                        source: "read back from the pinned maps".into(),
+                        entries: Arc::from(entries),
+                    },
+                );
+            }
+        }
+        Ok(set)
     }
 
     /// The default rule in the kernel.
@@ -257,11 +354,7 @@ impl Maps {
         let old_config = self.config()?;
         let active = (old_config.active_rules & 1) as usize;
         let idle = 1 - active;
-        let capacity = self.tries[0]
-            .map()
-            .info()
-            .map(|i| i.max_entries())
-            .unwrap_or(0);
+        let capacity = self.rules_capacity();
         if set.rules.len() > capacity as usize {
             return Err(Error::Capacity {
                 what: "rules".into(),
@@ -269,6 +362,9 @@ impl Maps {
                 capacity: capacity as usize,
                 option: "--max-rules",
             });
+        }
+        if self.known[active].is_none() {
+            self.known[active] = Some(self.read_trie(active)?);
         }
         let old_indexes = self.rule_indexes(active)?;
         let old: BTreeMap<Selector, common::Rule> = old_indexes
@@ -391,6 +487,7 @@ impl Maps {
             ));
         }
         config.default_rule = default_index;
+        self.add_list_entries(set, &mut entries)?;
 
         // The rules of the unjudged-frame policies (constant values) and the
         // match groups, in the idle half.
@@ -417,6 +514,9 @@ impl Maps {
             unjudged,
             idle as u32 * GROUPS_CAPACITY,
         )?;
+        // Entries of the trie, list entries included (0 lets the program skip
+        // the lookup).
+        config.rule_count = compiled.trie.len() as u32;
 
         // Fresh shared buckets for new rules (and for levels a rule gains).
         for (prefix, rule) in &values {
@@ -444,25 +544,82 @@ impl Maps {
         Ok(())
     }
 
-    /// Empties trie `which` (the one the program does not read) and writes
-    /// `entries` into it.
+    /// Adds the entries of `set`'s lists to `entries` (the rules' selectors
+    /// and table indexes), pointing at the policy rules. Precedence: a rule
+    /// without a match at exactly a list entry's CIDR wins over it (explicit
+    /// beats bulk: the entry is *shadowed*); a deny list entry equal to or
+    /// inside an allow list entry is left out (shadowed too: a source the
+    /// operator allowed is never dropped by a bulk list). Rules with matches
+    /// at a list entry's CIDR are tried first; frames they do not match meet
+    /// the list entry. Otherwise the longest prefix wins, as between rules (an
+    /// allow list /32 inside a denied /16 passes; a deny list /32 inside an
+    /// *allow rule's* /16 is dropped).
+    fn add_list_entries(&self, set: &RuleSet, entries: &mut BTreeMap<Selector, u32>) -> Result<()> {
+        let (deny_index, allow_index) = self.policy_indexes();
+        let capacity = self.tries[0]
+            .map()
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(0)
+            .saturating_sub(self.rules_capacity()) as usize;
+        let mut listed = 0usize;
+        let allowed = Allowed::of(set.lists.values());
+        for action in [ListAction::Allow, ListAction::Deny] {
+            let index = match action {
+                ListAction::Deny => deny_index,
+                ListAction::Allow => allow_index,
+            };
+            for list in set.lists.values().filter(|l| l.action == action) {
+                for p in list.entries.iter() {
+                    if action == ListAction::Deny && allowed.covers(p) {
+                        continue;
+                    }
+                    if let btree_map::Entry::Vacant(v) = entries.entry(Selector::from(*p)) {
+                        v.insert(index);
+                        listed += 1;
+                    }
+                }
+            }
+        }
+        if listed > capacity {
+            return Err(Error::Capacity {
+                what: "list entries (all lists together)".into(),
+                wanted: listed,
+                capacity,
+                option: "--max-list-entries",
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes trie `which` (the one the program does not read) hold exactly
+    /// `entries`: what it holds and should not is removed, what is missing or
+    /// different is written; what is already there stays.
     fn fill_idle_trie(&mut self, which: usize, entries: &[(Prefix, u32)]) -> Result<()> {
         let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
-        let stale: Vec<Key<RuleAddr>> = self.tries[which]
-            .keys()
-            .collect::<std::result::Result<_, _>>()
-            .map_err(map_err("reading", name))?;
-        for key in &stale {
+        // Until this completes the trie's content is not known (a failure
+        // part way leaves it to be read again).
+        let held = match self.known[which].take() {
+            Some(k) => k,
+            None => self.read_trie(which)?,
+        };
+        let wanted: TrieEntries = entries
+            .iter()
+            .map(|(prefix, index)| (prefix.lpm(), *index))
+            .collect();
+        for &(bits, key) in held.keys().filter(|k| !wanted.contains_key(k)) {
             self.tries[which]
-                .remove(key)
+                .remove(&Key::new(bits, key))
                 .map_err(map_err("removing", name))?;
         }
-        for (prefix, index) in entries {
-            let (bits, key) = prefix.lpm();
-            self.tries[which]
-                .insert(&Key::new(bits, key), index, 0)
-                .map_err(map_err("writing", name))?;
+        for (&(bits, key), index) in &wanted {
+            if held.get(&(bits, key)) != Some(index) {
+                self.tries[which]
+                    .insert(&Key::new(bits, key), index, 0)
+                    .map_err(map_err("writing", name))?;
+            }
         }
+        self.known[which] = Some(wanted);
         Ok(())
     }
 

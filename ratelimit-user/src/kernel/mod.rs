@@ -71,6 +71,10 @@ pub struct LoadOptions {
     pub state_capacity_v6: u32,
     /// Rules at most.
     pub rules_capacity: u32,
+    /// Blocklist and allowlist entries at most, all lists together: room in
+    /// the rule tries beyond the rules (a trie allocates per entry, so room
+    /// costs nothing until it is used; the rule table does not grow).
+    pub list_capacity: u32,
     /// Sources tracked at once under the wide-state algorithms.
     pub wide_capacity: u32,
     /// Doorkeeper slots (a power of two).
@@ -83,6 +87,7 @@ impl Default for LoadOptions {
             state_capacity: common::DEFAULT_STATE_CAPACITY,
             state_capacity_v6: common::DEFAULT_STATE_V6_CAPACITY,
             rules_capacity: common::DEFAULT_RULES_CAPACITY,
+            list_capacity: common::DEFAULT_LIST_CAPACITY,
             wide_capacity: common::DEFAULT_WIDE_CAPACITY,
             seen_slots: common::DEFAULT_SEEN_SLOTS,
         }
@@ -95,8 +100,8 @@ impl LoadOptions {
         loader
             .map_max_entries(MAP_STATE_V4, self.state_capacity)
             .map_max_entries(MAP_STATE, self.state_capacity_v6)
-            .map_max_entries(MAP_RULES, self.rules_capacity)
-            .map_max_entries(MAP_RULES_B, self.rules_capacity)
+            .map_max_entries(MAP_RULES, self.trie_capacity())
+            .map_max_entries(MAP_RULES_B, self.trie_capacity())
             .map_max_entries(MAP_RULE_TABLE, common::rule_table_len(self.rules_capacity))
             .map_max_entries(MAP_RULE_STATE, self.rules_capacity + 1)
             .map_max_entries(common::MAP_WIDE, self.wide_capacity)
@@ -123,13 +128,22 @@ impl LoadOptions {
                     source,
                 })
         };
+        // The rule-state array has a slot per rule and the default's; the
+        // tries hold the rules and the list entries.
+        let rules_capacity = size(MAP_RULE_STATE)?.saturating_sub(1);
         Ok(Self {
             state_capacity: size(MAP_STATE_V4)?,
             state_capacity_v6: size(MAP_STATE)?,
-            rules_capacity: size(MAP_RULES)?,
+            rules_capacity,
+            list_capacity: size(MAP_RULES)?.saturating_sub(rules_capacity),
             wide_capacity: size(common::MAP_WIDE)?,
             seen_slots: size(MAP_SEEN)?,
         })
+    }
+
+    /// Entries of each rule trie: the rules and the list entries.
+    pub fn trie_capacity(&self) -> u32 {
+        self.rules_capacity.saturating_add(self.list_capacity)
     }
 
     /// A loader with every map sized.

@@ -353,8 +353,6 @@ struct Target {
     kind: Kind,
     /// For [`Kind::Gcra`]: the source's own bucket, or the new-source budget.
     level: Level,
-    /// For [`Kind::Wide`]: the key's state.
-    wide: *mut WideState,
     /// For [`Kind::Done`]: the verdict.
     reason: Reason,
 }
@@ -372,17 +370,16 @@ impl Target {
         Self {
             kind: Kind::Gcra,
             level,
-            wide: core::ptr::null_mut(),
             reason: Reason::Passed,
         }
     }
 
     #[inline(always)]
-    fn wide(wide: *mut WideState, rule: &Rule) -> Self {
+    /// The key has a wide state ([`rl_wide`] finds it again).
+    fn wide(rule: &Rule) -> Self {
         Self {
             kind: Kind::Wide,
             level: Level::none(rule),
-            wide,
             reason: Reason::Passed,
         }
     }
@@ -392,7 +389,6 @@ impl Target {
         Self {
             kind: Kind::Done,
             level: Level::none(rule),
-            wide: core::ptr::null_mut(),
             reason,
         }
     }
@@ -440,8 +436,8 @@ fn limit(
             target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
             tracked = true;
         }
-    } else if let Some(wide) = RL_WIDE.get_ptr_mut(key) {
-        target = Target::wide(wide, rule);
+    } else if RL_WIDE.get_ptr_mut(key).is_some() {
+        target = Target::wide(rule);
         tracked = true;
     }
     if !tracked {
@@ -1208,7 +1204,7 @@ fn promote(
         Err(_) => return Target::done(Reason::StateFailed, rule),
     }
     match RL_WIDE.get_ptr_mut(key) {
-        Some(wide) => Target::wide(wide, rule),
+        Some(_) => Target::wide(rule),
         None => Target::done(Reason::StateFailed, rule),
     }
 }

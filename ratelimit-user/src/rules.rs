@@ -646,6 +646,8 @@ impl fmt::Display for Limit {
 
 /// What a rule does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// A limit is a few hundred bytes, kept by value so that an action stays `Copy`.
+#[allow(clippy::large_enum_variant)]
 pub enum Action {
     /// Never limited.
     Allow,

@@ -253,13 +253,13 @@ mod tests {
         let root = Path::new("/sys/fs/bpf");
         assert_eq!(
             pin_dir(root, &host),
-            Path::new("/sys/fs/bpf/ratelimit/v4/host/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v5/host/eth0")
         );
         // One inode, reused by a later namespace: another directory.
         assert_ne!(pin_dir(root, &other(7)), pin_dir(root, &other(8)));
         assert_eq!(
             pin_dir(root, &other(7)),
-            Path::new("/sys/fs/bpf/ratelimit/v4/ns7/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v5/ns7/eth0")
         );
     }
 

@@ -76,7 +76,11 @@ async fn connection(
     let mut read = tokio::time::timeout(REQUEST_TIMEOUT, reading).await;
     slot.busy();
     let mut _permit = None;
-    if matches!(read, Ok(Ok(_))) && line.len() > MAX_REQUEST && line.last() != Some(&b'\n') {
+    // Only a list (the CLI writes its tag first) may be longer: anything else
+    // is refused once MAX_REQUEST bytes came without a newline.
+    let list = line.starts_with(br#"{"cmd":"load-list""#);
+    if matches!(read, Ok(Ok(_))) && list && line.len() > MAX_REQUEST && line.last() != Some(&b'\n')
+    {
         // A list: the rest of the line, one such connection at a time.
         _permit = long.acquire().await.ok();
         reader.set_limit((MAX_LIST_REQUEST + 1 - line.len()) as u64);
@@ -88,6 +92,9 @@ async fn connection(
         Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return,
         Ok(Ok(_)) if line.len() > MAX_LIST_REQUEST => {
             Response::refused(format!("request longer than {MAX_LIST_REQUEST} bytes"))
+        }
+        Ok(Ok(_)) if !list && line.len() > MAX_REQUEST => {
+            Response::refused(format!("request longer than {MAX_REQUEST} bytes"))
         }
         Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
             Ok(r) if line.len() > MAX_REQUEST && !matches!(r, Request::LoadList { .. }) => {

@@ -495,15 +495,20 @@ fn fleet_count(rule: &Rule, key: &FlowKey, len: u64) {
 /// The bits of `source` that make its key under `rule`.
 #[inline(always)]
 fn masked(rule: &Rule, fam: u8, source: &Words) -> Words {
+    mask_source(rule.mask_v4, &rule.mask_v6, fam, source)
+}
+
+/// `source` with only the bits of its family's mask kept.
+#[inline(always)]
+fn mask_source(mask_v4: u32, mask_v6: &Words, fam: u8, source: &Words) -> Words {
     if fam == family::V4 {
-        [0, 0, V4_MAPPED_WORD, source[3] & rule.mask_v4]
+        [0, 0, V4_MAPPED_WORD, source[3] & mask_v4]
     } else {
-        let m = &rule.mask_v6;
         [
-            source[0] & m[0],
-            source[1] & m[1],
-            source[2] & m[2],
-            source[3] & m[3],
+            source[0] & mask_v6[0],
+            source[1] & mask_v6[1],
+            source[2] & mask_v6[2],
+            source[3] & mask_v6[3],
         ]
     }
 }
@@ -925,17 +930,7 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
 /// The bits of `source` that make its key at a key level.
 #[inline(always)]
 fn level_masked(lv: &KeyLevel, fam: u8, source: &Words) -> Words {
-    if fam == family::V4 {
-        [0, 0, V4_MAPPED_WORD, source[3] & lv.mask_v4]
-    } else {
-        let m = &lv.mask_v6;
-        [
-            source[0] & m[0],
-            source[1] & m[1],
-            source[2] & m[2],
-            source[3] & m[3],
-        ]
-    }
+    mask_source(lv.mask_v4, &lv.mask_v6, fam, source)
 }
 
 /// The state word of `source`'s key at level `n` (1 or 2) of the rule

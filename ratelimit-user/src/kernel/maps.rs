@@ -225,18 +225,15 @@ impl Maps {
         }
     }
 
-    /// Where each rule is in the rule table, in trie `which` (and its groups).
-    /// List entries (they point at the policy rules) are not rules.
-    fn rule_indexes(&self, which: usize) -> Result<BTreeMap<Selector, u32>> {
-        let mut out = BTreeMap::new();
-        let (deny_index, allow_index) = self.policy_indexes();
-        let is_list = |i: u32| i == deny_index || i == allow_index;
+    /// Every entry of trie `which` with the table index it points at: the
+    /// trie's own entries, and of each group the entries its CIDR owns (not
+    /// those inherited from the CIDRs around it).
+    fn own_entries(&self, which: usize) -> Result<Vec<(Selector, u32)>> {
+        let mut out = Vec::new();
         for (&(bits, key), &value) in self.trie_entries(which)?.iter() {
             let source = Prefix::from_lpm(bits, key);
             if value & GROUP_BIT == 0 {
-                if !is_list(value) {
-                    out.insert(Selector::from(source), value);
-                }
+                out.push((Selector::from(source), value));
                 continue;
             }
             let group = self
@@ -245,13 +242,24 @@ impl Maps {
                 .map_err(map_err("reading", MAP_GROUPS))?;
             let count = (group.count as usize).min(group.entries.len());
             for e in &group.entries[..count] {
-                if e.fields & match_fields::OWN != 0 && !is_list(e.rule) {
+                if e.fields & match_fields::OWN != 0 {
                     let matches = Match::from_entry(e);
-                    out.insert(Selector { source, matches }, e.rule);
+                    out.push((Selector { source, matches }, e.rule));
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Where each rule is in the rule table, in trie `which` (and its groups).
+    /// List entries (they point at the policy rules) are not rules.
+    fn rule_indexes(&self, which: usize) -> Result<BTreeMap<Selector, u32>> {
+        let (deny_index, allow_index) = self.policy_indexes();
+        Ok(self
+            .own_entries(which)?
+            .into_iter()
+            .filter(|(_, i)| *i != deny_index && *i != allow_index)
+            .collect())
     }
 
     /// The list entries the program reads now: (deny, allow), sorted. A list
@@ -260,28 +268,14 @@ impl Maps {
     pub fn list_entries(&self) -> Result<(Vec<Prefix>, Vec<Prefix>)> {
         let (deny_index, allow_index) = self.policy_indexes();
         let (mut deny, mut allow) = (Vec::new(), Vec::new());
-        let mut add = |source: Prefix, index: u32| {
-            if index == deny_index {
-                deny.push(source);
-            } else if index == allow_index {
-                allow.push(source);
-            }
-        };
-        for (&(bits, key), &value) in self.trie_entries(self.active()?)?.iter() {
-            let source = Prefix::from_lpm(bits, key);
-            if value & GROUP_BIT == 0 {
-                add(source, value);
+        for (selector, index) in self.own_entries(self.active()?)? {
+            if !selector.matches.is_any() {
                 continue;
             }
-            let group = self
-                .groups
-                .get(&(value & !GROUP_BIT), 0)
-                .map_err(map_err("reading", MAP_GROUPS))?;
-            let count = (group.count as usize).min(group.entries.len());
-            for e in &group.entries[..count] {
-                if e.fields & match_fields::OWN != 0 && Match::from_entry(e).is_any() {
-                    add(source, e.rule);
-                }
+            if index == deny_index {
+                deny.push(selector.source);
+            } else if index == allow_index {
+                allow.push(selector.source);
             }
         }
         deny.sort_unstable();

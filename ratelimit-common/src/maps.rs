@@ -63,9 +63,80 @@ pub const FLEET_CAPACITY: u32 = 65_536;
 /// The match groups ([`MatchGroup`]): two halves of [`GROUPS_CAPACITY`], one
 /// for each rule trie.
 pub const MAP_GROUPS: &str = "RL_GROUPS";
+/// `PerCpuArray<Counter>`: each rule's verdicts, [`RULE_COUNTERS`] slots at
+/// [`Rule::slot`]` * RULE_COUNTERS` (see [`RuleCounter`]). Written by the
+/// program; zeroed by the daemon when it gives a slot to a new rule. Sized
+/// at load: (rules + 1) × [`RULE_COUNTERS`].
+pub const MAP_RULE_STATS: &str = "RL_RULE_STATS";
+/// Counter slots per rule in [`MAP_RULE_STATS`].
+pub const RULE_COUNTERS: u32 = 8;
+
+/// What a rule did with a frame: the slot of [`MAP_RULE_STATS`] it is
+/// counted in.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuleCounter {
+    /// Passed (within the limits, allowed, a new source within budget, one
+    /// of the host's own connections).
+    Passed = 0,
+    /// Dropped at the rule's own key level, or by a deny (or in
+    /// allowlist-only mode).
+    Dropped = 1,
+    /// Dropped at the second key level.
+    Level2Dropped = 2,
+    /// Dropped at the third key level.
+    Level3Dropped = 3,
+    /// Dropped at the aggregate level.
+    AggregateDropped = 4,
+    /// Dropped by the new-source budget.
+    NewSourceDropped = 5,
+    /// Would have been dropped, passed under dry run.
+    WouldDrop = 6,
+}
+
+impl RuleCounter {
+    /// Every slot in use, in index order.
+    pub const ALL: [RuleCounter; 7] = [
+        RuleCounter::Passed,
+        RuleCounter::Dropped,
+        RuleCounter::Level2Dropped,
+        RuleCounter::Level3Dropped,
+        RuleCounter::AggregateDropped,
+        RuleCounter::NewSourceDropped,
+        RuleCounter::WouldDrop,
+    ];
+
+    /// The slot a rule's frame counted under `reason` (dry run applied) goes to.
+    pub const fn of(reason: Reason) -> Self {
+        match reason {
+            Reason::Limited | Reason::Denied | Reason::Contended | Reason::NotAllowed => {
+                RuleCounter::Dropped
+            }
+            Reason::Level2Limited => RuleCounter::Level2Dropped,
+            Reason::Level3Limited => RuleCounter::Level3Dropped,
+            Reason::AggregateLimited => RuleCounter::AggregateDropped,
+            Reason::NewSourceLimited => RuleCounter::NewSourceDropped,
+            Reason::WouldDrop => RuleCounter::WouldDrop,
+            _ => RuleCounter::Passed,
+        }
+    }
+
+    /// Stable name, used in `list --stats`, JSON and metric labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RuleCounter::Passed => "passed",
+            RuleCounter::Dropped => "dropped",
+            RuleCounter::Level2Dropped => "level2_dropped",
+            RuleCounter::Level3Dropped => "level3_dropped",
+            RuleCounter::AggregateDropped => "aggregate_dropped",
+            RuleCounter::NewSourceDropped => "new_source_dropped",
+            RuleCounter::WouldDrop => "would_drop",
+        }
+    }
+}
 
 /// Every map.
-pub const ALL_MAPS: [&str; 16] = [
+pub const ALL_MAPS: [&str; 17] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -82,10 +153,11 @@ pub const ALL_MAPS: [&str; 16] = [
     MAP_EVENTS,
     MAP_FLEET_USED,
     MAP_GROUPS,
+    MAP_RULE_STATS,
 ];
 
 /// The maps pinned for a restart to adopt: all but the per-CPU scratch.
-pub const PINNED_MAPS: [&str; 15] = [
+pub const PINNED_MAPS: [&str; 16] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -101,6 +173,7 @@ pub const PINNED_MAPS: [&str; 15] = [
     MAP_EVENTS,
     MAP_FLEET_USED,
     MAP_GROUPS,
+    MAP_RULE_STATS,
 ];
 
 /// Default number of doorkeeper slots (8 bytes each: 8 MiB). A load-time setting.

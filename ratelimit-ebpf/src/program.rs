@@ -60,7 +60,7 @@ use ratelimit_common::{
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
     DROPS_CAPACITY, DropKey, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
     GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES, MAX_MATCHES, MatchEntry,
-    MatchGroup, NO_RULE, REASON_COUNT, Reason, Rule, RuleAddr, RuleState, V4_MAPPED_WORD,
+    MatchGroup, NO_RULE, REASON_COUNT, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter, RuleState, V4_MAPPED_WORD,
     WIDE_WORDS, WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, family,
     fixed_window, gcra, interval, level_flags, match_fields, rolling_quota, rule_addr, rule_flags,
     rule_table_len, sliding_log, sliding_window,
@@ -113,6 +113,10 @@ static RL_SEEN: Array<u64> = Array::with_max_entries(DEFAULT_SEEN_SLOTS, 0);
 #[map(name = "RL_RULE_STATE")]
 static RL_RULE_STATE: Array<RuleState> = Array::with_max_entries(DEFAULT_RULES_CAPACITY + 1, 0);
 
+#[map(name = "RL_RULE_STATS")]
+static RL_RULE_STATS: PerCpuArray<Counter> =
+    PerCpuArray::with_max_entries((DEFAULT_RULES_CAPACITY + 1) * RULE_COUNTERS, 0);
+
 #[map(name = "RL_GLOBAL")]
 static RL_GLOBAL: Array<GlobalState> = Array::with_max_entries(1, 0);
 
@@ -155,7 +159,13 @@ struct Outcome {
     prefix: u8,
     /// 1 for a source, 2 or 3 for a key level.
     level: u8,
+    /// The rule's counters: its first slot in `RL_RULE_STATS` (`NO_SLOT`
+    /// when no rule judged the frame).
+    counters: u32,
 }
+
+/// No rule's counters.
+const NO_SLOT: u32 = u32::MAX;
 
 impl Outcome {
     const fn of(reason: Reason) -> Self {
@@ -165,6 +175,7 @@ impl Outcome {
             source: [0; 4],
             prefix: 0,
             level: 1,
+            counters: NO_SLOT,
         }
     }
 }
@@ -183,18 +194,23 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
             source,
             prefix,
             level,
+            counters,
         }) => {
-            if reason.drops() {
+            let dry = dry_run || config.flags & config_flags::DRY_RUN != 0;
+            let (reason, action) = if reason.drops() {
                 // `top` ranks sources and networks: a drop for a shared budget
                 // says nothing about the source that happened to meet it.
-                if matches!(
-                    reason,
-                    Reason::Limited
-                        | Reason::Denied
-                        | Reason::NotAllowed
-                        | Reason::Level2Limited
-                        | Reason::Level3Limited
-                ) {
+                // A would-drop is no drop: `top` ranks what is dropped.
+                if !dry
+                    && matches!(
+                        reason,
+                        Reason::Limited
+                            | Reason::Denied
+                            | Reason::NotAllowed
+                            | Reason::Level2Limited
+                            | Reason::Level3Limited
+                    )
+                {
                     dropper = Some(DropKey {
                         addr: addr_of(&source),
                         prefix,
@@ -202,14 +218,16 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
                         _pad: [0; 2],
                     });
                 }
-                if dry_run || config.flags & config_flags::DRY_RUN != 0 {
+                if dry {
                     (Reason::WouldDrop, xdp_action::XDP_PASS)
                 } else {
                     (reason, xdp_action::XDP_DROP)
                 }
             } else {
                 (reason, xdp_action::XDP_PASS)
-            }
+            };
+            count_rule(counters, reason, len);
+            (reason, action)
         }
         Err(Malformed) => {
             let drop = config.flags & config_flags::DROP_MALFORMED != 0
@@ -291,6 +309,7 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
         source: charged,
         prefix,
         level,
+        counters: rule.slot.wrapping_mul(RULE_COUNTERS),
     })
 }
 
@@ -1438,6 +1457,23 @@ fn in_rules_b(key: &Key<RuleAddr>) -> u32 {
     match RL_RULES_B.get(key) {
         Some(i) => *i,
         None => NO_RULE,
+    }
+}
+
+/// Counts the frame against its rule (`first`: the rule's first counter),
+/// under what the rule did with it.
+#[inline(always)]
+fn count_rule(first: u32, reason: Reason, len: u64) {
+    if first == NO_SLOT {
+        return;
+    }
+    let index = first.wrapping_add(RuleCounter::of(reason) as u32);
+    if let Some(counter) = RL_RULE_STATS.get_ptr_mut(index) {
+        // SAFETY: a per-CPU slot, written only by this CPU.
+        unsafe {
+            (*counter).packets += 1;
+            (*counter).bytes += len;
+        }
     }
 }
 

@@ -9,11 +9,11 @@ use serde_json::Value;
 use crate::{
     config::{RawBurst, RawConfig, RawLevel, RawLimit},
     control::{self, Request},
-    daemon::{self, RunOptions},
+    daemon::{self, RunOptions, offline},
     error::{Error, Result},
     kernel::{AttachMode, LoadOptions},
     lists::{self, ListAction},
-    rate::parse_rate,
+    rate::{parse_duration, parse_rate},
     rules::{Clock, MalformedPolicy},
 };
 
@@ -46,8 +46,8 @@ pub enum Command {
     Mode(ModeArgs),
     /// Read the config file again; live changes stay on top (unless --replace).
     Reload(ReloadArgs),
-    /// Show the rules.
-    List(ReadArgs),
+    /// Show the rules (with --stats, what each rule passed and dropped).
+    List(ListArgs),
     /// Show what runs and how.
     Status(ReadArgs),
     /// Show counters by reason, with per-second rates.
@@ -120,7 +120,8 @@ pub struct RunArgs {
     /// load-time setting; 96 bytes each).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_V6_CAPACITY)]
     pub max_sources_v6: u32,
-    /// Prefix rules at most (a load-time setting).
+    /// Prefix rules at most (a load-time setting; each rule's counters take
+    /// 128 bytes per CPU).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_RULES_CAPACITY)]
     pub max_rules: u32,
     /// Blocklist and allowlist entries at most, all lists together (a
@@ -217,9 +218,15 @@ pub struct SetArgs {
     /// Count bytes: with a plain count rate like 1M/s, 1M bytes/s.
     #[arg(long)]
     pub bytes: bool,
-    /// Never drop for this rule; count would-drops.
+    /// Never drop for this rule; count would-drops (`--dry-run false` ends it).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub dry_run: Option<bool>,
+    /// Take a byte burst below one full-size frame (1514 bytes), which such
+    /// frames can never pass.
     #[arg(long)]
-    pub dry_run: bool,
+    pub force: bool,
+    #[command(flatten)]
+    pub change: ChangeArgs,
     /// Budget for frames from the rule's sources that have no state yet, e.g.
     /// 10k/s, or `unlimited` [default: 10k/s].
     #[arg(long)]
@@ -246,6 +253,36 @@ pub struct SetArgs {
     pub target_daemon: Target,
 }
 
+/// How a change is made and told.
+#[derive(Debug, Args, Default)]
+pub struct ChangeArgs {
+    /// For this long only, e.g. 10m, 1h, 7d: then the rule ends by itself
+    /// (what it replaced comes back), across restarts too.
+    #[arg(long = "for", value_name = "DURATION")]
+    pub for_: Option<String>,
+    /// Print nothing (the exit code tells); `ratelimit list` shows the rules.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl ChangeArgs {
+    /// `--for` in ms.
+    fn for_ms(&self) -> Result<Option<u64>> {
+        self.for_
+            .as_deref()
+            .map(|d| parse_duration("--for", d).map(|ns| ns.div_ceil(1_000_000)))
+            .transpose()
+    }
+}
+
+/// `--quiet` alone, for the changes that are for good.
+#[derive(Debug, Args, Default)]
+pub struct QuietArgs {
+    /// Print nothing (the exit code tells); `ratelimit list` shows the rules.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
 /// `ratelimit mode`.
 #[derive(Debug, Args)]
 pub struct ModeArgs {
@@ -254,6 +291,8 @@ pub struct ModeArgs {
     /// what it says again.
     #[arg(value_enum)]
     pub mode: crate::rules::Mode,
+    #[command(flatten)]
+    pub quiet: QuietArgs,
     #[command(flatten)]
     pub target: Target,
 }
@@ -354,6 +393,8 @@ pub struct ListableArgs {
     #[arg(long, requires = "from", help_heading = "Lists")]
     pub name: Option<String>,
     #[command(flatten)]
+    pub change: ChangeArgs,
+    #[command(flatten)]
     pub target: Target,
 }
 
@@ -370,6 +411,8 @@ pub struct UnsetArgs {
     #[arg(long, value_name = "NAME")]
     pub list: Option<String>,
     #[command(flatten)]
+    pub quiet: QuietArgs,
+    #[command(flatten)]
     pub target: Target,
 }
 
@@ -379,6 +422,8 @@ pub struct ReloadArgs {
     /// Drop the live changes (set, allow, deny, unset): the config file alone.
     #[arg(long)]
     pub replace: bool,
+    #[command(flatten)]
+    pub quiet: QuietArgs,
     #[command(flatten)]
     pub target: Target,
 }
@@ -391,6 +436,17 @@ pub struct ReadArgs {
     pub json: bool,
     #[command(flatten)]
     pub target: Target,
+}
+
+/// `ratelimit list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// With each rule's counters: packets passed, dropped at each level, and
+    /// would-drops (dry run).
+    #[arg(long)]
+    pub stats: bool,
+    #[command(flatten)]
+    pub read: ReadArgs,
 }
 
 /// `ratelimit stats`.
@@ -519,15 +575,83 @@ fn as_flag(field: &str) -> String {
     format!("--{}", key.replace('_', "-"))
 }
 
+/// The daemon a change goes to. With no daemon but a program pinned and
+/// enforcing, says how to adopt it.
 fn iface(t: &Target) -> Result<String> {
-    match &t.iface {
+    let found = match &t.iface {
         Some(i) => Ok(i.clone()),
         None => control::only_daemon(),
+    };
+    if let Err(Error::Invalid { .. }) | Ok(_) = &found {
+        return found;
+    }
+    if let Ok(pinned) = offline::pinned_here() {
+        for iface in pinned
+            .iter()
+            .filter(|i| t.iface.as_ref().is_none_or(|want| want == *i))
+        {
+            eprintln!(
+                "ratelimit: the program pinned for {iface} enforces without a daemon: `ratelimit run --iface {iface}` adopts it (rules and buckets kept), then changes can be made"
+            );
+        }
+    }
+    found
+}
+
+/// Sends a read-only request to the daemon; with no daemon, answers it from
+/// the pinned maps of a program that enforces on its own (and says so on
+/// stderr).
+async fn read(t: &Target, request: &Request) -> Result<Value> {
+    let daemon = match &t.iface {
+        Some(i) => Ok(i.clone()),
+        None => control::only_daemon(),
+    };
+    let (want, no_daemon) = match daemon {
+        Ok(iface) => match control::call(&iface, request).await {
+            Err(e @ Error::NoDaemon { .. }) => (Some(iface), e),
+            answer => return answer,
+        },
+        // Several daemons: --iface says which.
+        Err(e @ Error::Invalid { .. }) => return Err(e),
+        Err(e) => (None, e),
+    };
+    let iface = match want {
+        Some(i) => i,
+        None => {
+            let mut pinned = offline::pinned_here().unwrap_or_default();
+            match pinned.len() {
+                0 => return Err(no_daemon),
+                1 => pinned.remove(0),
+                _ => {
+                    return Err(Error::invalid(
+                        "--iface",
+                        format!(
+                            "no daemon runs in this network namespace, and programs are pinned for {}: say which with --iface",
+                            pinned.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    match offline::Pinned::open(&iface)? {
+        Some(p) => {
+            eprintln!("ratelimit: {}", p.note());
+            p.answer(request).await
+        }
+        None => Err(no_daemon),
     }
 }
 
 /// Runs the command line.
 pub async fn main(cli: Cli) -> Result<()> {
+    if !matches!(cli.command, Command::Run(_) | Command::Serve(_)) {
+        // A command's output piped into `head` ends quietly when the reader
+        // goes, as other tools' do (Rust ignores SIGPIPE, and printing would
+        // panic). Not for the daemons, whose sockets' peers may go any time.
+        // SAFETY: setting a signal's disposition to the default.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Command::Run(args) => {
             let opts = args.options()?;
@@ -569,7 +693,7 @@ pub async fn main(cli: Cli) -> Result<()> {
                 },
                 per_v4: None,
                 per_v6: None,
-                dry_run: Some(args.dry_run),
+                dry_run: args.dry_run,
                 new_sources: args.new_sources.clone(),
                 new_sources_burst: args.new_sources_burst.clone().map(RawBurst::Text),
                 aggregate: args.aggregate.clone(),
@@ -595,23 +719,34 @@ pub async fn main(cli: Cli) -> Result<()> {
             } else {
                 args.matches.selector(&args.target)
             };
+            let for_ms = args.change.for_ms()?;
             let iface = iface(&args.target_daemon)?;
             let data = control::call(
                 &iface,
                 &Request::Set {
                     target,
                     limit: Box::new(limit),
+                    for_ms,
+                    force: args.force,
                 },
             )
             .await?;
-            print_list(&data);
+            print_changes(&data, args.change.quiet);
             Ok(())
         }
         Command::Allow(a) => {
-            listable_command(a, ListAction::Allow, |cidr| Request::Allow { cidr }).await
+            listable_command(a, ListAction::Allow, |cidr, for_ms| Request::Allow {
+                cidr,
+                for_ms,
+            })
+            .await
         }
         Command::Deny(a) => {
-            listable_command(a, ListAction::Deny, |cidr| Request::Deny { cidr }).await
+            listable_command(a, ListAction::Deny, |cidr, for_ms| Request::Deny {
+                cidr,
+                for_ms,
+            })
+            .await
         }
         Command::Unset(a) => {
             let iface = iface(&a.target)?;
@@ -632,31 +767,35 @@ pub async fn main(cli: Cli) -> Result<()> {
                     return Err(Error::invalid("CIDR", "give a CIDR, or --list NAME"));
                 }
             };
-            print_list(&control::call(&iface, &request).await?);
+            print_changes(&control::call(&iface, &request).await?, a.quiet.quiet);
             Ok(())
         }
         Command::Mode(m) => {
             let data = control::call(&iface(&m.target)?, &Request::Mode { mode: m.mode }).await?;
-            print_list(&data);
+            print_changes(&data, m.quiet.quiet);
             Ok(())
         }
         Command::Reload(r) => {
             let data =
                 control::call(&iface(&r.target)?, &Request::Reload { replace: r.replace }).await?;
-            print_list(&data);
+            print_changes(&data, r.quiet.quiet);
             Ok(())
         }
-        Command::List(r) => {
-            let data = control::call(&iface(&r.target)?, &Request::List).await?;
-            if r.json {
+        Command::List(l) => {
+            let request = Request::List { counters: l.stats };
+            let data = read(&l.read.target, &request).await?;
+            if l.read.json {
                 print_json(&data)
             } else {
-                print_list(&data)
+                print_list(&data);
+                if l.stats {
+                    print_rule_counters(&data);
+                }
             }
             Ok(())
         }
         Command::Status(r) => {
-            let data = control::call(&iface(&r.target)?, &Request::Status).await?;
+            let data = read(&r.target, &Request::Status).await?;
             if r.json {
                 print_json(&data)
             } else if let Value::Object(m) = &data {
@@ -667,17 +806,24 @@ pub async fn main(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Stats(s) => {
-            let iface = iface(&s.read.target)?;
+            // On a terminal the screen is refreshed in place; into a pipe or
+            // a file each reading follows the last (with --json, one object
+            // per line).
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
             loop {
-                let data = control::call(&iface, &Request::Stats).await?;
-                if s.watch {
-                    // Clear the screen and home the cursor: refresh in place.
+                let data = read(&s.read.target, &Request::Stats).await?;
+                if s.watch && tty {
+                    // Clear the screen and home the cursor.
                     print!("\x1b[2J\x1b[H");
                 }
-                if s.read.json {
-                    print_json(&data)
-                } else {
-                    print_stats(&data)
+                match (s.read.json, s.watch && !tty) {
+                    (true, true) => println!("{data}"),
+                    (true, false) => print_json(&data),
+                    (false, _) => print_stats(&data),
+                }
+                if s.watch && !tty {
+                    use std::io::Write as _;
+                    let _ = std::io::stdout().flush();
                 }
                 if !s.watch {
                     return Ok(());
@@ -725,7 +871,7 @@ pub async fn main(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Top(t) => {
-            let data = control::call(&iface(&t.read.target)?, &Request::Top { n: t.n }).await?;
+            let data = read(&t.read.target, &Request::Top { n: t.n }).await?;
             if t.read.json {
                 print_json(&data)
             } else {
@@ -818,15 +964,16 @@ fn set_levels(args: &SetArgs, rates: &[String]) -> Result<Option<Vec<RawLevel>>>
 async fn listable_command(
     a: ListableArgs,
     action: ListAction,
-    make: impl FnOnce(String) -> Request,
+    make: impl FnOnce(String, Option<u64>) -> Request,
 ) -> Result<()> {
+    let for_ms = a.change.for_ms()?;
     let Some(from) = &a.from else {
         let Some(cidr) = &a.cidr else {
             return Err(Error::invalid("CIDR", "give a CIDR, or --from FILE"));
         };
         let iface = iface(&a.target)?;
-        let data = control::call(&iface, &make(a.matches.selector(cidr))).await?;
-        print_list(&data);
+        let data = control::call(&iface, &make(a.matches.selector(cidr), for_ms)).await?;
+        print_changes(&data, a.change.quiet);
         return Ok(());
     };
     if a.matches.any() {
@@ -867,18 +1014,82 @@ async fn listable_command(
             action,
             source,
             text,
+            for_ms,
         },
     )
     .await?;
-    if let Some(loaded) = data.get("loaded") {
+    if !a.change.quiet
+        && let Some(loaded) = data.get("loaded")
+    {
         println!("{}", loaded["summary"].as_str().unwrap_or("loaded"));
     }
-    print_list(&data);
     Ok(())
 }
 
 fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).expect("serializes"));
+}
+
+/// ` (ends in 9m58s)` for something temporary, else nothing.
+fn ends(v: &Value) -> String {
+    match v["expires_in_s"].as_f64() {
+        Some(s) => format!(
+            "  (ends in {})",
+            crate::describe::span((s * 1000.0).max(0.0) as u64)
+        ),
+        None => String::new(),
+    }
+}
+
+/// What a change command changed, one line each (nothing with `quiet`).
+fn print_changes(data: &Value, quiet: bool) {
+    if quiet {
+        return;
+    }
+    let changes: Vec<&Value> = data["changes"].as_array().into_iter().flatten().collect();
+    if changes.is_empty() {
+        println!("no change (`ratelimit list` shows the rules)");
+        return;
+    }
+    let width = changes
+        .iter()
+        .filter_map(|c| c["cidr"].as_str().or(c["list"].as_str()))
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    for c in changes {
+        if let Some(m) = c.get("mode") {
+            println!(
+                "mode    {} → {}",
+                m["before"].as_str().unwrap_or("?"),
+                m["after"].as_str().unwrap_or("?")
+            );
+            continue;
+        }
+        let (name, text): (String, fn(&Value) -> String) = match c["list"].as_str() {
+            Some(list) => (format!("list {list}"), |v| {
+                format!(
+                    "{} list, {} entries from {}{}",
+                    v["action"].as_str().unwrap_or("?"),
+                    v["entries"].as_u64().unwrap_or(0),
+                    v["source"].as_str().unwrap_or("?"),
+                    ends(v)
+                )
+            }),
+            None => (c["cidr"].as_str().unwrap_or("?").to_string(), |v| {
+                format!("{}{}", v["text"].as_str().unwrap_or("?"), ends(v))
+            }),
+        };
+        let width = width + 5;
+        match (&c["before"], &c["after"]) {
+            (Value::Null, after) => println!("added   {name:<width$} {}", text(after)),
+            (before, Value::Null) => println!("removed {name:<width$} {}", text(before)),
+            (before, after) => {
+                println!("changed {name:<width$} {}", text(after));
+                println!("        {:<width$} (was {})", "", text(before));
+            }
+        }
+    }
 }
 
 fn print_list(data: &Value) {
@@ -892,13 +1103,14 @@ fn print_list(data: &Value) {
     println!(
         "{:<width$} {}",
         "default",
-        data["default"].as_str().unwrap_or("?")
+        data["default"]["text"].as_str().unwrap_or("?")
     );
     for r in &rules {
         println!(
-            "{:<width$} {}",
+            "{:<width$} {}{}",
             r["cidr"].as_str().unwrap_or("?"),
-            r["rule"].as_str().unwrap_or("?")
+            r["text"].as_str().unwrap_or("?"),
+            ends(r)
         );
     }
     if rules
@@ -918,13 +1130,19 @@ fn print_list(data: &Value) {
     let lists: Vec<&Value> = data["lists"].as_array().into_iter().flatten().collect();
     if !lists.is_empty() {
         println!();
+        let width = lists
+            .iter()
+            .map(|l| l["name"].as_str().unwrap_or("?").len())
+            .max()
+            .unwrap_or(0)
+            .max(20);
         println!(
-            "{:<20} {:<6} {:>9} {:>9}  source",
+            "{:<width$} {:<6} {:>9} {:>9}  source",
             "list", "action", "entries", "shadowed"
         );
         for l in &lists {
             println!(
-                "{:<20} {:<6} {:>9} {:>9}  {}{}",
+                "{:<width$} {:<6} {:>9} {:>9}  {}{}{}",
                 l["name"].as_str().unwrap_or("?"),
                 l["action"].as_str().unwrap_or("?"),
                 l["entries"].as_u64().unwrap_or(0),
@@ -935,6 +1153,7 @@ fn print_list(data: &Value) {
                 } else {
                     ""
                 },
+                ends(l)
             );
         }
         if lists
@@ -959,6 +1178,41 @@ fn print_list(data: &Value) {
     {
         println!("(clock {clock})");
     }
+}
+
+/// Each rule's counters (packets), the default rule's first.
+fn print_rule_counters(data: &Value) {
+    let rows: Vec<&Value> = std::iter::once(&data["default"])
+        .chain(data["rules"].as_array().into_iter().flatten())
+        .collect();
+    let width = rows
+        .iter()
+        .map(|r| r["cidr"].as_str().unwrap_or("default").len())
+        .max()
+        .unwrap_or(0)
+        .max(18);
+    println!();
+    println!(
+        "{:<width$} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "packets", "passed", "dropped", "level 2", "level 3", "aggregate", "new src", "would drop"
+    );
+    for r in rows {
+        let c = |k: &str| r["counters"][k]["packets"].as_u64().unwrap_or(0);
+        println!(
+            "{:<width$} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12}",
+            r["cidr"].as_str().unwrap_or("default"),
+            c("passed"),
+            c("dropped"),
+            c("level2_dropped"),
+            c("level3_dropped"),
+            c("aggregate_dropped"),
+            c("new_source_dropped"),
+            c("would_drop"),
+        );
+    }
+    println!(
+        "(dropped: at the rule's own key level, or by a deny; a source without state dropped by the budget for new sources counts under new src)"
+    );
 }
 
 fn print_stats(data: &Value) {

@@ -9,7 +9,7 @@ use crate::lists::{List, ListAction, check_name};
 use crate::matching::{Match, parse_ports, parse_proto, proto_name};
 use crate::{
     error::{Error, Result},
-    rate::{Unit, parse_burst, parse_duration, parse_rate},
+    rate::{parse_burst, parse_duration, parse_rate},
     rules::{
         Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, KeyLevel, Limit,
         MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Selector, Shared, Unjudged,
@@ -335,13 +335,6 @@ impl RawLimit {
                     levels: self.levels(field, family_v4, (per_v4, per_v6))?,
                 };
                 Action::Limit(limit).to_kernel(0, field)?;
-                if algo == Algo::Gcra && rate.unit == Unit::Bytes && burst < 1514 {
-                    tracing::warn!(
-                        field,
-                        burst,
-                        "a byte burst below 1514 never admits a full-size Ethernet frame"
-                    );
-                }
                 Ok(Action::Limit(limit))
             }
             other => Err(Error::invalid(
@@ -845,7 +838,7 @@ impl RawConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::Algo;
+    use crate::{rate::Unit, rules::Algo};
 
     fn parse(s: &str) -> Result<RuleSet> {
         RawConfig::parse(Path::new("t.toml"), s)?.validate(&RuleSet::default())

@@ -42,18 +42,31 @@ pub enum Request {
     Set {
         /// `default` or a CIDR.
         target: String,
-        /// The limit, as the CLI wrote it.
+        /// What the CLI was given, alone: on a rule that is already a limit
+        /// the rest is kept.
         limit: Box<RawLimit>,
+        /// For this long, ms (`--for`); then what it replaced comes back.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        for_ms: Option<u64>,
+        /// Take a byte burst below one full-size frame (`--force`).
+        #[serde(default)]
+        force: bool,
     },
     /// Exempt a CIDR.
     Allow {
         /// The CIDR.
         cidr: String,
+        /// For this long, ms (`--for`); then what it replaced comes back.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        for_ms: Option<u64>,
     },
     /// Drop everything from a CIDR.
     Deny {
         /// The CIDR.
         cidr: String,
+        /// For this long, ms (`--for`); then what it replaced comes back.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        for_ms: Option<u64>,
     },
     /// Remove the rule of a CIDR.
     Unset {
@@ -71,6 +84,9 @@ pub enum Request {
         source: String,
         /// The file's text, parsed by the daemon.
         text: String,
+        /// For this long, ms (`--for`); then the list is removed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        for_ms: Option<u64>,
     },
     /// Remove a list.
     UnsetList {
@@ -89,7 +105,11 @@ pub enum Request {
         replace: bool,
     },
     /// The rules.
-    List,
+    List {
+        /// With each rule's counters (`list --stats`).
+        #[serde(default)]
+        counters: bool,
+    },
     /// What runs and how.
     Status,
     /// Counters by reason.
@@ -120,6 +140,14 @@ pub struct Response {
     /// Why not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `invalid` when the request's input was (the CLI's exit code and
+    /// `--json` error say so); absent for any other refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The option the invalid input came from, as the user typed it
+    /// (`--rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
     /// The answer.
     #[serde(default)]
     pub data: serde_json::Value,
@@ -131,7 +159,32 @@ impl Response {
         Self {
             ok: false,
             error: Some(why.into()),
+            kind: None,
+            field: None,
             data: serde_json::Value::Null,
+        }
+    }
+
+    /// The answer to a request that failed with `e`.
+    pub fn failed(e: &Error) -> Self {
+        match e {
+            Error::Invalid { field, message } => Self {
+                kind: Some("invalid".into()),
+                field: Some(field.clone()),
+                ..Self::refused(message.clone())
+            },
+            e => Self::refused(crate::error::chain(e)),
+        }
+    }
+
+    /// A successful answer.
+    pub fn ok(data: serde_json::Value) -> Self {
+        Self {
+            ok: true,
+            error: None,
+            kind: None,
+            field: None,
+            data,
         }
     }
 }
@@ -292,11 +345,13 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
     }
     let response: Response = serde_json::from_str(&answer)
         .map_err(|e| Error::Refused(format!("the daemon sent a bad answer ({e}): {answer:?}")))?;
-    if response.ok {
-        Ok(response.data)
-    } else {
-        Err(Error::Refused(
-            response.error.unwrap_or_else(|| "refused".into()),
-        ))
+    let why = response.error.unwrap_or_else(|| "refused".into());
+    match (response.ok, response.kind.as_deref(), response.field) {
+        (true, _, _) => Ok(response.data),
+        (false, Some("invalid"), Some(field)) => Err(Error::Invalid {
+            field,
+            message: why,
+        }),
+        (false, _, _) => Err(Error::Refused(why)),
     }
 }

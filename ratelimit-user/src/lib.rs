@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod describe;
 pub mod error;
 pub mod fleet;
 pub mod identity;

@@ -23,7 +23,7 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
-use ratelimit_common::{Counter, EVENT_COUNT, Event, REASON_COUNT, Reason};
+use ratelimit_common::{Counter, EVENT_COUNT, Event, REASON_COUNT, Reason, RuleCounter};
 use tokio::{
     net::TcpListener,
     sync::{mpsc, oneshot},
@@ -60,6 +60,9 @@ pub struct Snapshot {
     pub tracked: usize,
     /// Rules.
     pub rules: usize,
+    /// Each rule's counters (`default` and each rule's CIDR and match), by
+    /// [`RuleCounter`].
+    pub rule_counters: Vec<(String, [Counter; RuleCounter::ALL.len()])>,
     /// The fleet, when run with `--fleet`.
     pub fleet: Option<crate::fleet::Status>,
 }
@@ -121,6 +124,35 @@ impl Collector for Snapshot {
             "ratelimit_bytes",
             "Bytes of those frames (whole frames from the Ethernet header).",
             by_reason(|c| c.bytes),
+        )?;
+        let by_rule = |f: fn(&Counter) -> u64| {
+            self.rule_counters
+                .iter()
+                .flat_map(|(rule, counters)| {
+                    RuleCounter::ALL.iter().zip(counters).map(|(k, c)| {
+                        (
+                            vec![
+                                iface.clone(),
+                                ("rule", rule.clone()),
+                                ("verdict", k.name().to_string()),
+                            ],
+                            f(c),
+                        )
+                    })
+                })
+                .collect()
+        };
+        counter(
+            &mut encoder,
+            "ratelimit_rule_packets",
+            "Frames each rule judged, by what it did: passed, dropped at its own level (or denied), at key level 2 or 3, at the aggregate, by the new-source budget, or would have dropped (dry run).",
+            by_rule(|c| c.packets),
+        )?;
+        counter(
+            &mut encoder,
+            "ratelimit_rule_bytes",
+            "Bytes of those frames.",
+            by_rule(|c| c.bytes),
         )?;
         counter(
             &mut encoder,

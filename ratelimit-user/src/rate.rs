@@ -91,17 +91,20 @@ impl fmt::Display for Rate {
                 }
             }
             Unit::Bytes => {
-                let bits = per_s * 8.0;
-                let (v, u) = if bits >= 1e9 {
-                    (bits / 1e9, "Gbit/s")
-                } else if bits >= 1e6 {
-                    (bits / 1e6, "Mbit/s")
-                } else if bits >= 1e3 {
-                    (bits / 1e3, "kbit/s")
-                } else {
-                    (bits, "bit/s")
+                // Bytes as the rule counts them, and bits as links are sold.
+                let scaled = |v: f64, unit: &str| {
+                    let (v, prefix) = if v >= 1e9 {
+                        (v / 1e9, "G")
+                    } else if v >= 1e6 {
+                        (v / 1e6, "M")
+                    } else if v >= 1e3 {
+                        (v / 1e3, "k")
+                    } else {
+                        (v, "")
+                    };
+                    format!("{}{prefix}{unit}/s", trim(v))
                 };
-                write!(f, "{}{}", trim(v), u)
+                write!(f, "{} ({})", scaled(per_s, "B"), scaled(per_s * 8.0, "bit"))
             }
         }
     }
@@ -341,8 +344,11 @@ mod tests {
             "1Gbit/s",
         ] {
             let r = rate(s);
-            let again = rate(&r.to_string());
-            assert_eq!(r.per_second(), again.per_second(), "{s} → {r}");
+            // A byte rate shows its bits in parentheses: either form reads back.
+            let text = r.to_string();
+            for form in text.trim_end_matches(')').split(" (") {
+                assert_eq!(r.per_second(), rate(form).per_second(), "{s} → {r}");
+            }
         }
     }
 

@@ -537,14 +537,20 @@ impl Limit {
     pub fn params(&self, field: &str) -> Result<gcra::Params> {
         if self.per_v4 > 32 {
             return Err(Error::invalid(
-                field,
-                format!("per-v4 must be 0 to 32, not {}", self.per_v4),
+                format!("{field}.per-v4"),
+                format!(
+                    "an IPv4 key prefix is 0 to 32 bits (32: each address), not {}",
+                    self.per_v4
+                ),
             ));
         }
         if self.per_v6 > 128 {
             return Err(Error::invalid(
-                field,
-                format!("per-v6 must be 0 to 128, not {}", self.per_v6),
+                format!("{field}.per-v6"),
+                format!(
+                    "an IPv6 key prefix is 0 to 128 bits (64: each /64), not {}",
+                    self.per_v6
+                ),
             ));
         }
         if let NewSources::Budget(b) = &self.new_sources {
@@ -576,6 +582,34 @@ impl Limit {
 
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, None)
+    }
+}
+
+/// The key prefixes of a limit as people read them: `/24` for a rule of one
+/// family (`family_v4`), both for the default rule.
+fn fmt_per(per_v4: u8, per_v6: u8, family_v4: Option<bool>) -> String {
+    match family_v4 {
+        Some(true) => format!("/{per_v4}"),
+        Some(false) => format!("/{per_v6}"),
+        None => format!("/{per_v4} (IPv4) /{per_v6} (IPv6)"),
+    }
+}
+
+impl Limit {
+    /// The limit in words, with the key prefixes of `family_v4` only (both
+    /// for the default rule, `None`).
+    pub fn text(&self, family_v4: Option<bool>) -> String {
+        struct Text<'a>(&'a Limit, Option<bool>);
+        impl fmt::Display for Text<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.write(f, self.1)
+            }
+        }
+        Text(self, family_v4).to_string()
+    }
+
+    fn write(&self, f: &mut fmt::Formatter<'_>, family_v4: Option<bool>) -> fmt::Result {
         let unit = match self.rate.unit {
             Unit::Packets => "",
             Unit::Bytes => " bytes",
@@ -613,16 +647,15 @@ impl fmt::Display for Limit {
                 d(period_ns)
             )?,
         }
-        write!(f, " per /{} (IPv4) /{} (IPv6)", self.per_v4, self.per_v6)?;
+        write!(f, " per {}", fmt_per(self.per_v4, self.per_v6, family_v4))?;
         for (n, l) in self.levels.iter().flatten().enumerate() {
             write!(
                 f,
-                ", level {} {} burst {}{unit} per /{} (IPv4) /{} (IPv6)",
+                ", level {} {} burst {}{unit} per {}",
                 n + 2,
                 l.bucket.rate,
                 l.bucket.burst,
-                l.per_v4,
-                l.per_v6
+                fmt_per(l.per_v4, l.per_v6, family_v4)
             )?;
         }
         if let Some(a) = &self.aggregate {
@@ -662,11 +695,28 @@ pub enum Action {
 
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text(None))
+    }
+}
+
+impl Action {
+    /// The action in words; a limit's key prefixes those of `family_v4` only
+    /// (both for the default rule, `None`).
+    pub fn text(&self, family_v4: Option<bool>) -> String {
         match self {
-            Action::Allow => f.write_str("allow"),
-            Action::Deny { dry_run: false } => f.write_str("deny"),
-            Action::Deny { dry_run: true } => f.write_str("deny [dry run]"),
-            Action::Limit(l) => l.fmt(f),
+            Action::Allow => "allow".into(),
+            Action::Deny { dry_run: false } => "deny".into(),
+            Action::Deny { dry_run: true } => "deny [dry run]".into(),
+            Action::Limit(l) => l.text(family_v4),
+        }
+    }
+
+    /// The action's name: `allow`, `deny` or `limit`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Deny { .. } => "deny",
+            Action::Limit(_) => "limit",
         }
     }
 }
@@ -1186,7 +1236,7 @@ mod tests {
             .to_kernel(1, "198.18.0.0/24")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("198.18.0.0/24: per-v4"), "{e}");
+        assert!(e.starts_with("198.18.0.0/24.per-v4: "), "{e}");
         let mut l = default_limit();
         l.rate = crate::rate::parse_rate("--rate", "1/hour").unwrap();
         l.burst = 1000;

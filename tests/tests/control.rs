@@ -278,7 +278,7 @@ fn keep_attached_leaves_the_program_and_reset_starts_fresh() {
     // resize with --reset relies on).
     let list = d.json(&["list"]);
     assert!(
-        list["default"].as_str().unwrap_or("").contains("50/s"),
+        list["default"]["text"].as_str().unwrap_or("").contains("50/s"),
         "--reset lost the rules: {list}"
     );
     d.child.signal(libc::SIGINT);
@@ -505,7 +505,7 @@ fn sighup_reloads_a_valid_config_and_refuses_a_bad_one_whole() {
     loop {
         let now = d.json(&["list"]);
         if now["rules"][0]["cidr"] == "198.18.1.0/24"
-            && now["default"].as_str().unwrap_or("").contains("5/s")
+            && now["default"]["text"].as_str().unwrap_or("").contains("5/s")
         {
             break;
         }
@@ -575,14 +575,14 @@ fn json_output_carries_the_same_numbers_as_text() {
     let json = d.json(&["list"]);
     let text = d.cli_ok(&["list"]);
     assert!(
-        text.contains(json["default"].as_str().expect("default")),
+        text.contains(json["default"]["text"].as_str().expect("default")),
         "{text} vs {json}"
     );
     for r in json["rules"].as_array().expect("rules") {
         let line = format!(
             "{:<18} {}",
             r["cidr"].as_str().expect("cidr"),
-            r["rule"].as_str().expect("rule")
+            r["text"].as_str().expect("text")
         );
         assert!(text.contains(&line), "{line:?} not in {text}");
     }
@@ -683,12 +683,12 @@ fn daemons_on_two_interfaces_do_not_disturb_each_other() {
     let la = a.json(&["list"]);
     let lb = b.json(&["list"]);
     assert!(
-        la["default"].as_str().unwrap_or("").contains("100/s"),
+        la["default"]["text"].as_str().unwrap_or("").contains("100/s"),
         "{la}"
     );
     assert_eq!(la["rules"].as_array().map(Vec::len), Some(1), "{la}");
     assert!(
-        lb["default"].as_str().unwrap_or("").contains("300/s"),
+        lb["default"]["text"].as_str().unwrap_or("").contains("300/s"),
         "{lb}"
     );
     assert_eq!(lb["rules"].as_array().map(Vec::len), Some(0), "{lb}");

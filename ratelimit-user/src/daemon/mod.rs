@@ -14,6 +14,7 @@
 //! trie the running program does not read); only then is the program attached
 //! or swapped into the pinned link.
 
+pub mod offline;
 mod requests;
 pub mod server;
 pub mod store;
@@ -91,15 +92,22 @@ impl RunOptions {
 }
 
 /// How often counters are sampled for per-second rates.
-const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// The span `stats` rates are computed over (at least; up to
+/// [`SAMPLE_EVERY`] more), ending at the request.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
+/// Samples kept: enough for [`RATE_WINDOW`] and a sample's delay.
+const SAMPLES_KEPT: usize = 8;
 /// How often idle states are swept (see `ratelimit_common::gcra`, "Wrapping").
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// How often the interface is checked (deleted? re-created?).
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How often temporary rules are checked: each ends at most this late.
+const EXPIRE_EVERY: Duration = Duration::from_millis(200);
 /// How stale the tracked-sources gauge may be.
 const TRACKED_MAX_AGE: Duration = Duration::from_secs(10);
 
-struct Sample {
+pub(super) struct Sample {
     at: Instant,
     counters: [Counter; REASON_COUNT as usize],
 }
@@ -119,8 +127,8 @@ struct Daemon {
     enforcer: Enforcer,
     rules: Rules,
     started: Instant,
-    last: Sample,
-    prev: Option<Sample>,
+    /// Counter samples, oldest first, the last [`SAMPLES_KEPT`].
+    samples: std::collections::VecDeque<Sample>,
     tracked: Option<(Instant, usize)>,
     baseline: Baseline,
     /// The interface as last seen.
@@ -230,11 +238,10 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         enforcer,
         rules,
         started: Instant::now(),
-        last: Sample {
+        samples: std::collections::VecDeque::from([Sample {
             at: Instant::now(),
             counters,
-        },
-        prev: None,
+        }]),
         tracked: None,
         baseline,
         interface: InterfaceState::Attached,
@@ -322,6 +329,7 @@ impl Daemon {
         let mut sample = tokio::time::interval(SAMPLE_EVERY);
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         let mut watch = tokio::time::interval(WATCH_EVERY);
+        let mut expire = tokio::time::interval(EXPIRE_EVERY);
         sweep.tick().await;
         tokio::pin!(shutdown);
         loop {
@@ -335,14 +343,15 @@ impl Daemon {
                 _ = sample.tick() => self.sample(),
                 _ = sweep.tick() => self.sweep(),
                 _ = watch.tick() => self.watch(),
+                _ = expire.tick() => self.expire(),
                 Some(reply) = metrics_rx.recv() => {
                     let _ = reply.send(self.metrics());
                 }
                 Some(job) = fleet_rx.recv() => self.fleet_job(job),
                 Some((request, reply)) = jobs.recv() => {
                     let response = match self.handle(request) {
-                        Ok(data) => Response { ok: true, error: None, data },
-                        Err(e) => Response::refused(chain(&e)),
+                        Ok(data) => Response::ok(data),
+                        Err(e) => Response::failed(&e),
                     };
                     let _ = reply.send(response);
                 }
@@ -493,6 +502,18 @@ impl Daemon {
         Ok(())
     }
 
+    /// The sample rates are computed from (to now): the newest at least
+    /// [`RATE_WINDOW`] old, else the oldest (a daemon started less than a
+    /// second ago); `None` when there is none older than a tenth of a second.
+    pub(super) fn rate_window(&self) -> Option<&Sample> {
+        self.samples
+            .iter()
+            .rev()
+            .find(|s| s.at.elapsed() >= RATE_WINDOW)
+            .or_else(|| self.samples.front())
+            .filter(|s| s.at.elapsed() >= Duration::from_millis(100))
+    }
+
     fn sample(&mut self) {
         match self.enforcer.maps.counters() {
             Ok(counters) => {
@@ -500,7 +521,10 @@ impl Daemon {
                     at: Instant::now(),
                     counters,
                 };
-                self.prev = Some(std::mem::replace(&mut self.last, now));
+                if self.samples.len() == SAMPLES_KEPT {
+                    self.samples.pop_front();
+                }
+                self.samples.push_back(now);
             }
             Err(e) => warn!(error = %chain(&e), "reading counters failed"),
         }
@@ -571,8 +595,28 @@ impl Daemon {
             events: self.enforcer.maps.events().unwrap_or_default(),
             tracked: self.tracked.map_or(0, |(_, n)| n),
             rules: self.rules.effective().rules.len(),
+            rule_counters: self.rule_counters(),
             fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
         }
+    }
+
+    /// Each rule's counters, the default rule's first (a rule whose counters
+    /// cannot be read is left out).
+    fn rule_counters(
+        &self,
+    ) -> Vec<(String, [ratelimit_common::Counter; ratelimit_common::RuleCounter::ALL.len()])> {
+        let maps = &self.enforcer.maps;
+        let mut out: Vec<_> = maps
+            .rule_counters(0)
+            .map(|c| ("default".to_string(), c))
+            .into_iter()
+            .collect();
+        for (p, rule) in maps.rules().unwrap_or_default() {
+            if let Ok(c) = maps.rule_counters(rule.slot) {
+                out.push((p.to_string(), c));
+            }
+        }
+        out
     }
 
     fn shutdown(self, keep: bool) {

@@ -2,65 +2,106 @@
 //! (see [`super::store`]) and are applied whole or not at all; reads answer
 //! from the maps.
 
-use ratelimit_common::{Event, Reason};
-use serde_json::{Value, json};
+use std::collections::BTreeSet;
 
-use super::{Daemon, store::Rules};
+use ratelimit_common::{Event, Reason, RuleCounter};
+use serde_json::{Value, json};
+use tracing::{error, info};
+
+use super::{
+    Daemon,
+    store::{Rules, now_ms},
+};
 use crate::{
+    config::RawLimit,
     control::Request,
-    error::{Error, Result},
-    kernel::InterfaceState,
+    describe,
+    error::{Error, Result, chain},
+    kernel::{InterfaceState, Maps},
     lists::{Allowed, List, ListAction, check_name},
     rules::{Action, Clock, Limit, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
 };
 
 impl Daemon {
-    /// Applies a change to the live layer; answers with the rules.
+    /// Applies a change to the live layer; answers with the rules and what
+    /// changed (`changes`: each rule, list, default or mode before and after).
     fn change(&mut self, edit: impl FnOnce(&mut Rules) -> Result<()>) -> Result<Value> {
         let mut next = self.rules.clone();
         edit(&mut next)?;
+        let changes = changes(&self.rules, &next);
         self.apply(next)?;
-        Ok(self.list())
+        let mut data = self.list();
+        data["changes"] = json!(changes);
+        Ok(data)
+    }
+
+    /// Ends the temporary rules and lists whose time came; logs what ended.
+    pub(super) fn expire(&mut self) {
+        let now = now_ms();
+        if !self.rules.has_due(now) {
+            return;
+        }
+        let mut next = self.rules.clone();
+        let ended = next.expire(now);
+        match self.apply(next) {
+            Ok(()) => info!(ended = %ended.join(", "), "temporary rules ended"),
+            Err(e) => {
+                // Tried again in a minute; until then what was set stays.
+                error!(ended = %ended.join(", "), error = %chain(&e), "ending temporary rules failed; they stay until the next try");
+                self.rules.postpone_due(now, 60_000);
+            }
+        }
     }
 
     pub(super) fn handle(&mut self, request: Request) -> Result<Value> {
         match request {
-            Request::Set { target, limit } => {
+            Request::Set {
+                target,
+                limit,
+                for_ms,
+                force,
+            } => {
+                let until = until(for_ms)?;
+                let set = self.rules.effective();
                 if target == "default" {
-                    // Keep the daemon's key prefixes unless the request sets them.
-                    let mut limit = *limit;
-                    if let Action::Limit(current) = self.rules.effective().default {
-                        limit.per_v4 = limit.per_v4.or(Some(current.per_v4));
-                        limit.per_v6 = limit.per_v6.or(Some(current.per_v6));
+                    if until.is_some() {
+                        return Err(Error::invalid(
+                            "--for",
+                            "the default rule is set for good; a temporary limit needs a CIDR, e.g. `ratelimit set 0.0.0.0/0 --rate 100/s --for 10m`",
+                        ));
                     }
-                    let action = limit.validate("default", None)?;
+                    let raw = merged(Some(&set.default), *limit)?;
+                    let action = as_typed(raw.validate(SET, None))?;
+                    check_byte_bursts(&action, force)?;
                     self.change(|r| {
                         r.live.default = Some(action);
                         Ok(())
                     })
                 } else {
                     let prefix = Selector::parse("CIDR", &target)?;
+                    let raw = merged(set.rules.get(&prefix), *limit)?;
                     let action =
-                        limit.validate(&prefix.to_string(), Some(prefix.source.addr.is_ipv4()))?;
+                        as_typed(raw.validate(SET, Some(prefix.source.addr.is_ipv4())))?;
+                    check_byte_bursts(&action, force)?;
                     self.change(|r| {
-                        r.live.rules.insert(prefix, Some(action));
+                        r.set_live(prefix, Some(action), until);
                         Ok(())
                     })
                 }
             }
-            Request::Allow { cidr } => {
+            Request::Allow { cidr, for_ms } => {
+                let until = until(for_ms)?;
                 let prefix = Selector::parse("CIDR", &cidr)?;
                 self.change(|r| {
-                    r.live.rules.insert(prefix, Some(Action::Allow));
+                    r.set_live(prefix, Some(Action::Allow), until);
                     Ok(())
                 })
             }
-            Request::Deny { cidr } => {
+            Request::Deny { cidr, for_ms } => {
+                let until = until(for_ms)?;
                 let prefix = Selector::parse("CIDR", &cidr)?;
                 self.change(|r| {
-                    r.live
-                        .rules
-                        .insert(prefix, Some(Action::Deny { dry_run: false }));
+                    r.set_live(prefix, Some(Action::Deny { dry_run: false }), until);
                     Ok(())
                 })
             }
@@ -75,9 +116,9 @@ impl Daemon {
                     }
                     if r.base.rules.contains_key(&prefix) {
                         // A rule of the config file: removed until reload --replace.
-                        r.live.rules.insert(prefix, None);
+                        r.set_live(prefix, None, None);
                     } else {
-                        r.live.rules.remove(&prefix);
+                        r.clear_live(&prefix);
                     }
                     Ok(())
                 })
@@ -87,13 +128,15 @@ impl Daemon {
                 action,
                 source,
                 text,
+                for_ms,
             } => {
                 let started = std::time::Instant::now();
+                let until = until(for_ms)?;
                 check_name("--name", &name)?;
                 let (list, parsed) = List::parse("--from", action, &source, &text)?;
                 let replaced = self.rules.effective().lists.get(&name).map(|l| l.action);
                 let mut data = self.change(|r| {
-                    r.live.lists.insert(name.clone(), Some(list));
+                    r.set_live_list(name.clone(), Some(list), until);
                     Ok(())
                 })?;
                 let ms = started.elapsed().as_millis();
@@ -106,6 +149,9 @@ impl Daemon {
                     Some(a) => format!("replaced the {a} list {name} with"),
                     None => format!("loaded {action} list {name}:"),
                 };
+                let ends = until.map_or(String::new(), |at| {
+                    format!("; ends in {} ({})", describe::span(for_ms.unwrap_or(0)), describe::rfc3339(at))
+                });
                 data["loaded"] = json!({
                     "name": name,
                     "action": action,
@@ -115,8 +161,9 @@ impl Daemon {
                     "duplicates": parsed.duplicates,
                     "replaced": replaced.is_some(),
                     "applied_ms": ms as u64,
+                    "expires_at": until.map(describe::rfc3339),
                     "summary": format!(
-                        "{verb} {} entries from {source}{dups}; applied in {ms} ms",
+                        "{verb} {} entries from {source}{dups}; applied in {ms} ms{ends}",
                         parsed.entries.len()
                     ),
                 });
@@ -136,9 +183,9 @@ impl Daemon {
                 }
                 if r.base.lists.contains_key(&name) {
                     // A list of the config file: removed until reload --replace.
-                    r.live.lists.insert(name, None);
+                    r.set_live_list(name, None, None);
                 } else {
-                    r.live.lists.remove(&name);
+                    r.clear_live_list(&name);
                 }
                 Ok(())
             }),
@@ -147,10 +194,19 @@ impl Daemon {
                 Ok(())
             }),
             Request::Reload { replace } => {
+                let before = self.rules.clone();
                 self.reload(replace)?;
-                Ok(self.list())
+                let mut data = self.list();
+                data["changes"] = json!(changes(&before, &self.rules));
+                Ok(data)
             }
-            Request::List => Ok(self.list()),
+            Request::List { counters } => {
+                let mut data = self.list();
+                if counters {
+                    add_counters(&self.enforcer.maps, &mut data)?;
+                }
+                Ok(data)
+            }
             Request::Status => self.status(),
             Request::Stats => self.stats(),
             Request::Drops => self.drops(),
@@ -180,78 +236,7 @@ impl Daemon {
     }
 
     pub(super) fn list(&self) -> Value {
-        let set = self.rules.effective();
-        // In precedence order: by source, and a source's rules in the order
-        // they are tried (`order`, from 1).
-        let mut order = 0;
-        let mut last = None;
-        let rules: Vec<Value> = set
-            .rules
-            .iter()
-            .map(|(p, a)| {
-                order = if last == Some(p.source) { order + 1 } else { 1 };
-                last = Some(p.source);
-                json!({
-                    "cidr": p.to_string(),
-                    "source": p.source.to_string(),
-                    "match": p.matches.to_string(),
-                    "order": order,
-                    "rule": a.to_string(),
-                    "origin": self.rules.origin(p),
-                })
-            })
-            .collect();
-        let clock = match set.clock {
-            Clock::Precise => {
-                "precise: each key admits at most burst + rate × T in any span T".to_string()
-            }
-            Clock::Coarse => format!(
-                "coarse: each key admits at most burst + rate × (T + {}) in any span T (one scheduler tick)",
-                fmt_duration(tick_ns())
-            ),
-        };
-        let lists = self.list_summary(&set);
-        json!({
-            "default": set.default.to_string(),
-            "dry_run": set.dry_run,
-            "mode": set.mode.name(),
-            "unjudged": set.unjudged,
-            "malformed": set.malformed,
-            "clock": clock,
-            "new_states": set.new_states.to_string(),
-            "rules": rules,
-            "lists": lists,
-            "live_changes": self.rules.live.rules.len() + usize::from(self.rules.live.default.is_some()) + self.rules.live.lists.len(),
-        })
-    }
-
-    /// Each list: its name, action, entries and source, and how many of its
-    /// entries are shadowed (they have exactly the CIDR of a rule without a
-    /// match, which wins, or, in a deny list, are equal to or inside an allow
-    /// list entry, which wins: see `kernel::Maps::apply`).
-    fn list_summary(&self, set: &RuleSet) -> Vec<Value> {
-        let allowed = Allowed::of(set.lists.values());
-        set.lists
-            .iter()
-            .map(|(name, l)| {
-                let shadowed = l
-                    .entries
-                    .iter()
-                    .filter(|p| {
-                        set.rules.contains_key(&Selector::from(**p))
-                            || (l.action == ListAction::Deny && allowed.covers(p))
-                    })
-                    .count();
-                json!({
-                    "name": name,
-                    "action": l.action,
-                    "entries": l.entries.len(),
-                    "shadowed": shadowed,
-                    "source": l.source,
-                    "origin": self.rules.list_origin(name),
-                })
-            })
-            .collect()
+        list_of(&self.rules)
     }
 
     /// States evicted since this daemon started, estimated: states created
@@ -352,65 +337,398 @@ impl Daemon {
         }))
     }
 
-    /// Totals read now; per-second rates over the last sampling interval.
+    /// Totals read now; per-second rates over the last second or so, up to
+    /// now (see [`Daemon::rate_window`]).
     fn stats(&self) -> Result<Value> {
-        let totals = self.enforcer.maps.counters()?;
-        let last = &self.last;
-        let rate = |r: Reason| match &self.prev {
-            Some(prev) => {
-                let dt = last.at.duration_since(prev.at).as_secs_f64().max(1e-9);
-                let (a, b) = (last.counters[r as usize], prev.counters[r as usize]);
-                (
-                    (a.packets - b.packets) as f64 / dt,
-                    (a.bytes - b.bytes) as f64 / dt,
-                )
-            }
-            None => (0.0, 0.0),
+        let now = super::Sample {
+            at: std::time::Instant::now(),
+            counters: self.enforcer.maps.counters()?,
         };
-        let by_reason: Vec<Value> = Reason::ALL
-            .iter()
-            .map(|r| {
-                let c = totals[*r as usize];
-                let (pps, bps) = rate(*r);
-                json!({
-                    "reason": r.name(),
-                    "packets": c.packets,
-                    "bytes": c.bytes,
-                    "packets_per_s": pps,
-                    "bytes_per_s": bps,
-                })
-            })
-            .collect();
-        let events = self.enforcer.maps.events()?;
-        let events: serde_json::Map<String, Value> = Event::ALL
-            .iter()
-            .map(|e| (e.name().to_string(), json!(events[*e as usize])))
-            .collect();
-        Ok(json!({
-            "iface": self.enforcer.iface(),
-            "reasons": by_reason,
-            "events": events,
-        }))
+        let base = self.rate_window();
+        stats_of(&self.enforcer.maps, self.enforcer.iface(), |r| {
+            let prev = base?;
+            let dt = now.at.duration_since(prev.at).as_secs_f64().max(1e-3);
+            let (a, b) = (now.counters[r as usize], prev.counters[r as usize]);
+            Some((
+                a.packets.saturating_sub(b.packets) as f64 / dt,
+                a.bytes.saturating_sub(b.bytes) as f64 / dt,
+            ))
+        })
     }
 
     /// Drop counts by source now (`top` reads this twice).
     fn drops(&self) -> Result<Value> {
-        let mut drops = serde_json::Map::new();
-        let mut levels = serde_json::Map::new();
-        for entry in self.enforcer.maps.drops() {
-            let (key, n) = entry?;
-            let ip = source_ip(&key.addr);
-            let name = if key.prefix == 0 {
-                ip.to_string()
-            } else {
-                format!("{ip}/{}", key.prefix)
-            };
-            if key.level > 1 {
-                levels.insert(name.clone(), json!(key.level));
-            }
-            let sum = drops.get(&name).and_then(Value::as_u64).unwrap_or(0) + n;
-            drops.insert(name, json!(sum));
-        }
-        Ok(json!({"iface": self.enforcer.iface(), "drops": drops, "levels": levels}))
+        drops_of(&self.enforcer.maps, self.enforcer.iface())
     }
+}
+
+/// The longest `--for`: ten years (a longer ban is a permanent one).
+const FOR_MAX_MS: u64 = 10 * 366 * 86_400_000;
+
+/// When a change made `--for` this long ends, Unix ms.
+fn until(for_ms: Option<u64>) -> Result<Option<u64>> {
+    match for_ms {
+        None => Ok(None),
+        Some(0) => Err(Error::invalid(
+            "--for",
+            "must be longer than 0, e.g. 10m, 1h or 7d",
+        )),
+        Some(ms) if ms > FOR_MAX_MS => Err(Error::invalid(
+            "--for",
+            "at most ten years (3660d); leave --for out for a rule that stays",
+        )),
+        Some(ms) => Ok(Some(now_ms() + ms)),
+    }
+}
+
+/// The field `set`'s limit is validated under: errors name the flags the
+/// user typed instead (see [`as_typed`]).
+const SET: &str = "set";
+
+/// An error of `set`'s validation, with the flag the user typed: `set.rate`
+/// is `--rate`, `set.levels[1].rate` the second `--rate`, `set.per-v4`
+/// `--per`.
+fn as_typed<T>(r: Result<T>) -> Result<T> {
+    r.map_err(|e| match e {
+        Error::Invalid { field, message } => {
+            let path = field.strip_prefix(SET).unwrap_or(&field);
+            let path = path.trim_start_matches('.');
+            let (level, key) = match path.strip_prefix("levels[") {
+                Some(rest) => {
+                    let (n, key) = rest.split_once(']').unwrap_or((rest, ""));
+                    (n.parse::<usize>().ok(), key.trim_start_matches('.'))
+                }
+                None => (None, path),
+            };
+            let flag = match key {
+                "" | "rate" => "--rate",
+                "rate-burst" | "burst" => "--burst",
+                "per" | "per-v4" | "per-v6" => "--per",
+                "new-sources" => "--new-sources",
+                "new-sources-burst" => "--new-sources-burst",
+                "aggregate" => "--aggregate",
+                "aggregate-burst" => "--aggregate-burst",
+                other => return Error::Invalid {
+                    field: format!("--{}", other.split('.').next_back().unwrap_or(other)),
+                    message,
+                },
+            };
+            let field = match level {
+                // The first --rate is the rule's own level.
+                Some(n) => format!("{flag} (the {} one)", ordinal(n + 1)),
+                None => flag.to_string(),
+            };
+            Error::Invalid { field, message }
+        }
+        e => e,
+    })
+}
+
+fn ordinal(n: usize) -> &'static str {
+    match n {
+        1 => "first",
+        2 => "second",
+        3 => "third",
+        _ => "next",
+    }
+}
+
+/// What `set` makes of a rule that is already a limit: what was given
+/// changes, the rest stays. A burst that was one second's worth of the old
+/// rate follows a new rate; a new algorithm takes none of the old one's
+/// parameters; a new `--per` replaces both families' key prefixes.
+fn merged(current: Option<&Action>, given: RawLimit) -> Result<RawLimit> {
+    let Some(Action::Limit(l)) = current else {
+        return Ok(given);
+    };
+    let as_map = |r: &RawLimit| match serde_json::to_value(r) {
+        Ok(Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    let mut base = as_map(&RawLimit::from(&Action::Limit(*l)));
+    if given.algorithm.as_deref().is_some_and(|a| a != l.algo.name()) {
+        for key in [
+            "rate",
+            "burst",
+            "limit",
+            "window",
+            "refill-every",
+            "refill-amount",
+            "capacity",
+            "quota",
+            "period",
+            "rate-cap",
+            "levels",
+        ] {
+            base.remove(key);
+        }
+    }
+    if given.rate.is_some() && l.burst == l.rate.default_burst() {
+        base.remove("burst");
+    }
+    if given.aggregate.is_some() && l.aggregate.is_some_and(|a| a.burst == a.rate.default_burst())
+    {
+        base.remove("aggregate-burst");
+    }
+    if given.new_sources.is_some() {
+        base.remove("new-sources-burst");
+    }
+    if given.per.is_some() || given.per_v4.is_some() || given.per_v6.is_some() {
+        base.remove("per-v4");
+        base.remove("per-v6");
+    }
+    base.extend(as_map(&given));
+    serde_json::from_value(Value::Object(base))
+        .map_err(|e| Error::Refused(format!("merging the rule's settings failed: {e}")))
+}
+
+/// The smallest byte burst that admits a full-size Ethernet frame (1500
+/// bytes of IP and a 14-byte header).
+const FULL_FRAME: u64 = 1514;
+
+/// Refuses a byte bucket too small for a full-size frame (such frames would
+/// never pass), unless `force`.
+fn check_byte_bursts(a: &Action, force: bool) -> Result<()> {
+    let Action::Limit(l) = a else { return Ok(()) };
+    if force || l.rate.unit != crate::rate::Unit::Bytes {
+        return Ok(());
+    }
+    let mut small = Vec::new();
+    if l.algo == crate::rules::Algo::Gcra && l.burst < FULL_FRAME {
+        small.push(("--burst", l.burst));
+    }
+    for k in l.levels.iter().flatten() {
+        if k.bucket.burst < FULL_FRAME {
+            small.push(("--burst", k.bucket.burst));
+        }
+    }
+    if let Some(agg) = &l.aggregate
+        && agg.burst < FULL_FRAME
+    {
+        small.push(("--aggregate-burst", agg.burst));
+    }
+    match small.first() {
+        None => Ok(()),
+        Some((flag, burst)) => Err(Error::invalid(
+            *flag,
+            format!(
+                "{burst} bytes is less than one full-size Ethernet frame ({FULL_FRAME} bytes): such frames would never pass; give at least {FULL_FRAME} (leave --burst out for one second's worth), or add --force to take it as it is"
+            ),
+        )),
+    }
+}
+
+/// What differs between `before` and `after`: the default rule, the mode,
+/// each rule and each list, before and after (null: absent).
+fn changes(before: &Rules, after: &Rules) -> Vec<Value> {
+    let now = now_ms();
+    let (b, a) = (before.effective(), after.effective());
+    let mut out = Vec::new();
+    if b.default != a.default {
+        out.push(json!({
+            "cidr": "default",
+            "before": describe::action(&b.default, None),
+            "after": describe::action(&a.default, None),
+        }));
+    }
+    if b.mode != a.mode {
+        out.push(json!({"mode": {"before": b.mode.name(), "after": a.mode.name()}}));
+    }
+    let selectors: BTreeSet<&Selector> = b.rules.keys().chain(a.rules.keys()).collect();
+    for p in selectors {
+        let (x, y) = (b.rules.get(p), a.rules.get(p));
+        let (ex, ey) = (before.expires(p), after.expires(p));
+        if x != y || ex != ey {
+            out.push(json!({
+                "cidr": p.to_string(),
+                "before": x.map(|r| describe::rule(p, r, ex, now)),
+                "after": y.map(|r| describe::rule(p, r, ey, now)),
+            }));
+        }
+    }
+    let names: BTreeSet<&String> = b.lists.keys().chain(a.lists.keys()).collect();
+    for name in names {
+        let summary = |l: Option<&List>, at: Option<u64>| {
+            l.map(|l| {
+                let mut v = json!({
+                    "action": l.action,
+                    "entries": l.entries.len(),
+                    "source": l.source,
+                });
+                describe::expiry(&mut v, at, now);
+                v
+            })
+        };
+        let (x, y) = (b.lists.get(name), a.lists.get(name));
+        let (ex, ey) = (before.list_expires(name), after.list_expires(name));
+        if x != y || ex != ey {
+            out.push(json!({
+                "list": name,
+                "before": summary(x, ex),
+                "after": summary(y, ey),
+            }));
+        }
+    }
+    out
+}
+
+/// The rules as `ratelimit list` shows them.
+pub(crate) fn list_of(rules: &Rules) -> Value {
+    let set = rules.effective();
+    // In precedence order: by source, and a source's rules in the order
+    // they are tried (`order`, from 1).
+    let mut order = 0;
+    let mut last = None;
+    let now = now_ms();
+    let listed: Vec<Value> = set
+        .rules
+        .iter()
+        .map(|(p, a)| {
+            order = if last == Some(p.source) { order + 1 } else { 1 };
+            last = Some(p.source);
+            let mut v = describe::rule(p, a, rules.expires(p), now);
+            v["order"] = json!(order);
+            v["origin"] = json!(rules.origin(p));
+            v
+        })
+        .collect();
+    let clock = match set.clock {
+        Clock::Precise => {
+            "precise: each key admits at most burst + rate × T in any span T".to_string()
+        }
+        Clock::Coarse => format!(
+            "coarse: each key admits at most burst + rate × (T + {}) in any span T (one scheduler tick)",
+            fmt_duration(tick_ns())
+        ),
+    };
+    json!({
+        "default": describe::action(&set.default, None),
+        "dry_run": set.dry_run,
+        "mode": set.mode.name(),
+        "unjudged": set.unjudged,
+        "malformed": set.malformed,
+        "clock": clock,
+        "new_states": set.new_states.to_string(),
+        "rules": listed,
+        "lists": list_summary(rules, &set),
+        "live_changes": rules.live.rules.len() + usize::from(rules.live.default.is_some()) + rules.live.lists.len(),
+    })
+}
+
+/// Each list: its name, action, entries and source, and how many of its
+/// entries are shadowed (they have exactly the CIDR of a rule without a
+/// match, which wins, or, in a deny list, are equal to or inside an allow
+/// list entry, which wins: see `kernel::Maps::apply`).
+fn list_summary(rules: &Rules, set: &RuleSet) -> Vec<Value> {
+    let allowed = Allowed::of(set.lists.values());
+    set.lists
+        .iter()
+        .map(|(name, l)| {
+            let shadowed = l
+                .entries
+                .iter()
+                .filter(|p| {
+                    set.rules.contains_key(&Selector::from(**p))
+                        || (l.action == ListAction::Deny && allowed.covers(p))
+                })
+                .count();
+            let mut v = json!({
+                "name": name,
+                "action": l.action,
+                "entries": l.entries.len(),
+                "shadowed": shadowed,
+                "source": l.source,
+                "origin": rules.list_origin(name),
+            });
+            describe::expiry(&mut v, rules.list_expires(name), now_ms());
+            v
+        })
+        .collect()
+}
+
+/// Adds each rule's counters (and the default rule's) to a [`list_of`]
+/// answer, read from the maps now: `counters.passed.packets`, … by
+/// [`RuleCounter`].
+pub(crate) fn add_counters(maps: &Maps, data: &mut Value) -> Result<()> {
+    let kernel = maps.rules()?;
+    let counters = |slot: u32| -> Result<Value> {
+        let c = maps.rule_counters(slot)?;
+        Ok(Value::Object(
+            RuleCounter::ALL
+                .iter()
+                .zip(c)
+                .map(|(k, c)| {
+                    (
+                        k.name().to_string(),
+                        json!({"packets": c.packets, "bytes": c.bytes}),
+                    )
+                })
+                .collect(),
+        ))
+    };
+    data["default"]["counters"] = counters(0)?;
+    for r in data["rules"].as_array_mut().into_iter().flatten() {
+        let selector = r["cidr"].as_str().and_then(|c| Selector::parse("cidr", c).ok());
+        if let Some(rule) = selector.and_then(|p| kernel.get(&p)) {
+            r["counters"] = counters(rule.slot)?;
+        }
+    }
+    Ok(())
+}
+
+/// Counters by reason from `maps`; `rate` gives a reason's packets and
+/// bytes per second.
+pub(crate) fn stats_of(
+    maps: &Maps,
+    iface: &str,
+    rate: impl Fn(Reason) -> Option<(f64, f64)>,
+) -> Result<Value> {
+    let totals = maps.counters()?;
+    let by_reason: Vec<Value> = Reason::ALL
+        .iter()
+        .map(|r| {
+            let c = totals[*r as usize];
+            let (pps, bps) = rate(*r).map_or((Value::Null, Value::Null), |(p, b)| {
+                (describe::number(p), describe::number(b))
+            });
+            json!({
+                "reason": r.name(),
+                "packets": c.packets,
+                "bytes": c.bytes,
+                "packets_per_s": pps,
+                "bytes_per_s": bps,
+            })
+        })
+        .collect();
+    let events = maps.events()?;
+    let events: serde_json::Map<String, Value> = Event::ALL
+        .iter()
+        .map(|e| (e.name().to_string(), json!(events[*e as usize])))
+        .collect();
+    Ok(json!({
+        "iface": iface,
+        "reasons": by_reason,
+        "events": events,
+    }))
+}
+
+/// Drop counts by source now (`top` reads this twice).
+pub(crate) fn drops_of(maps: &Maps, iface: &str) -> Result<Value> {
+    let mut drops = serde_json::Map::new();
+    let mut levels = serde_json::Map::new();
+    for entry in maps.drops() {
+        let (key, n) = entry?;
+        let ip = source_ip(&key.addr);
+        let name = if key.prefix == 0 {
+            ip.to_string()
+        } else {
+            format!("{ip}/{}", key.prefix)
+        };
+        if key.level > 1 {
+            levels.insert(name.clone(), json!(key.level));
+        }
+        let sum = drops.get(&name).and_then(Value::as_u64).unwrap_or(0) + n;
+        drops.insert(name, json!(sum));
+    }
+    Ok(json!({"iface": iface, "drops": drops, "levels": levels}))
 }

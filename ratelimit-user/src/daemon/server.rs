@@ -32,8 +32,9 @@ pub const MAX_CONNECTIONS: usize = 256;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// A request longer than [`MAX_REQUEST`] (a list) must arrive within this time.
 pub const LIST_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long `top` watches the drop counters.
-const TOP_WINDOW: Duration = Duration::from_millis(250);
+/// How long `top` watches the drop counters: its rates are over this span,
+/// ending at the request.
+pub const TOP_WINDOW: Duration = Duration::from_secs(1);
 
 /// Serves `listener` until the task is dropped.
 pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
@@ -135,11 +136,7 @@ async fn fleet_top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
         Err(e) => return Response::refused(format!("the fleet's Redis {url}: {e}")),
     };
     match crate::fleet::top(&store, &rules, n).await {
-        Ok(rows) => Response {
-            ok: true,
-            error: None,
-            data: json!({"redis": url, "rules": rows}),
-        },
+        Ok(rows) => Response::ok(json!({"redis": url, "rules": rows})),
         Err(e) => Response::refused(format!("the fleet's Redis {url}: {e}")),
     }
 }
@@ -147,9 +144,6 @@ async fn fleet_top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
 /// The sources with the most drops: two readings of the drop counters a little
 /// apart, ranked by the drop rate between them (then by total).
 async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
-    let read = |r: Response| -> Option<HashMap<String, u64>> {
-        serde_json::from_value(r.data.get("drops")?.clone()).ok()
-    };
     let first = ask(jobs, Request::Drops).await;
     if !first.ok {
         return first;
@@ -159,16 +153,27 @@ async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
     if !second.ok {
         return second;
     }
-    let iface = second.data.get("iface").cloned().unwrap_or(Value::Null);
-    let levels = second.data.get("levels").cloned().unwrap_or(Value::Null);
-    let (Some(before), Some(after)) = (read(first), read(second)) else {
-        return Response::refused("the daemon sent unreadable drop counters");
+    match rank(&first.data, &second.data, TOP_WINDOW, n) {
+        Some(data) => Response::ok(data),
+        None => Response::refused("the daemon sent unreadable drop counters"),
+    }
+}
+
+/// `top`'s answer from two readings of the drop counters (`Request::Drops`)
+/// `window` apart: the `n` sources and networks dropping the most now, each
+/// with its rate and its total.
+pub(crate) fn rank(first: &Value, second: &Value, window: Duration, n: usize) -> Option<Value> {
+    let read = |v: &Value| -> Option<HashMap<String, u64>> {
+        serde_json::from_value(v.get("drops")?.clone()).ok()
     };
+    let iface = second.get("iface").cloned().unwrap_or(Value::Null);
+    let levels = second.get("levels").cloned().unwrap_or(Value::Null);
+    let (before, after) = (read(first)?, read(second)?);
     let mut rows: Vec<(String, u64, f64)> = after
         .into_iter()
         .map(|(source, total)| {
             let was = before.get(&source).copied().unwrap_or(0);
-            let rate = total.saturating_sub(was) as f64 / TOP_WINDOW.as_secs_f64();
+            let rate = total.saturating_sub(was) as f64 / window.as_secs_f64();
             (source, total, rate)
         })
         .collect();
@@ -183,9 +188,5 @@ async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
             json!({"source": source, "level": level, "dropped": total, "dropped_per_s": rate.round() as u64})
         })
         .collect();
-    Response {
-        ok: true,
-        error: None,
-        data: json!({"iface": iface, "top": rows}),
-    }
+    Some(json!({"iface": iface, "window_s": window.as_secs_f64(), "top": rows}))
 }

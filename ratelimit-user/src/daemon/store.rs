@@ -41,6 +41,29 @@ pub struct Overlay {
     pub mode: Option<Mode>,
     /// Lists loaded live (`Some`) or removed live (`None`: a base list removed).
     pub lists: BTreeMap<String, Option<List>>,
+    /// Rules set for a while (`--for`): when each ends, and what comes back.
+    pub expiring: BTreeMap<Selector, Expiry>,
+    /// Lists loaded for a while (`--for`): when each ends (Unix ms); the list
+    /// is removed then (a config file's list of that name comes back).
+    pub expiring_lists: BTreeMap<String, u64>,
+}
+
+/// When a temporary rule ends, and what it hides until then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expiry {
+    /// Wall-clock time it ends, Unix ms (kept across restarts and reboots of
+    /// the daemon; the daemon's loop removes it within a fraction of a second).
+    pub at_ms: u64,
+    /// The live change it replaced, which comes back when it ends: `None`
+    /// when there was none (the config file's rule, if any, shows again).
+    pub under: Option<Option<Action>>,
+}
+
+/// Now on the wall clock, Unix ms.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A daemon's rules: the base and the live changes.
@@ -91,6 +114,109 @@ impl Rules {
             }
         }
         set
+    }
+
+    /// Makes `action` the live rule of `p` (`None`: removed), for good or, with
+    /// `until` (Unix ms), until then: what it replaces comes back when it ends.
+    /// A temporary rule replaced by another keeps what the first one hid.
+    pub fn set_live(&mut self, p: Selector, action: Option<Action>, until: Option<u64>) {
+        match until {
+            Some(at_ms) => {
+                let under = match self.live.expiring.get(&p) {
+                    Some(e) => e.under,
+                    None => self.live.rules.get(&p).copied(),
+                };
+                self.live.expiring.insert(p, Expiry { at_ms, under });
+            }
+            None => {
+                self.live.expiring.remove(&p);
+            }
+        }
+        self.live.rules.insert(p, action);
+    }
+
+    /// Removes the live change of `p` (the config file's rule shows again).
+    pub fn clear_live(&mut self, p: &Selector) {
+        self.live.expiring.remove(p);
+        self.live.rules.remove(p);
+    }
+
+    /// Loads or removes a live list, for good or until `until` (Unix ms).
+    pub fn set_live_list(&mut self, name: String, list: Option<List>, until: Option<u64>) {
+        match until {
+            Some(at) => self.live.expiring_lists.insert(name.clone(), at),
+            None => self.live.expiring_lists.remove(&name),
+        };
+        self.live.lists.insert(name, list);
+    }
+
+    /// Removes the live list `name`.
+    pub fn clear_live_list(&mut self, name: &str) {
+        self.live.expiring_lists.remove(name);
+        self.live.lists.remove(name);
+    }
+
+    /// Ends what expired by `now_ms`; returns what ended (CIDRs and list
+    /// names), empty when nothing did.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
+        let mut ended = Vec::new();
+        let due: Vec<Selector> = self
+            .live
+            .expiring
+            .iter()
+            .filter(|(_, e)| e.at_ms <= now_ms)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in due {
+            let e = self.live.expiring.remove(&p).expect("listed");
+            match e.under {
+                Some(a) => self.live.rules.insert(p, a),
+                None => self.live.rules.remove(&p),
+            };
+            ended.push(p.to_string());
+        }
+        let due: Vec<String> = self
+            .live
+            .expiring_lists
+            .iter()
+            .filter(|(_, at)| **at <= now_ms)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            self.clear_live_list(&name);
+            ended.push(format!("list {name}"));
+        }
+        ended
+    }
+
+    /// Whether something ends by `now_ms`.
+    pub fn has_due(&self, now_ms: u64) -> bool {
+        self.live.expiring.values().any(|e| e.at_ms <= now_ms)
+            || self.live.expiring_lists.values().any(|at| *at <= now_ms)
+    }
+
+    /// Moves what ends by `now_ms` to `by_ms` later (ending it failed).
+    pub fn postpone_due(&mut self, now_ms: u64, by_ms: u64) {
+        for e in self.live.expiring.values_mut() {
+            if e.at_ms <= now_ms {
+                e.at_ms = now_ms + by_ms;
+            }
+        }
+        for at in self.live.expiring_lists.values_mut() {
+            if *at <= now_ms {
+                *at = now_ms + by_ms;
+            }
+        }
+    }
+
+    /// When the rule of `p` ends, Unix ms, if it is temporary.
+    pub fn expires(&self, p: &Selector) -> Option<u64> {
+        self.live.expiring.get(p).map(|e| e.at_ms)
+    }
+
+    /// When the list `name` ends, Unix ms, if it is temporary.
+    pub fn list_expires(&self, name: &str) -> Option<u64> {
+        self.live.expiring_lists.get(name).copied()
     }
 
     /// Where the list `name` comes from: `live` or `config`.
@@ -157,6 +283,9 @@ struct RawLiveList {
     name: String,
     /// `None`: removed.
     list: Option<SavedList>,
+    /// When it ends, Unix ms (a list loaded with `--for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at_ms: Option<u64>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -176,6 +305,19 @@ struct RawLive {
     /// A selector's text form (a CIDR and its match).
     cidr: String,
     /// `None`: unset.
+    rule: Option<RawLimit>,
+    /// When it ends, Unix ms (a rule set with `--for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at_ms: Option<u64>,
+    /// What comes back when it ends: the live change it replaced (absent: the
+    /// config file's rule, if any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    restores: Option<RawRestore>,
+}
+
+/// A live change a temporary rule hides: a rule, or an unset (`rule` null).
+#[derive(Serialize, Deserialize)]
+struct RawRestore {
     rule: Option<RawLimit>,
 }
 
@@ -203,9 +345,16 @@ fn record(rules: &Rules) -> Saved {
                 .live
                 .rules
                 .iter()
-                .map(|(p, a)| RawLive {
-                    cidr: p.to_string(),
-                    rule: a.as_ref().map(RawLimit::from),
+                .map(|(p, a)| {
+                    let expiry = rules.live.expiring.get(p);
+                    RawLive {
+                        cidr: p.to_string(),
+                        rule: a.as_ref().map(RawLimit::from),
+                        expires_at_ms: expiry.map(|e| e.at_ms),
+                        restores: expiry.and_then(|e| e.under).map(|u| RawRestore {
+                            rule: u.as_ref().map(RawLimit::from),
+                        }),
+                    }
                 })
                 .collect(),
             mode: rules.live.mode,
@@ -216,6 +365,7 @@ fn record(rules: &Rules) -> Saved {
                 .map(|(n, l)| RawLiveList {
                     name: n.clone(),
                     list: l.as_ref().map(|l| SavedList::of(n, l)),
+                    expires_at_ms: rules.live.expiring_lists.get(n).copied(),
                 })
                 .collect(),
         },
@@ -289,18 +439,28 @@ fn parse(text: &str) -> std::result::Result<Rules, String> {
     }
     for r in &saved.live.rules {
         let p = Selector::parse("cidr", &r.cidr).map_err(|e| format!("{e}"))?;
-        let a = match &r.rule {
-            Some(l) => Some(
-                l.validate(&p.to_string(), Some(p.source.addr.is_ipv4()))
-                    .map_err(|e| format!("its live rule for {p} is invalid ({e})"))?,
-            ),
-            None => None,
+        let rule = |raw: &Option<RawLimit>| match raw {
+            Some(l) => l
+                .validate(&p.to_string(), Some(p.source.addr.is_ipv4()))
+                .map(Some)
+                .map_err(|e| format!("its live rule for {p} is invalid ({e})")),
+            None => Ok(None),
         };
-        live.rules.insert(p, a);
+        live.rules.insert(p, rule(&r.rule)?);
+        if let Some(at_ms) = r.expires_at_ms {
+            let under = match &r.restores {
+                Some(u) => Some(rule(&u.rule)?),
+                None => None,
+            };
+            live.expiring.insert(p, Expiry { at_ms, under });
+        }
     }
     for l in &saved.live.lists {
         let list = l.list.as_ref().map(SavedList::list).transpose()?;
         live.lists.insert(l.name.clone(), list);
+        if let Some(at) = l.expires_at_ms {
+            live.expiring_lists.insert(l.name.clone(), at);
+        }
     }
     let rules = Rules { base, live };
     rules
@@ -435,6 +595,43 @@ mod tests {
             .insert(p("2001:db8::/32"), Some(Action::Deny { dry_run: true }));
         let text = serde_json::to_string(&record(&rules)).unwrap();
         assert_eq!(parse(&text).unwrap(), rules);
+    }
+
+    #[test]
+    fn a_temporary_rule_ends_with_what_it_hid_back_and_is_saved_with_its_time() {
+        let mut base = RuleSet::default();
+        base.rules.insert(p("198.18.1.0/24"), Action::Allow);
+        let mut rules = Rules::of(base);
+        let deny = Some(Action::Deny { dry_run: false });
+        // A ban over a config rule, then a second ban on top of the first.
+        rules.set_live(p("198.18.1.0/24"), deny, Some(5_000));
+        rules.set_live(p("198.18.1.0/24"), deny, Some(9_000));
+        // A ban over a live rule.
+        rules.set_live(p("198.18.2.0/24"), Some(Action::Allow), None);
+        rules.set_live(p("198.18.2.0/24"), deny, Some(7_000));
+        assert_eq!(rules.expires(&p("198.18.1.0/24")), Some(9_000));
+
+        // Read back from the saved record, with times and what they hide.
+        let text = serde_json::to_string(&record(&rules)).unwrap();
+        let mut back = parse(&text).unwrap();
+        assert_eq!(back, rules);
+
+        assert!(back.expire(6_999).is_empty());
+        assert_eq!(back.expire(7_000), vec!["198.18.2.0/24".to_string()]);
+        assert_eq!(
+            back.effective().rules[&p("198.18.2.0/24")],
+            Action::Allow,
+            "the live allow it hid comes back"
+        );
+        assert_eq!(back.expire(9_000), vec!["198.18.1.0/24".to_string()]);
+        assert_eq!(back.effective().rules[&p("198.18.1.0/24")], Action::Allow);
+        // Only the live allow is left; the config rule shows through again.
+        assert_eq!(back.live.rules.len(), 1, "{:?}", back.live.rules);
+        assert!(back.live.expiring.is_empty());
+
+        // A permanent change makes it permanent.
+        rules.set_live(p("198.18.1.0/24"), deny, None);
+        assert_eq!(rules.expires(&p("198.18.1.0/24")), None);
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub struct Maps {
     fleet_used: HashMap<MapData, FlowKey, Counter>,
     /// Match groups: a half for each trie.
     groups: Array<MapData, common::MatchGroup>,
+    /// Each rule's verdicts, [`common::RULE_COUNTERS`] slots per rule slot.
+    rule_stats: PerCpuArray<MapData, Counter>,
     /// What each trie holds, as this daemon (the one writer) last wrote or
     /// read it (`None`: not known yet, read from the kernel when needed). With
     /// 100 000 list entries, writing only what differs makes a rule change
@@ -65,7 +67,7 @@ pub const RECOVERED_LIST: [&str; 2] = ["recovered-deny", "recovered-allow"];
 
 /// The maps' names, in the order [`Maps::from_maps`] takes them: the pinned
 /// ones (the per-CPU scratch map stays inside the program).
-const NAMES: [&str; 15] = common::PINNED_MAPS;
+const NAMES: [&str; 16] = common::PINNED_MAPS;
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
     move |source| Error::Map { op, map, source }
@@ -118,6 +120,7 @@ impl Maps {
         );
         let fleet_used = next();
         let groups = next();
+        let rule_stats = next();
         let seen: Array<MapData, u64> =
             Array::try_from(seen).map_err(map_err("typing", MAP_SEEN))?;
         if !seen.len().is_power_of_two() {
@@ -145,13 +148,15 @@ impl Maps {
             fleet_used: HashMap::try_from(fleet_used)
                 .map_err(map_err("typing", common::MAP_FLEET_USED))?,
             groups: Array::try_from(groups).map_err(map_err("typing", common::MAP_GROUPS))?,
+            rule_stats: PerCpuArray::try_from(rule_stats)
+                .map_err(map_err("typing", common::MAP_RULE_STATS))?,
             known: [None, None],
         })
     }
 
     /// Pins every map in `dir`, replacing what was pinned there.
     pub fn pin(&self, dir: &Path) -> Result<()> {
-        let data: [(&'static str, &MapData); 15] = [
+        let data: [(&'static str, &MapData); 16] = [
             (MAP_RULES, self.tries[0].map()),
             (MAP_RULES_B, self.tries[1].map()),
             (MAP_RULE_TABLE, self.table.map()),
@@ -167,6 +172,7 @@ impl Maps {
             (MAP_EVENTS, self.events.map()),
             (common::MAP_FLEET_USED, self.fleet_used.map()),
             (common::MAP_GROUPS, self.groups.map()),
+            (common::MAP_RULE_STATS, self.rule_stats.map()),
         ];
         debug_assert!(data.iter().map(|(n, _)| *n).eq(common::PINNED_MAPS));
         for (name, map) in data {
@@ -512,10 +518,14 @@ impl Maps {
         // the lookup).
         config.rule_count = compiled.trie.len() as u32;
 
-        // Fresh shared buckets for new rules (and for levels a rule gains).
+        // Fresh shared buckets for new rules (and for levels a rule gains);
+        // fresh counters for a rule in a slot it did not have.
         for (prefix, rule) in &values {
             let previous = old.get(prefix).filter(|p| p.id == rule.id);
             self.reset_shared(rule, previous)?;
+            if old.get(prefix).is_none_or(|p| p.slot != rule.slot) {
+                self.reset_rule_counters(rule.slot)?;
+            }
         }
         let previous_default = (old_default.id == default.id).then_some(&old_default);
         self.reset_shared(&default, previous_default)?;
@@ -640,6 +650,42 @@ impl Maps {
         self.rule_state
             .set(rule.slot, state, 0)
             .map_err(map_err("writing", MAP_RULE_STATE))
+    }
+
+    /// Zeroes the counters of the rule in `slot`.
+    fn reset_rule_counters(&mut self, slot: u32) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io {
+            what: "counting CPUs".into(),
+            source: e,
+        })?;
+        for c in 0..common::RULE_COUNTERS {
+            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); cpus])
+                .map_err(Error::io("building per-CPU values"))?;
+            self.rule_stats
+                .set(slot * common::RULE_COUNTERS + c, zero, 0)
+                .map_err(map_err("writing", common::MAP_RULE_STATS))?;
+        }
+        Ok(())
+    }
+
+    /// The counters of the rule in `slot`, summed over CPUs, by
+    /// [`common::RuleCounter`].
+    pub fn rule_counters(
+        &self,
+        slot: u32,
+    ) -> Result<[Counter; common::RuleCounter::ALL.len()]> {
+        let mut out = [Counter::default(); common::RuleCounter::ALL.len()];
+        for (i, c) in common::RuleCounter::ALL.iter().enumerate() {
+            let per_cpu = self
+                .rule_stats
+                .get(&(slot * common::RULE_COUNTERS + *c as u32), 0)
+                .map_err(map_err("reading", common::MAP_RULE_STATS))?;
+            for v in per_cpu.iter() {
+                out[i].packets += v.packets;
+                out[i].bytes += v.bytes;
+            }
+        }
+        Ok(out)
     }
 
     /// Counters of [`Event`]s, summed over CPUs.

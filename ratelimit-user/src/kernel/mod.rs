@@ -18,7 +18,8 @@ pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins};
 pub use maps::Maps;
 
 /// The name of the link's pin in a daemon's pin directory.
-const LINK_PIN: &str = "link";
+/// The name of the pinned XDP link in a pin directory.
+pub const LINK_PIN: &str = "link";
 
 /// How to attach.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -104,6 +105,10 @@ impl LoadOptions {
             .map_max_entries(MAP_RULES_B, self.trie_capacity())
             .map_max_entries(MAP_RULE_TABLE, common::rule_table_len(self.rules_capacity))
             .map_max_entries(MAP_RULE_STATE, self.rules_capacity + 1)
+            .map_max_entries(
+                common::MAP_RULE_STATS,
+                (self.rules_capacity + 1) * common::RULE_COUNTERS,
+            )
             .map_max_entries(common::MAP_WIDE, self.wide_capacity)
             .map_max_entries(MAP_SEEN, self.seen_slots);
     }

@@ -1,0 +1,166 @@
+//! A program enforcing with no daemon (left by `--keep-attached`, or its
+//! daemon killed): the read-only commands (`list`, `stats`, `status`, `top`)
+//! answer from its pinned maps and the saved record, as the daemon would,
+//! marked `"daemon": false`. Nothing here writes: changes need a daemon, and
+//! `ratelimit run --iface IFACE` adopts the program with its rules and buckets.
+
+use std::{path::PathBuf, time::Duration};
+
+use serde_json::{Value, json};
+
+use super::{
+    requests::{add_counters, drops_of, list_of, stats_of},
+    server::{TOP_WINDOW, rank},
+    store::{self, Found, Rules},
+};
+use crate::{
+    control::Request,
+    error::{Error, Result},
+    identity::{self, Identity},
+    kernel::{LINK_PIN, Maps},
+};
+
+/// A pinned program of this network namespace, opened read-only.
+pub struct Pinned {
+    id: Identity,
+    /// The pin directory as the operator knows it (`/sys/fs/bpf/...`).
+    shown: PathBuf,
+    maps: Maps,
+    rules: Rules,
+    /// Whether the saved record was set aside for what the kernel enforces.
+    from_kernel: bool,
+}
+
+/// The interfaces of this network namespace with a pinned program.
+pub fn pinned_here() -> Result<Vec<String>> {
+    let root = identity::bpffs_root()?;
+    let here = Identity::here("")?;
+    let dir = identity::pin_dir(&root.path, &here);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(Vec::new());
+    };
+    let mut found: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().join(LINK_PIN).exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+impl Pinned {
+    /// The program pinned for `iface` in this namespace, if one is.
+    pub fn open(iface: &str) -> Result<Option<Self>> {
+        let id = Identity::here(iface)?;
+        let root = identity::bpffs_root()?;
+        let dir = identity::pin_dir(&root.path, &id);
+        if !dir.join(LINK_PIN).exists() {
+            return Ok(None);
+        }
+        let maps = Maps::from_pins(&dir)?;
+        let kernel = maps.rule_set()?;
+        // The saved record knows what the maps cannot say (where a rule came
+        // from, when a temporary one ends), if it matches what is enforced.
+        let (rules, from_kernel) = match store::load(&id) {
+            Found::Rules(saved) if saved.effective().same_in_kernel(&kernel) => (*saved, false),
+            _ => (Rules::of(kernel), true),
+        };
+        Ok(Some(Self {
+            shown: identity::pin_dir(&root.shown, &id),
+            id,
+            maps,
+            rules,
+            from_kernel,
+        }))
+    }
+
+    /// Where the pins are, as the operator knows it.
+    pub fn shown(&self) -> &std::path::Path {
+        &self.shown
+    }
+
+    /// Answers a read-only request from the pins.
+    pub async fn answer(&self, request: &Request) -> Result<Value> {
+        let iface = self.id.iface.as_str();
+        let mut data = match request {
+            Request::List { counters } => {
+                let mut data = list_of(&self.rules);
+                if *counters {
+                    add_counters(&self.maps, &mut data)?;
+                }
+                data
+            }
+            Request::Stats => {
+                // Rates over a short span, read now.
+                let span = Duration::from_millis(500);
+                let before = self.maps.counters()?;
+                tokio::time::sleep(span).await;
+                let after = self.maps.counters()?;
+                stats_of(&self.maps, iface, |r| {
+                    let (a, b) = (after[r as usize], before[r as usize]);
+                    Some((
+                        a.packets.saturating_sub(b.packets) as f64 / span.as_secs_f64(),
+                        a.bytes.saturating_sub(b.bytes) as f64 / span.as_secs_f64(),
+                    ))
+                })?
+            }
+            Request::Top { n } => {
+                let first = drops_of(&self.maps, iface)?;
+                tokio::time::sleep(TOP_WINDOW).await;
+                let second = drops_of(&self.maps, iface)?;
+                rank(&first, &second, TOP_WINDOW, *n)
+                    .ok_or_else(|| Error::Refused("unreadable drop counters".into()))?
+            }
+            Request::Status => {
+                let (v4, v6, wide) = self.maps.tracked_by_map()?;
+                let sizes = self.maps.capacities();
+                let set = self.rules.effective();
+                json!({
+                    "iface": iface,
+                    "netns": self.id.netns_inode,
+                    "netns_cookie": self.id.netns,
+                    "interface": "attached",
+                    "pid": Value::Null,
+                    "tracked_sources": v4 + v6 + wide,
+                    "ipv4_sources": v4,
+                    "ipv4_capacity": sizes.state_capacity,
+                    "ipv6_sources": v6,
+                    "ipv6_capacity": sizes.state_capacity_v6,
+                    "wide_sources": wide,
+                    "wide_capacity": sizes.wide_capacity,
+                    "rules_capacity": sizes.rules_capacity,
+                    "rules": set.rules.len(),
+                    "lists": set.lists.len(),
+                    "dry_run": set.dry_run,
+                    "pins": self.shown.display().to_string(),
+                    "notes": [self.note()],
+                })
+            }
+            _ => {
+                return Err(Error::Refused(self.note()));
+            }
+        };
+        data["daemon"] = json!(false);
+        data["pins"] = json!(self.shown.display().to_string());
+        if self.from_kernel {
+            data["rules_from"] = json!("kernel");
+        }
+        Ok(data)
+    }
+
+    /// What the operator should know: no daemon, where the answer came from,
+    /// how to make changes.
+    pub fn note(&self) -> String {
+        format!(
+            "no daemon runs on {}: the program pinned in {} enforces on its own; read from its pinned maps{}. Changes need a daemon: `ratelimit run --iface {}` adopts the program with its rules and buckets",
+            self.id,
+            self.shown.display(),
+            if self.from_kernel {
+                " (rules as the kernel holds them: the saved record is missing or differs)"
+            } else {
+                ""
+            },
+            self.id.iface
+        )
+    }
+}

@@ -56,6 +56,28 @@ pub enum Command {
     Top(TopArgs),
     /// Serve the throttling service (HTTP and JSON) for other programs, on Redis.
     Serve(ServeArgs),
+    /// Check a config file as `run` and `reload` would read it, without
+    /// touching anything running: every error with its line; exit status 2
+    /// if there is any.
+    Check(CheckArgs),
+}
+
+/// `ratelimit check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The TOML config file to check (and the list files it names).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Print one JSON object: {"file", "ok", "errors": [{"line", "field",
+    /// "message"}], "summary"}.
+    #[arg(long)]
+    pub json: bool,
+    /// The daemon's --max-rules: more rules are an error.
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_RULES_CAPACITY, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_rules: u32,
+    /// The daemon's --max-list-entries: more list entries are an error.
+    #[arg(long, default_value_t = ratelimit_common::DEFAULT_LIST_CAPACITY, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_list_entries: u32,
 }
 
 /// `ratelimit serve`.
@@ -658,6 +680,13 @@ pub async fn main(cli: Cli) -> Result<()> {
             daemon::run(opts, shutdown_signal()).await
         }
         Command::Serve(args) => crate::serve::serve(&args.listen, &args.redis, &args.prefix).await,
+        Command::Check(a) => {
+            if !crate::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
+                // The report is printed; 2 is invalid input's exit status.
+                std::process::exit(2);
+            }
+            Ok(())
+        }
         Command::Set(args) => {
             // `--bytes` with a plain count: the count is bytes.
             let rates: Vec<String> = args

@@ -1,7 +1,7 @@
 //! The TOML config file and the `run` options, both turned into one validated
 //! [`RuleSet`]. See `examples/ratelimit.toml` for every key.
 
-use std::{collections::BTreeMap, path::Path};
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
@@ -749,33 +749,42 @@ impl RawConfig {
         Ok(file)
     }
 
-    /// Parses TOML text. Unknown keys are errors.
-    pub fn parse(path: &Path, text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| {
-            Error::invalid(
-                path.display().to_string(),
-                format!("invalid config: {}", e.to_string().trim_end()),
-            )
-        })
-    }
-
-    /// Reads and parses a file. The paths of its lists are made relative to
-    /// the file's directory.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(Error::io(format!("reading config {}", path.display())))?;
-        let mut raw = Self::parse(path, &text)?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        for l in &mut raw.lists {
-            if l.path.is_relative() {
-                l.path = dir.join(&l.path);
-            }
-        }
-        Ok(raw)
-    }
-
-    /// Validates everything into a rule set, on top of `base` (the CLI's default).
+    /// Validates everything into a rule set, on top of `base` (the CLI's
+    /// default); the first error if there are several (see
+    /// [`RawConfig::validate_all`]).
     pub fn validate(&self, base: &RuleSet) -> Result<RuleSet> {
+        self.validate_all(base)
+            .map_err(|errors| errors.into_iter().next().expect("at least one error"))
+    }
+
+    /// Validates everything into a rule set, on top of `base`; every error, in
+    /// the order of the file (see [`RawConfig::validate_parts`]).
+    pub fn validate_all(&self, base: &RuleSet) -> Result<RuleSet, Vec<Error>> {
+        self.validate_parts(
+            self.rules.iter().enumerate(),
+            self.lists.iter().enumerate(),
+            base,
+        )
+    }
+
+    /// Validates this config's global keys and default with `rules` and
+    /// `lists` (each with its index in the file: `rule[3]` is the file's
+    /// fourth `[[rule]]` even when one before it could not be read at all), on
+    /// top of `base`. `self.rules` and `self.lists` are not read.
+    ///
+    /// Every error is returned, not just the first: each global key, the
+    /// default, each rule and each list are checked on their own (a rule's
+    /// source, match and limit too, so a bad CIDR does not hide a bad rate).
+    /// What depends on several of them (a rule or list name given twice, the
+    /// chains of rules with matches) is checked once the parts are valid, and
+    /// said once.
+    pub fn validate_parts<'a>(
+        &self,
+        rules: impl IntoIterator<Item = (usize, &'a RawRule)>,
+        lists: impl IntoIterator<Item = (usize, &'a RawList)>,
+        base: &RuleSet,
+    ) -> Result<RuleSet, Vec<Error>> {
+        let mut errors = Vec::new();
         let mut set = base.clone();
         if let Some(d) = self.dry_run {
             set.dry_run = d;
@@ -787,7 +796,10 @@ impl RawConfig {
             set.clock = c;
         }
         if let Some(n) = &self.new_states {
-            set.new_states = Shared::of(parse_rate("new-states", n)?);
+            match parse_rate("new-states", n) {
+                Ok(rate) => set.new_states = Shared::of(rate),
+                Err(e) => errors.push(e),
+            }
         }
         if let Some(m) = self.mode {
             set.mode = m;
@@ -796,42 +808,130 @@ impl RawConfig {
             set.unjudged = u;
         }
         if let Some(d) = &self.default {
-            set.default = d.validate("default", None)?;
+            match d.validate("default", None) {
+                Ok(action) => set.default = action,
+                Err(e) => errors.push(e),
+            }
         }
-        let mut rules = BTreeMap::new();
-        for (i, r) in self.rules.iter().enumerate() {
-            let field = format!("rule[{i}]");
-            let source = Prefix::parse(&format!("{field}.cidr"), &r.cidr)?;
-            let selector = Selector {
-                source,
-                matches: r.matches(&field, &source)?,
+        // The field that names each valid rule, to name it again in errors
+        // about several rules.
+        let mut names: BTreeMap<Selector, String> = BTreeMap::new();
+        let mut rule_set = BTreeMap::new();
+        for (i, r) in rules {
+            let Some((selector, action)) = r.validate(i, &mut errors) else {
+                continue;
             };
-            let action = r.limit.validate(
-                &format!("{field} ({selector})"),
-                Some(source.addr.is_ipv4()),
-            )?;
-            if rules.insert(selector, action).is_some() {
-                return Err(Error::invalid(
+            let field = format!("rule[{i}]");
+            if let Some(first) = names.get(&selector) {
+                errors.push(Error::invalid(
                     format!("{field}.cidr"),
-                    format!("{selector} appears twice"),
+                    format!("{selector} appears twice (first as {first}): a CIDR with the same match has one rule"),
                 ));
+                continue;
             }
+            names.insert(selector, field);
+            rule_set.insert(selector, action);
         }
-        set.rules = rules;
-        for (i, l) in self.lists.iter().enumerate() {
+        set.rules = rule_set;
+        let mut list_names: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, l) in lists {
             let field = format!("list[{i}]");
-            check_name(&format!("{field}.name"), &l.name)?;
-            let action = ListAction::parse(&format!("{field}.action"), &l.action)?;
-            let list = List::read(&format!("{field}.path"), action, &l.path)?;
-            if set.lists.insert(l.name.clone(), list).is_some() {
-                return Err(Error::invalid(
+            let name = check_name(&format!("{field}.name"), &l.name);
+            let action = ListAction::parse(&format!("{field}.action"), &l.action);
+            // The file is read even when the action is wrong, so its bad lines
+            // are said too.
+            let list = List::read(
+                &format!("{field}.path"),
+                *action.as_ref().unwrap_or(&ListAction::Deny),
+                &l.path,
+            );
+            let (Ok(()), Ok(_), Ok(list)) = (
+                name.map_err(|e| errors.push(e)),
+                action.map_err(|e| errors.push(e)),
+                list.map_err(|e| errors.push(e)),
+            ) else {
+                continue;
+            };
+            if let Some(first) = list_names.get(l.name.as_str()) {
+                errors.push(Error::invalid(
                     format!("{field}.name"),
-                    format!("a list named {:?} appears twice", l.name),
+                    format!(
+                        "a list named {:?} appears twice (first as list[{first}]): give each list its own name",
+                        l.name
+                    ),
                 ));
+                continue;
             }
+            list_names.insert(&l.name, i);
+            set.lists.insert(l.name.clone(), list);
         }
-        set.validate()?;
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        // What holds for the set as a whole; its errors name a rule by its
+        // selector or its source prefix: named as the file names it.
+        set.validate().map_err(|e| {
+            vec![match e {
+                Error::Invalid { field, message } => {
+                    let named = names
+                        .iter()
+                        .find(|(s, _)| s.to_string() == field)
+                        .or_else(|| names.iter().find(|(s, _)| s.source.to_string() == field))
+                        .map(|(s, name)| format!("{name} ({s})"));
+                    let field = match named {
+                        Some(n) => n,
+                        None if field == "--new-states" && self.new_states.is_some() => {
+                            "new-states".into()
+                        }
+                        None => field,
+                    };
+                    Error::Invalid { field, message }
+                }
+                e => e,
+            }]
+        })?;
         Ok(set)
+    }
+}
+
+impl RawRule {
+    /// The keys of a `[[rule]]` table that are not its limit's: its source and
+    /// match. (A rule's limit keys are [`RawLimit`]'s.)
+    pub const OWN_KEYS: [&str; 6] = ["cidr", "to", "proto", "dport", "syn", "icmp-type"];
+
+    /// Validates the `i`th rule of a file: its selector and action, or `None`
+    /// with every error of its source, its match and its limit added to
+    /// `errors` (a limit is checked even under a bad source, for the family
+    /// its text names).
+    fn validate(&self, i: usize, errors: &mut Vec<Error>) -> Option<(Selector, Action)> {
+        let field = format!("rule[{i}]");
+        let source = Prefix::parse(&format!("{field}.cidr"), &self.cidr);
+        let (name, family_v4, selector) = match source {
+            Ok(source) => match self.matches(&field, &source) {
+                Ok(matches) => {
+                    let selector = Selector { source, matches };
+                    (
+                        format!("{field} ({selector})"),
+                        source.addr.is_ipv4(),
+                        Some(selector),
+                    )
+                }
+                Err(e) => {
+                    errors.push(e);
+                    (format!("{field} ({source})"), source.addr.is_ipv4(), None)
+                }
+            },
+            Err(e) => {
+                errors.push(e);
+                (field, !self.cidr.contains(':'), None)
+            }
+        };
+        let action = self
+            .limit
+            .validate(&name, Some(family_v4))
+            .map_err(|e| errors.push(e))
+            .ok();
+        selector.zip(action)
     }
 }
 
@@ -841,7 +941,9 @@ mod tests {
     use crate::{rate::Unit, rules::Algo};
 
     fn parse(s: &str) -> Result<RuleSet> {
-        RawConfig::parse(Path::new("t.toml"), s)?.validate(&RuleSet::default())
+        toml::from_str::<RawConfig>(s)
+            .map_err(|e| Error::invalid("t.toml", e.to_string()))?
+            .validate(&RuleSet::default())
     }
 
     #[test]
@@ -989,42 +1091,94 @@ mod tests {
         std::fs::write(dir.join("bad.txt"), "198.18.0.1\nnot-an-address\n").unwrap();
         std::fs::write(dir.join("ok.netset"), "# ok\n198.18.0.0/24\n").unwrap();
         let toml = dir.join("r.toml");
-        std::fs::write(
-            &toml,
-            "[[list]]\nname = \"ok\"\naction = \"deny\"\npath = \"ok.netset\"\n",
-        )
-        .unwrap();
-        let set = RawConfig::load(&toml)
-            .unwrap()
-            .validate(&RuleSet::default())
-            .unwrap();
+        let read = |text: &str| {
+            std::fs::write(&toml, text).unwrap();
+            crate::check::file(&toml, &RawConfig::default())
+        };
+        let set =
+            read("[[list]]\nname = \"ok\"\naction = \"deny\"\npath = \"ok.netset\"\n").unwrap();
         assert_eq!(set.lists["ok"].entries.len(), 1);
-        std::fs::write(
-            &toml,
-            "[[list]]\nname = \"bad\"\naction = \"deny\"\npath = \"bad.txt\"\n",
-        )
-        .unwrap();
-        let e = RawConfig::load(&toml)
-            .unwrap()
-            .validate(&RuleSet::default())
-            .unwrap_err()
-            .to_string();
+        let e =
+            read("[[list]]\nname = \"bad\"\naction = \"deny\"\npath = \"bad.txt\"\n").unwrap_err();
+        let p = &e.problems[0];
         assert!(
-            e.starts_with("list[0].path:") && e.contains("bad.txt:2:"),
+            p.field == "list[0].path" && p.line == Some(4) && p.message.contains("bad.txt:2:"),
             "{e}"
         );
-        std::fs::write(
-            &toml,
-            "[[list]]\nname = \"ok\"\naction = \"drop\"\npath = \"ok.netset\"\n",
+        let e =
+            read("[[list]]\nname = \"ok\"\naction = \"drop\"\npath = \"ok.netset\"\n").unwrap_err();
+        assert_eq!(
+            (e.problems[0].field.as_str(), e.problems[0].line),
+            ("list[0].action", Some(3)),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_rules_own_keys_are_those_its_table_has_besides_the_limits() {
+        let rule = RawRule {
+            cidr: "198.18.0.0/24".into(),
+            to: Some("198.18.1.0/24".into()),
+            proto: Some(RawNumberOrText::Text("udp".into())),
+            dport: Some(RawNumberOrText::Number(53)),
+            syn: Some(false),
+            icmp_type: Some(8),
+            limit: RawLimit::default(),
+        };
+        let table = toml::Table::try_from(&rule).unwrap();
+        let keys: Vec<&str> = table.keys().map(String::as_str).collect();
+        let mut own = RawRule::OWN_KEYS.to_vec();
+        own.sort_unstable();
+        assert_eq!(keys, own);
+    }
+
+    #[test]
+    fn validate_all_says_every_independent_error() {
+        let raw: RawConfig = toml::from_str(
+            r#"
+            new-states = "many"
+            [default]
+            rate = "0/s"
+            [[rule]]
+            cidr = "198.18.0.0/33"
+            [[rule]]
+            cidr = "198.18.1.0/24"
+            proto = "tcp"
+            icmp-type = 8
+            action = "deny"
+            [[rule]]
+            cidr = "198.18.2.0/24"
+            action = "allow"
+            [[list]]
+            name = "has space"
+            action = "block"
+            path = "/nonexistent/list.txt"
+            "#,
         )
         .unwrap();
-        let e = RawConfig::load(&toml)
-            .unwrap()
-            .validate(&RuleSet::default())
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("list[0].action:"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
+        let errors = raw.validate_all(&RuleSet::default()).unwrap_err();
+        let fields: Vec<String> = errors
+            .iter()
+            .map(|e| match e {
+                Error::Invalid { field, .. } => field.clone(),
+                e => panic!("not an invalid-value error: {e}"),
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "new-states",
+                "default.rate",
+                "rule[0].cidr",
+                "rule[0].rate",
+                "rule[1].icmp-type",
+                "list[0].name",
+                "list[0].action",
+                "list[0].path"
+            ],
+            "{errors:?}"
+        );
     }
 
     #[test]

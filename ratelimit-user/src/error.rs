@@ -14,6 +14,10 @@ pub enum Error {
         /// What was wrong and which forms are accepted.
         message: String,
     },
+    /// A config file with errors: every one of them, each with its line
+    /// (`FILE:LINE: field: message`). Nothing of the file was applied.
+    #[error("{0}")]
+    Config(crate::check::ConfigErrors),
     /// The interface does not exist.
     #[error("interface {0} not found: `ip link` lists the interfaces")]
     UnknownInterface(String),

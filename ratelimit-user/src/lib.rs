@@ -1,8 +1,10 @@
 //! The ratelimit daemon and CLI as a library: loading and attaching the XDP
 //! program ([`kernel`]), the validated rule model ([`rules`], [`rate`],
-//! [`config`], [`lists`]), the daemon ([`daemon`]), its control socket ([`control`]) and the
-//! command line ([`cli`]).
+//! [`config`], [`lists`]), reading a config file with every error
+//! ([`check`]), the daemon ([`daemon`]), its control socket ([`control`]) and
+//! the command line ([`cli`]).
 
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -17,6 +17,7 @@ use std::{fmt, net::IpAddr, sync::Arc};
 
 use crate::{
     error::{Error, Result},
+    matching::Selector,
     rules::{PREFIX_FORMS, Prefix},
 };
 
@@ -248,6 +249,33 @@ impl List {
         }
         s
     }
+}
+
+/// The entries of `set`'s lists that take a trie entry of their own (what
+/// `--max-list-entries` counts), each with its list's action: every list's
+/// entries but those with exactly the CIDR of a rule without a match
+/// (explicit beats bulk), those given twice, and deny entries equal to or
+/// inside an allow list entry (allow wins). See `kernel::Maps::apply` for the
+/// precedence in the kernel.
+pub fn trie_entries(set: &crate::rules::RuleSet) -> Vec<(Selector, ListAction)> {
+    let allowed = Allowed::of(set.lists.values());
+    let mut taken = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for action in [ListAction::Allow, ListAction::Deny] {
+        for list in set.lists.values().filter(|l| l.action == action) {
+            for p in list.entries.iter() {
+                let selector = Selector::from(*p);
+                if (action == ListAction::Deny && allowed.covers(p))
+                    || set.rules.contains_key(&selector)
+                    || !taken.insert(selector)
+                {
+                    continue;
+                }
+                out.push((selector, action));
+            }
+        }
+    }
+    out
 }
 
 /// The prefixes of the allow lists, to find what they cover: an entry of a

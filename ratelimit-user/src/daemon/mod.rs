@@ -75,19 +75,18 @@ pub struct RunOptions {
 
 impl RunOptions {
     /// The base rules the user gave (config file and command line), checked;
-    /// `None` if they gave none.
+    /// `None` if they gave none. A config file's errors are all of them, each
+    /// with its line ([`Error::Config`]), as `ratelimit check` says them.
     pub fn given(&self) -> Result<Option<RuleSet>> {
-        let file = self.config.as_deref().map(RawConfig::load).transpose()?;
-        if file.is_none() && self.cli.is_empty() {
-            return Ok(None);
+        match &self.config {
+            Some(path) => crate::check::file(path, &self.cli)
+                .map(Some)
+                .map_err(Error::Config),
+            None if self.cli.is_empty() => Ok(None),
+            None => RawConfig::merge(RawConfig::default(), &self.cli, "")?
+                .validate(&RuleSet::default())
+                .map(Some),
         }
-        let path = self
-            .config
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
-        let merged = RawConfig::merge(file.unwrap_or_default(), &self.cli, &path)?;
-        merged.validate(&RuleSet::default()).map(Some)
     }
 }
 
@@ -335,11 +334,17 @@ impl Daemon {
         loop {
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
-                _ = hup.recv() => {
-                    if let Err(e) = self.reload(false) {
-                        error!(error = %chain(&e), "reload refused; nothing changed");
+                _ = hup.recv() => match self.reload(false) {
+                    Ok(()) => {}
+                    // One log line per error of the file, each with its line.
+                    Err(Error::Config(errors)) => {
+                        for line in errors.lines() {
+                            error!("{line}");
+                        }
+                        error!("reload refused: {}; the rules enforced before stay", errors.summary());
                     }
-                }
+                    Err(e) => error!(error = %chain(&e), "reload refused; nothing changed"),
+                },
                 _ = sample.tick() => self.sample(),
                 _ = sweep.tick() => self.sweep(),
                 _ = watch.tick() => self.watch(),

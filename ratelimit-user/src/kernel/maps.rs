@@ -4,7 +4,7 @@
 
 use std::{
     borrow::Cow,
-    collections::{BTreeMap, HashMap as StdHashMap, btree_map},
+    collections::{BTreeMap, HashMap as StdHashMap},
     path::Path,
     sync::Arc,
 };
@@ -23,7 +23,7 @@ use ratelimit_common::{
 use super::LoadOptions;
 use crate::{
     error::{Error, Result},
-    lists::{Allowed, List, ListAction},
+    lists::{List, ListAction},
     matching::{self, Match, Selector},
     rules::{Action, Mode, Prefix, RuleSet, Unjudged},
 };
@@ -566,32 +566,21 @@ impl Maps {
             .map(|i| i.max_entries())
             .unwrap_or(0)
             .saturating_sub(self.rules_capacity()) as usize;
-        let mut listed = 0usize;
-        let allowed = Allowed::of(set.lists.values());
-        for action in [ListAction::Allow, ListAction::Deny] {
+        let listed = crate::lists::trie_entries(set);
+        if listed.len() > capacity {
+            return Err(Error::Capacity {
+                what: "list entries (all lists together)".into(),
+                wanted: listed.len(),
+                capacity,
+                option: "--max-list-entries",
+            });
+        }
+        for (selector, action) in listed {
             let index = match action {
                 ListAction::Deny => deny_index,
                 ListAction::Allow => allow_index,
             };
-            for list in set.lists.values().filter(|l| l.action == action) {
-                for p in list.entries.iter() {
-                    if action == ListAction::Deny && allowed.covers(p) {
-                        continue;
-                    }
-                    if let btree_map::Entry::Vacant(v) = entries.entry(Selector::from(*p)) {
-                        v.insert(index);
-                        listed += 1;
-                    }
-                }
-            }
-        }
-        if listed > capacity {
-            return Err(Error::Capacity {
-                what: "list entries (all lists together)".into(),
-                wanted: listed,
-                capacity,
-                option: "--max-list-entries",
-            });
+            entries.insert(selector, index);
         }
         Ok(())
     }

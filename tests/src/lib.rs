@@ -95,6 +95,11 @@ impl ChildGuard {
         }
     }
 
+    /// The child's piped stdout, taken (once).
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.as_mut().and_then(|c| c.stdout.take())
+    }
+
     /// The process id.
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
@@ -228,8 +233,13 @@ impl Daemon {
                     self.output()
                 );
             }
+            // The daemon's own answer: with no daemon, the CLI answers from
+            // a pinned program's maps (`"daemon": false`).
             let out = self.cli(&["status", "--json"]);
-            if out.status.success() {
+            if out.status.success()
+                && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                    .is_ok_and(|v| v["daemon"] != false)
+            {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));

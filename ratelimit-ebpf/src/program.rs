@@ -60,10 +60,10 @@ use ratelimit_common::{
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
     DROPS_CAPACITY, DropKey, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
     GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES, MAX_MATCHES, MatchEntry,
-    MatchGroup, NO_RULE, REASON_COUNT, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter, RuleState, V4_MAPPED_WORD,
-    WIDE_WORDS, WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, family,
-    fixed_window, gcra, interval, level_flags, match_fields, rolling_quota, rule_addr, rule_flags,
-    rule_table_len, sliding_log, sliding_window,
+    MatchGroup, NO_RULE, REASON_COUNT, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter,
+    RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action, addr_of, algorithm,
+    config_flags, doorkeeper, family, fixed_window, gcra, interval, level_flags, match_fields,
+    rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log, sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).

@@ -86,7 +86,9 @@ fn limit(l: &Limit, family_v4: Option<bool>) -> serde_json::Map<String, Value> {
             every_ns,
             amount,
             capacity,
-        } => json!({"refill_every_s": seconds(every_ns), "refill_amount": amount, "capacity": capacity}),
+        } => {
+            json!({"refill_every_s": seconds(every_ns), "refill_amount": amount, "capacity": capacity})
+        }
         Algo::FixedWindow { window_ns, limit }
         | Algo::SlidingLog { window_ns, limit }
         | Algo::SlidingWindow { window_ns, limit } => {
@@ -215,7 +217,12 @@ pub fn rfc3339(ms: u64) -> String {
 /// A span as people read it: `9m58s`, `2h`, `3d4h`, `0s`.
 pub fn span(ms: u64) -> String {
     let s = ms.div_ceil(1000);
-    let parts = [(s / 86_400, "d"), (s / 3600 % 24, "h"), (s / 60 % 60, "m"), (s % 60, "s")];
+    let parts = [
+        (s / 86_400, "d"),
+        (s / 3600 % 24, "h"),
+        (s / 60 % 60, "m"),
+        (s % 60, "s"),
+    ];
     let text: String = parts
         .iter()
         .skip_while(|(n, _)| *n == 0)

@@ -79,7 +79,10 @@ fn record(run_dir: &Path, iface: &str) -> PathBuf {
 fn listed(d: &Daemon) -> BTreeSet<String> {
     let l = d.json(&["list"]);
     let mut out = BTreeSet::new();
-    out.insert(format!("default {}", l["default"]["text"].as_str().unwrap_or("?")));
+    out.insert(format!(
+        "default {}",
+        l["default"]["text"].as_str().unwrap_or("?")
+    ));
     for r in l["rules"].as_array().expect("rules") {
         out.insert(format!(
             "{} {}",

@@ -77,7 +77,10 @@ fn each_namespace_finds_its_own_daemon_and_never_a_dead_one() {
     assert_eq!(la["default"]["rate"]["per_second"], 100, "{la}");
     assert_eq!(lb["default"]["rate"]["per_second"], 200, "{lb}");
     assert!(rule(&la, "198.18.0.66/32").is_some(), "{la}");
-    assert!(rule(&lb, "198.18.0.66/32").is_none(), "B got A's deny: {lb}");
+    assert!(
+        rule(&lb, "198.18.0.66/32").is_none(),
+        "B got A's deny: {lb}"
+    );
 
     // SIGKILL A: its socket stays behind until a CLI meets it.
     let sockets = || -> usize {
@@ -126,10 +129,18 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
     d.cli_ok(&["allow", "198.18.0.66/32"]);
     let out = d.cli_ok(&["deny", "198.18.0.66/32", "--for", "5s"]);
     let set_at = Instant::now();
-    assert_eq!(out.lines().count(), 2, "one change, before and after: {out}");
+    assert_eq!(
+        out.lines().count(),
+        2,
+        "one change, before and after: {out}"
+    );
     assert!(out.contains("ends in 5s"), "{out}");
     let got = pair.probe(&[(bad, 200), (good, 200)], Duration::from_millis(500));
-    assert_eq!(got.get(&bad).copied().unwrap_or(0), 0, "the ban let frames through");
+    assert_eq!(
+        got.get(&bad).copied().unwrap_or(0),
+        0,
+        "the ban let frames through"
+    );
     assert!(got.get(&good).copied().unwrap_or(0) > 90, "{got:?}");
 
     // Killed and restarted: the ban is back with its time.
@@ -157,7 +168,10 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
             assert_eq!(r["expires_at"], Value::Null, "{r}");
             break set_at.elapsed();
         }
-        assert!(set_at.elapsed() < Duration::from_secs(8), "never ended: {l}");
+        assert!(
+            set_at.elapsed() < Duration::from_secs(8),
+            "never ended: {l}"
+        );
         sleep(Duration::from_millis(50));
     };
     assert!(
@@ -169,7 +183,11 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
         got.get(&bad).copied().unwrap_or(0) > 90,
         "frames still dropped after the ban ended: {got:?}"
     );
-    assert!(d.output().contains("temporary rules ended"), "{}", d.output());
+    assert!(
+        d.output().contains("temporary rules ended"),
+        "{}",
+        d.output()
+    );
 }
 
 #[test]
@@ -213,11 +231,22 @@ fn set_changes_only_what_it_is_given_and_says_what_changed() {
             err.contains(&format!("ratelimit: {flag}")) && err.contains(words),
             "{args:?}: {err}"
         );
-        assert!(!err.contains("198.18.1.0/24."), "an internal field path: {err}");
+        assert!(
+            !err.contains("198.18.1.0/24."),
+            "an internal field path: {err}"
+        );
     };
     fail(&["set", "198.18.1.0/24", "--per", "33"], "--per", "0 to 32");
     fail(
-        &["set", "2001:db8::/32", "--rate", "1M/s", "--bytes", "--burst", "10"],
+        &[
+            "set",
+            "2001:db8::/32",
+            "--rate",
+            "1M/s",
+            "--bytes",
+            "--burst",
+            "10",
+        ],
         "--burst",
         "1514",
     );
@@ -266,7 +295,15 @@ fn list_json_gives_rules_as_objects_with_numbers_and_units() {
         "--aggregate",
         "10Mbit/s",
     ]);
-    d.cli_ok(&["set", "2001:db8::/32", "--rate", "1M/s", "--bytes", "--per", "48"]);
+    d.cli_ok(&[
+        "set",
+        "2001:db8::/32",
+        "--rate",
+        "1M/s",
+        "--bytes",
+        "--per",
+        "48",
+    ]);
     d.cli_ok(&[
         "set",
         "198.19.0.0/16",
@@ -296,7 +333,10 @@ fn list_json_gives_rules_as_objects_with_numbers_and_units() {
         ] {
             assert!(is(&r[key]), "{key} of {r}");
         }
-        assert!(r["expires_at"].is_null() || r["expires_at"].is_string(), "{r}");
+        assert!(
+            r["expires_at"].is_null() || r["expires_at"].is_string(),
+            "{r}"
+        );
     }
     let g = rule(&l, "198.18.0.0/16").expect("gcra rule");
     assert_eq!(g["action"], "limit");
@@ -349,7 +389,15 @@ fn per_rule_counters_and_top_leave_would_drops_apart() {
     let pair = Pair::new();
     let run = TempDir::new("rulecount");
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
-    d.cli_ok(&["set", "198.18.0.0/24", "--rate", "100/s", "--burst", "10", "-q"]);
+    d.cli_ok(&[
+        "set",
+        "198.18.0.0/24",
+        "--rate",
+        "100/s",
+        "--burst",
+        "10",
+        "-q",
+    ]);
     d.cli_ok(&[
         "set",
         "198.18.1.0/24",
@@ -379,7 +427,11 @@ fn per_rule_counters_and_top_leave_would_drops_apart() {
     // every frame counted once.
     let passed = c("198.18.0.0/24", "passed");
     assert!((100..=125).contains(&passed), "passed {passed}: {l}");
-    assert_eq!(passed + c("198.18.0.0/24", "dropped"), sent[0].frames, "{l}");
+    assert_eq!(
+        passed + c("198.18.0.0/24", "dropped"),
+        sent[0].frames,
+        "{l}"
+    );
     assert_eq!(c("198.18.0.0/24", "would_drop"), 0);
     // The dry-run rule drops nothing: its excess is would-drops.
     assert_eq!(c("198.18.1.0/24", "dropped"), 0, "{l}");
@@ -400,8 +452,14 @@ fn per_rule_counters_and_top_leave_would_drops_apart() {
         .iter()
         .filter_map(|r| r["source"].as_str())
         .collect();
-    assert!(!sources.contains(&"198.18.1.10"), "would-drops in top: {top}");
-    assert!(sources.contains(&"198.18.0.10"), "the dropped source: {top}");
+    assert!(
+        !sources.contains(&"198.18.1.10"),
+        "would-drops in top: {top}"
+    );
+    assert!(
+        sources.contains(&"198.18.0.10"),
+        "the dropped source: {top}"
+    );
 }
 
 #[test]
@@ -451,7 +509,15 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
         &run.0,
         &["--keep-attached", "--rate", "1000/s"],
     );
-    d.cli_ok(&["set", "198.18.0.0/24", "--rate", "50/s", "--burst", "5", "-q"]);
+    d.cli_ok(&[
+        "set",
+        "198.18.0.0/24",
+        "--rate",
+        "50/s",
+        "--burst",
+        "5",
+        "-q",
+    ]);
     d.cli_ok(&["deny", "198.18.5.5", "--for", "10m", "-q"]);
     d.stop(libc::SIGKILL);
     // Still enforcing, with nobody to ask.
@@ -472,7 +538,10 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
     assert!(note.contains("ratelimit run --iface"), "{note}");
     assert_eq!(l["daemon"], false, "{l}");
     let r = rule(&l, "198.18.0.0/24").expect("the rule, from the pins");
-    assert!(r["counters"]["dropped"]["packets"].as_u64().unwrap_or(0) > 100, "{r}");
+    assert!(
+        r["counters"]["dropped"]["packets"].as_u64().unwrap_or(0) > 100,
+        "{r}"
+    );
     let ban = rule(&l, "198.18.5.5/32").expect("the temporary ban");
     assert!(ban["expires_in_s"].as_f64().unwrap_or(0.0) > 500.0, "{ban}");
     let (s, _) = read(&["stats", "--json"]);
@@ -497,4 +566,119 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
     assert_eq!(d.json(&["status"])["adopted"], true);
     d.stop(libc::SIGTERM);
     assert!(pin_dirs(&pair.rx_if).is_empty(), "pins left behind");
+}
+
+/// The value of `key` in an ini section of fail2ban's kind: its first line
+/// and the indented lines that continue it.
+fn ini_value(text: &str, key: &str) -> String {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with(&format!("{key} =")));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no {key} in the action file"));
+    let mut value = first
+        .split_once('=')
+        .map_or("", |(_, v)| v)
+        .trim()
+        .to_string();
+    for l in lines.take_while(|l| l.starts_with(' ') || l.starts_with('\t')) {
+        value.push('\n');
+        value.push_str(l.trim());
+    }
+    value
+}
+
+#[test]
+fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
+    privileged!("the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves");
+    let pair = Pair::new();
+    let run = TempDir::new("f2b");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let action = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/fail2ban/ratelimit.conf"),
+    )
+    .expect("dist/fail2ban/ratelimit.conf");
+    // What fail2ban runs: its tags filled in, through a shell, in the
+    // daemon's namespace.
+    let fail2ban = |key: &str, addr: &str, bantime: &str| -> Output {
+        let cmd = ini_value(&action, key)
+            .replace("<ratelimit>", &ratelimit_bin().display().to_string())
+            .replace("<iface_opt>", &format!("--iface {}", pair.rx_if))
+            .replace("<ip>", addr)
+            .replace("<bantime>", bantime);
+        let out = pair
+            .rx
+            .command("sh")
+            .args(["-c", &cmd])
+            .env("RATELIMIT_RUN_DIR", &run.0)
+            .output()
+            .expect("sh");
+        assert!(out.status.success(), "{key}: {cmd}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "", "{key} printed");
+        out
+    };
+    fail2ban("actioncheck", "", "");
+    fail2ban("actionban", "198.18.0.66", "2");
+    fail2ban("actionban", "2001:db8::66", "-1");
+    fail2ban("actionban", "198.18.0.67", "600");
+    let l = d.json(&["list"]);
+    let ban = rule(&l, "198.18.0.66/32").expect("the 2 s ban");
+    assert!(ban["expires_in_s"].as_f64().unwrap_or(0.0) <= 2.0, "{ban}");
+    let forever = rule(&l, "2001:db8::66/128").expect("the permanent ban");
+    assert_eq!(forever["expires_at"], Value::Null, "{forever}");
+    let got = pair.probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
+    assert_eq!(got.get(&ip("198.18.0.66")).copied().unwrap_or(0), 0);
+    // An unban ends a ban at once; one that ended already is no error.
+    fail2ban("actionunban", "198.18.0.67", "");
+
+    // CrowdSec's way: decisions piped in, banned for a while as one list.
+    let mut bulk = pair.rx.command(ratelimit_bin());
+    bulk.args([
+        "deny", "--from", "-", "--name", "crowdsec", "--for", "2s", "--iface", &d.iface,
+    ])
+    .env("RATELIMIT_RUN_DIR", &run.0)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    let mut child = bulk.spawn().expect("deny --from -");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(b"198.18.3.1\n198.18.3.2\n2001:db8:3::/48\n")
+            .expect("writing the decisions");
+    }
+    let out = child.wait_with_output().expect("deny --from -");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("3 entries"),
+        "{}",
+        text(&out.stdout)
+    );
+    let lists = d.json(&["list"])["lists"].clone();
+    assert_eq!(lists[0]["name"], "crowdsec", "{lists}");
+    assert!(lists[0]["expires_at"].is_string(), "{lists}");
+
+    sleep(Duration::from_millis(3200));
+    let l = d.json(&["list"]);
+    assert!(
+        rule(&l, "198.18.0.66/32").is_none(),
+        "the 2 s ban stayed: {l}"
+    );
+    assert!(rule(&l, "198.18.0.67/32").is_none(), "unbanned stayed: {l}");
+    assert!(
+        rule(&l, "2001:db8::66/128").is_some(),
+        "the permanent ban ended"
+    );
+    assert_eq!(
+        l["lists"],
+        serde_json::json!([]),
+        "the 2 s list stayed: {l}"
+    );
+    fail2ban("actionunban", "198.18.0.66", "");
+    let got = pair.probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
+    assert!(
+        got.get(&ip("198.18.0.66")).copied().unwrap_or(0) > 30,
+        "{got:?}"
+    );
 }

@@ -468,7 +468,10 @@ impl Daemon {
             },
         );
         for (p, a) in &set.rules {
-            println!("ratelimit:   {p}: {a}");
+            println!(
+                "ratelimit:   {p}: {}",
+                a.text(Some(p.source.addr.is_ipv4()))
+            );
         }
         for (name, l) in &set.lists {
             println!(
@@ -609,7 +612,10 @@ impl Daemon {
     /// cannot be read is left out).
     fn rule_counters(
         &self,
-    ) -> Vec<(String, [ratelimit_common::Counter; ratelimit_common::RuleCounter::ALL.len()])> {
+    ) -> Vec<(
+        String,
+        [ratelimit_common::Counter; ratelimit_common::RuleCounter::ALL.len()],
+    )> {
         let maps = &self.enforcer.maps;
         let mut out: Vec<_> = maps
             .rule_counters(0)

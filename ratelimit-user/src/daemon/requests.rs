@@ -80,8 +80,7 @@ impl Daemon {
                 } else {
                     let prefix = Selector::parse("CIDR", &target)?;
                     let raw = merged(set.rules.get(&prefix), *limit)?;
-                    let action =
-                        as_typed(raw.validate(SET, Some(prefix.source.addr.is_ipv4())))?;
+                    let action = as_typed(raw.validate(SET, Some(prefix.source.addr.is_ipv4())))?;
                     check_byte_bursts(&action, force)?;
                     self.change(|r| {
                         r.set_live(prefix, Some(action), until);
@@ -150,7 +149,11 @@ impl Daemon {
                     None => format!("loaded {action} list {name}:"),
                 };
                 let ends = until.map_or(String::new(), |at| {
-                    format!("; ends in {} ({})", describe::span(for_ms.unwrap_or(0)), describe::rfc3339(at))
+                    format!(
+                        "; ends in {} ({})",
+                        describe::span(for_ms.unwrap_or(0)),
+                        describe::rfc3339(at)
+                    )
                 });
                 data["loaded"] = json!({
                     "name": name,
@@ -408,10 +411,12 @@ fn as_typed<T>(r: Result<T>) -> Result<T> {
                 "new-sources-burst" => "--new-sources-burst",
                 "aggregate" => "--aggregate",
                 "aggregate-burst" => "--aggregate-burst",
-                other => return Error::Invalid {
-                    field: format!("--{}", other.split('.').next_back().unwrap_or(other)),
-                    message,
-                },
+                other => {
+                    return Error::Invalid {
+                        field: format!("--{}", other.split('.').next_back().unwrap_or(other)),
+                        message,
+                    };
+                }
             };
             let field = match level {
                 // The first --rate is the rule's own level.
@@ -446,7 +451,11 @@ fn merged(current: Option<&Action>, given: RawLimit) -> Result<RawLimit> {
         _ => serde_json::Map::new(),
     };
     let mut base = as_map(&RawLimit::from(&Action::Limit(*l)));
-    if given.algorithm.as_deref().is_some_and(|a| a != l.algo.name()) {
+    if given
+        .algorithm
+        .as_deref()
+        .is_some_and(|a| a != l.algo.name())
+    {
         for key in [
             "rate",
             "burst",
@@ -466,7 +475,9 @@ fn merged(current: Option<&Action>, given: RawLimit) -> Result<RawLimit> {
     if given.rate.is_some() && l.burst == l.rate.default_burst() {
         base.remove("burst");
     }
-    if given.aggregate.is_some() && l.aggregate.is_some_and(|a| a.burst == a.rate.default_burst())
+    if given.aggregate.is_some()
+        && l.aggregate
+            .is_some_and(|a| a.burst == a.rate.default_burst())
     {
         base.remove("aggregate-burst");
     }
@@ -668,7 +679,9 @@ pub(crate) fn add_counters(maps: &Maps, data: &mut Value) -> Result<()> {
     };
     data["default"]["counters"] = counters(0)?;
     for r in data["rules"].as_array_mut().into_iter().flatten() {
-        let selector = r["cidr"].as_str().and_then(|c| Selector::parse("cidr", c).ok());
+        let selector = r["cidr"]
+            .as_str()
+            .and_then(|c| Selector::parse("cidr", c).ok());
         if let Some(rule) = selector.and_then(|p| kernel.get(&p)) {
             r["counters"] = counters(rule.slot)?;
         }

@@ -659,10 +659,7 @@ impl Maps {
 
     /// The counters of the rule in `slot`, summed over CPUs, by
     /// [`common::RuleCounter`].
-    pub fn rule_counters(
-        &self,
-        slot: u32,
-    ) -> Result<[Counter; common::RuleCounter::ALL.len()]> {
+    pub fn rule_counters(&self, slot: u32) -> Result<[Counter; common::RuleCounter::ALL.len()]> {
         let mut out = [Counter::default(); common::RuleCounter::ALL.len()];
         for (i, c) in common::RuleCounter::ALL.iter().enumerate() {
             let per_cpu = self

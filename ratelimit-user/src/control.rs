@@ -120,6 +120,11 @@ pub struct Response {
     /// Why not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// When the request was refused for invalid input: the field (option,
+    /// config key or argument) at fault. `error` then starts with `FIELD: `.
+    /// The CLI exits with the invalid-input code rather than the refused one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
     /// The answer.
     #[serde(default)]
     pub data: serde_json::Value,
@@ -131,8 +136,49 @@ impl Response {
         Self {
             ok: false,
             error: Some(why.into()),
+            invalid: None,
             data: serde_json::Value::Null,
         }
+    }
+
+    /// A refusal for `e`, its whole chain as the reason; invalid input keeps
+    /// its field.
+    pub fn refused_for(e: &Error) -> Self {
+        Self {
+            invalid: match e {
+                Error::Invalid { field, .. } => Some(field.clone()),
+                _ => None,
+            },
+            ..Self::refused(crate::error::chain(e))
+        }
+    }
+
+    /// An answer with `data`.
+    pub fn ok(data: serde_json::Value) -> Self {
+        Self {
+            ok: true,
+            error: None,
+            invalid: None,
+            data,
+        }
+    }
+
+    /// What the CLI makes of the answer: its data, or the error it carries.
+    pub fn into_result(self) -> Result<serde_json::Value> {
+        if self.ok {
+            return Ok(self.data);
+        }
+        let why = self.error.unwrap_or_else(|| "refused".into());
+        Err(match self.invalid {
+            Some(field) => Error::Invalid {
+                message: why
+                    .strip_prefix(&format!("{field}: "))
+                    .unwrap_or(&why)
+                    .to_string(),
+                field,
+            },
+            None => Error::Refused(why),
+        })
     }
 }
 
@@ -193,10 +239,9 @@ pub fn only_daemon() -> Result<String> {
     let mut found = daemons_here()?;
     let here = Identity::here("")?;
     match found.len() {
-        0 => Err(Error::Refused(format!(
-            "no ratelimit daemon runs in this network namespace (no socket in {}); start one with `ratelimit run --iface IFACE`",
-            rundir::netns_dir(&here).display()
-        ))),
+        0 => Err(Error::NoDaemonHere {
+            dir: rundir::netns_dir(&here),
+        }),
         1 => Ok(found.remove(0)),
         _ => Err(Error::invalid(
             "--iface",
@@ -292,11 +337,5 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
     }
     let response: Response = serde_json::from_str(&answer)
         .map_err(|e| Error::Refused(format!("the daemon sent a bad answer ({e}): {answer:?}")))?;
-    if response.ok {
-        Ok(response.data)
-    } else {
-        Err(Error::Refused(
-            response.error.unwrap_or_else(|| "refused".into()),
-        ))
-    }
+    response.into_result()
 }

@@ -1,21 +1,26 @@
 //! The ratelimit daemon and CLI as a library: loading and attaching the XDP
 //! program ([`kernel`]), the validated rule model ([`rules`], [`rate`],
 //! [`config`], [`lists`]), the daemon ([`daemon`]), its control socket ([`control`]) and the
-//! command line ([`cli`]).
+//! command line ([`cli`]: its examples in [`help`], its man pages and completions in
+//! [`docs`], how a failure is reported in [`report`]).
 
 pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod docs;
 pub mod error;
 pub mod fleet;
+pub mod help;
 pub mod identity;
 pub mod kernel;
+pub mod listen;
 pub mod lists;
 pub mod logs;
 pub mod matching;
 pub mod metrics;
 pub mod rate;
+pub mod report;
 pub mod rules;
 pub mod rundir;
 pub mod serve;

@@ -341,8 +341,8 @@ impl Daemon {
                 Some(job) = fleet_rx.recv() => self.fleet_job(job),
                 Some((request, reply)) = jobs.recv() => {
                     let response = match self.handle(request) {
-                        Ok(data) => Response { ok: true, error: None, data },
-                        Err(e) => Response::refused(chain(&e)),
+                        Ok(data) => Response::ok(data),
+                        Err(e) => Response::refused_for(&e),
                     };
                     let _ = reply.send(response);
                 }

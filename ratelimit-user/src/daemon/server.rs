@@ -135,11 +135,7 @@ async fn fleet_top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
         Err(e) => return Response::refused(format!("the fleet's Redis {url}: {e}")),
     };
     match crate::fleet::top(&store, &rules, n).await {
-        Ok(rows) => Response {
-            ok: true,
-            error: None,
-            data: json!({"redis": url, "rules": rows}),
-        },
+        Ok(rows) => Response::ok(json!({"redis": url, "rules": rows})),
         Err(e) => Response::refused(format!("the fleet's Redis {url}: {e}")),
     }
 }
@@ -183,9 +179,5 @@ async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
             json!({"source": source, "level": level, "dropped": total, "dropped_per_s": rate.round() as u64})
         })
         .collect();
-    Response {
-        ok: true,
-        error: None,
-        data: json!({"iface": iface, "top": rows}),
-    }
+    Response::ok(json!({"iface": iface, "top": rows}))
 }

@@ -261,8 +261,10 @@ pub async fn call(iface: &str, request: &Request) -> Result<serde_json::Value> {
     }
     let id = Identity::here(iface)?;
     let path = socket_path(&id);
+    // The interface's name alone: the message's hint is a command to run,
+    // and the socket's path names the namespace.
     let no_daemon = || Error::NoDaemon {
-        iface: id.to_string(),
+        iface: id.iface.clone(),
         socket: path.clone(),
     };
     // The socket must be root's, in a directory root owns: anybody else's

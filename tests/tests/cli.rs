@@ -30,7 +30,10 @@ fn json_error(out: &Output, what: &str) -> Value {
 fn fails_with(out: &Output, want: i32, needle: &str, what: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(out), want, "{what}: exit code; stderr: {err}");
-    assert!(err.contains(needle), "{what}: expected {needle:?} on stderr: {err}");
+    assert!(
+        err.contains(needle),
+        "{what}: expected {needle:?} on stderr: {err}"
+    );
 }
 
 #[test]
@@ -50,7 +53,12 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
 
     // 3: no daemon, on the interface or in the namespace.
     let out = cli(&["list", "--json", "--iface", &pair.rx_if]);
-    fails_with(&out, 3, "ratelimit: no ratelimit daemon runs on", "no daemon");
+    fails_with(
+        &out,
+        3,
+        "ratelimit: no ratelimit daemon runs on",
+        "no daemon",
+    );
     let e = json_error(&out, "no daemon");
     assert_eq!(e["kind"], "no-daemon");
     assert!(e.get("field").is_none(), "{e}");
@@ -58,6 +66,12 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
         e["message"]
             .as_str()
             .is_some_and(|m| m.contains(&format!("no ratelimit daemon runs on {}", pair.rx_if))),
+        "{e}"
+    );
+    // The hint is a command that runs as written, in a namespace too.
+    let hint = format!("start one with `ratelimit run --iface {}`", pair.rx_if);
+    assert!(
+        e["message"].as_str().is_some_and(|m| m.contains(&hint)),
         "{e}"
     );
     let out = cli(&["status", "--json"]);
@@ -71,7 +85,12 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
 
     // 2: a bad --metrics, before anything is attached.
     let out = cli(&["run", "--iface", &pair.rx_if, "--metrics", "9477"]);
-    fails_with(&out, 2, "--metrics: \"9477\" is not an address", "bad --metrics");
+    fails_with(
+        &out,
+        2,
+        "--metrics: \"9477\" is not an address",
+        "bad --metrics",
+    );
     for form in ["127.0.0.1:9477", "[::1]:9477", "localhost:9477", ":9477"] {
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(form),
@@ -97,18 +116,30 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
     // 2: invalid input the daemon found (it parses the CIDR), with its field.
     let out = d.cli(&["deny", "198.18.0.0/33"]);
     fails_with(&out, 2, "ratelimit: CIDR: invalid prefix", "bad CIDR");
-    assert!(out.stdout.is_empty(), "no --json, yet stdout: {:?}", out.stdout);
+    assert!(
+        out.stdout.is_empty(),
+        "no --json, yet stdout: {:?}",
+        out.stdout
+    );
     // 2: a usage error of clap's, as JSON too when --json is on the line.
     let out = d.cli(&["stats", "--json", "--colour"]);
     fails_with(&out, 2, "unexpected argument '--colour'", "usage error");
     let e = json_error(&out, "usage error");
-    assert_eq!((e["kind"].as_str(), e["field"].as_str()), (Some("invalid"), Some("--colour")));
+    assert_eq!(
+        (e["kind"].as_str(), e["field"].as_str()),
+        (Some("invalid"), Some("--colour"))
+    );
     let out = d.cli(&["top", "--json", "-n", "many"]);
     let e = json_error(&out, "bad -n");
     assert_eq!((code(&out), e["field"].as_str()), (2, Some("-n")), "{e}");
     // A CIDR without a rule is invalid input too.
     let out = d.cli(&["unset", "198.18.0.0/16"]);
-    fails_with(&out, 2, "CIDR: no rule for 198.18.0.0/16", "unset without a rule");
+    fails_with(
+        &out,
+        2,
+        "CIDR: no rule for 198.18.0.0/16",
+        "unset without a rule",
+    );
     // 4: refused by the daemon.
     let out = d.cli(&["reload"]);
     fails_with(&out, 4, "started without --config", "refused");
@@ -158,7 +189,12 @@ fn metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain() {
     assert!(!log.contains('\x1b'), "escape codes in a log file: {log:?}");
     d.stop(libc::SIGINT);
 
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--metrics", "localhost:19484"]);
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--metrics", "localhost:19484"],
+    );
     let body = scrape(&pair, "localhost:19484");
     assert!(body.contains("ratelimit_attached"), "{body}");
     d.stop(libc::SIGINT);
@@ -171,7 +207,11 @@ fn help_man_page_and_completions_come_from_the_binary() {
     let out = run(&["--help"]);
     assert_eq!(code(&out), 0);
     let help = String::from_utf8_lossy(&out.stdout);
-    for line in ["Exit status:", "  3  no daemon runs", "  5  permission denied"] {
+    for line in [
+        "Exit status:",
+        "  3  no daemon runs",
+        "  5  permission denied",
+    ] {
         assert!(help.contains(line), "--help lacks {line:?}: {help}");
     }
     let out = run(&["set", "--help"]);

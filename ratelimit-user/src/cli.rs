@@ -11,6 +11,7 @@ use crate::{
     control::{self, Request},
     daemon::{self, RunOptions, offline},
     error::{Error, Result},
+    help,
     kernel::{AttachMode, LoadOptions},
     lists::{self, ListAction},
     rate::{parse_duration, parse_rate},
@@ -19,7 +20,7 @@ use crate::{
 
 /// A per-source packet rate limiter at the NIC driver (XDP).
 #[derive(Debug, Parser)]
-#[command(name = "ratelimit", version, about)]
+#[command(name = "ratelimit", version, after_help = help::top())]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -32,34 +33,53 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: attach to an interface and enforce.
+    #[command(after_help = help::RUN)]
     Run(RunArgs),
     /// Set a limit on the default rule or a CIDR.
+    #[command(after_help = help::SET)]
     Set(SetArgs),
     /// Exempt a CIDR, or a list of them (--from FILE): never limited.
+    #[command(after_help = help::ALLOW)]
     Allow(ListableArgs),
     /// Drop everything from a CIDR, or from a list of them (--from FILE).
+    #[command(after_help = help::DENY)]
     Deny(ListableArgs),
     /// Remove the rule of a CIDR, or a list (--list NAME).
+    #[command(after_help = help::UNSET)]
     Unset(UnsetArgs),
     /// Switch between normal and allowlist-only (everything not under an
     /// `allow` rule dropped); kept across restarts.
+    #[command(after_help = help::MODE)]
     Mode(ModeArgs),
     /// Read the config file again; live changes stay on top (unless --replace).
+    #[command(after_help = help::RELOAD)]
     Reload(ReloadArgs),
     /// Show the rules (with --stats, what each rule passed and dropped).
+    #[command(after_help = help::LIST)]
     List(ListArgs),
     /// Show what runs and how.
+    #[command(after_help = help::STATUS)]
     Status(ReadArgs),
     /// Show counters by reason, with per-second rates.
+    #[command(after_help = help::STATS)]
     Stats(StatsArgs),
     /// Show the sources with the most drops.
+    #[command(after_help = help::TOP)]
     Top(TopArgs),
     /// Serve the throttling service (HTTP and JSON) for other programs, on Redis.
+    #[command(after_help = help::SERVE)]
     Serve(ServeArgs),
     /// Check a config file as `run` and `reload` would read it, without
     /// touching anything running: every error with its line; exit status 2
     /// if there is any.
+    #[command(after_help = help::CHECK)]
     Check(CheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = help::COMPLETIONS)]
+    Completions(CompletionsArgs),
+    /// Print the man page ratelimit(8), or write every page into a directory.
+    #[command(after_help = help::MAN)]
+    Man(ManArgs),
 }
 
 /// `ratelimit check`.
@@ -80,10 +100,52 @@ pub struct CheckArgs {
     pub max_list_entries: u32,
 }
 
+/// `ratelimit completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// `ratelimit man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write ratelimit.8 and one ratelimit-COMMAND.8 per command into DIR
+    /// (created if missing) instead of printing ratelimit.8.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+impl Cli {
+    /// Whether the command asked for JSON output (`--json`): a failure is then
+    /// reported as JSON on stdout too.
+    pub fn json(&self) -> bool {
+        match &self.command {
+            Command::List(l) => l.read.json,
+            Command::Status(r) => r.json,
+            Command::Check(c) => c.json,
+            Command::Stats(s) => s.read.json,
+            Command::Top(t) => t.read.json,
+            Command::Run(_)
+            | Command::Set(_)
+            | Command::Allow(_)
+            | Command::Deny(_)
+            | Command::Unset(_)
+            | Command::Mode(_)
+            | Command::Reload(_)
+            | Command::Serve(_)
+            | Command::Completions(_)
+            | Command::Man(_) => false,
+        }
+    }
+}
+
 /// `ratelimit serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on: HOST:PORT, localhost:PORT or :PORT (every address).
+    /// Address to listen on: HOST:PORT, [V6]:PORT, localhost:PORT, or :PORT
+    /// (every IPv4 address).
     #[arg(long, default_value = "127.0.0.1:9478")]
     pub listen: String,
     /// Redis: redis://HOST:PORT[/DB] for one server, or
@@ -132,9 +194,11 @@ pub struct RunArgs {
     /// over; the rules are kept.
     #[arg(long)]
     pub reset: bool,
-    /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9477.
-    #[arg(long)]
-    pub metrics: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics over HTTP on this address: HOST:PORT like
+    /// 127.0.0.1:9477, [::1]:9477, localhost:9477, or :9477 (every IPv4
+    /// address).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// IPv4 sources tracked at once (a load-time setting; 80 bytes each).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_CAPACITY)]
     pub max_sources: u32,
@@ -565,6 +629,11 @@ impl RunArgs {
                 },
                 e => e,
             })?;
+        let metrics = self
+            .metrics
+            .as_deref()
+            .map(|m| crate::listen::listen_addr("--metrics", m, crate::metrics::EXAMPLE_PORT))
+            .transpose()?;
         let opts = RunOptions {
             iface: self.iface.clone(),
             config: self.config.clone(),
@@ -572,7 +641,7 @@ impl RunArgs {
             mode: self.mode,
             keep_attached: self.keep_attached,
             reset: self.reset,
-            metrics: self.metrics,
+            metrics,
             fleet: self.fleet.clone(),
             fleet_fallback: self.fleet_fallback,
             load: LoadOptions {
@@ -604,7 +673,7 @@ fn iface(t: &Target) -> Result<String> {
         Some(i) => Ok(i.clone()),
         None => control::only_daemon(),
     };
-    if let Err(Error::Invalid { .. }) | Ok(_) = &found {
+    if !matches!(found, Err(Error::NoDaemonHere { .. })) {
         return found;
     }
     if let Ok(pinned) = offline::pinned_here() {
@@ -633,9 +702,9 @@ async fn read(t: &Target, request: &Request) -> Result<Value> {
             Err(e @ Error::NoDaemon { .. }) => (Some(iface), e),
             answer => return answer,
         },
-        // Several daemons: --iface says which.
-        Err(e @ Error::Invalid { .. }) => return Err(e),
-        Err(e) => (None, e),
+        Err(e @ Error::NoDaemonHere { .. }) => (None, e),
+        // Several daemons (--iface says which), not root, …
+        Err(e) => return Err(e),
     };
     let iface = match want {
         Some(i) => i,
@@ -687,6 +756,8 @@ pub async fn main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Completions(c) => crate::docs::print_completions(c.shell),
+        Command::Man(m) => crate::docs::print_man(m.out.as_deref()),
         Command::Set(args) => {
             // `--bytes` with a plain count: the count is bytes.
             let rates: Vec<String> = args

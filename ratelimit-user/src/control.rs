@@ -140,14 +140,11 @@ pub struct Response {
     /// Why not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// `invalid` when the request's input was (the CLI's exit code and
-    /// `--json` error say so); absent for any other refusal.
+    /// When the request was refused for invalid input: the field (option,
+    /// config key or argument) at fault. `error` then starts with `FIELD: `.
+    /// The CLI exits with the invalid-input code rather than the refused one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    /// The option the invalid input came from, as the user typed it
-    /// (`--rate`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
+    pub invalid: Option<String>,
     /// The answer.
     #[serde(default)]
     pub data: serde_json::Value,
@@ -159,33 +156,49 @@ impl Response {
         Self {
             ok: false,
             error: Some(why.into()),
-            kind: None,
-            field: None,
+            invalid: None,
             data: serde_json::Value::Null,
         }
     }
 
-    /// The answer to a request that failed with `e`.
-    pub fn failed(e: &Error) -> Self {
-        match e {
-            Error::Invalid { field, message } => Self {
-                kind: Some("invalid".into()),
-                field: Some(field.clone()),
-                ..Self::refused(message.clone())
+    /// A refusal for `e`, its whole chain as the reason; invalid input keeps
+    /// its field.
+    pub fn refused_for(e: &Error) -> Self {
+        Self {
+            invalid: match e {
+                Error::Invalid { field, .. } => Some(field.clone()),
+                _ => None,
             },
-            e => Self::refused(crate::error::chain(e)),
+            ..Self::refused(crate::error::chain(e))
         }
     }
 
-    /// A successful answer.
+    /// An answer with `data`.
     pub fn ok(data: serde_json::Value) -> Self {
         Self {
             ok: true,
             error: None,
-            kind: None,
-            field: None,
+            invalid: None,
             data,
         }
+    }
+
+    /// What the CLI makes of the answer: its data, or the error it carries.
+    pub fn into_result(self) -> Result<serde_json::Value> {
+        if self.ok {
+            return Ok(self.data);
+        }
+        let why = self.error.unwrap_or_else(|| "refused".into());
+        Err(match self.invalid {
+            Some(field) => Error::Invalid {
+                message: why
+                    .strip_prefix(&format!("{field}: "))
+                    .unwrap_or(&why)
+                    .to_string(),
+                field,
+            },
+            None => Error::Refused(why),
+        })
     }
 }
 
@@ -246,10 +259,9 @@ pub fn only_daemon() -> Result<String> {
     let mut found = daemons_here()?;
     let here = Identity::here("")?;
     match found.len() {
-        0 => Err(Error::Refused(format!(
-            "no ratelimit daemon runs in this network namespace (no socket in {}); start one with `ratelimit run --iface IFACE`",
-            rundir::netns_dir(&here).display()
-        ))),
+        0 => Err(Error::NoDaemonHere {
+            dir: rundir::netns_dir(&here),
+        }),
         1 => Ok(found.remove(0)),
         _ => Err(Error::invalid(
             "--iface",
@@ -269,8 +281,10 @@ pub async fn call(iface: &str, request: &Request) -> Result<serde_json::Value> {
     }
     let id = Identity::here(iface)?;
     let path = socket_path(&id);
+    // The interface's name alone: the message's hint is a command to run,
+    // and the socket's path names the namespace.
     let no_daemon = || Error::NoDaemon {
-        iface: id.to_string(),
+        iface: id.iface.clone(),
         socket: path.clone(),
     };
     // The socket must be root's, in a directory root owns: anybody else's
@@ -345,13 +359,5 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
     }
     let response: Response = serde_json::from_str(&answer)
         .map_err(|e| Error::Refused(format!("the daemon sent a bad answer ({e}): {answer:?}")))?;
-    let why = response.error.unwrap_or_else(|| "refused".into());
-    match (response.ok, response.kind.as_deref(), response.field) {
-        (true, _, _) => Ok(response.data),
-        (false, Some("invalid"), Some(field)) => Err(Error::Invalid {
-            field,
-            message: why,
-        }),
-        (false, _, _) => Err(Error::Refused(why)),
-    }
+    response.into_result()
 }

@@ -43,6 +43,15 @@ pub enum Error {
         /// The socket that did not answer.
         socket: PathBuf,
     },
+    /// No daemon runs in this network namespace (a command without `--iface`).
+    #[error(
+        "no ratelimit daemon runs in this network namespace (no socket in {}); start one with `ratelimit run --iface IFACE`",
+        dir.display()
+    )]
+    NoDaemonHere {
+        /// The namespace's run directory, where the sockets would be.
+        dir: PathBuf,
+    },
     /// Loading the object into the kernel failed.
     #[error(
         "loading the XDP program failed (is this root, or CAP_BPF + CAP_NET_ADMIN, on Linux 5.18+ with BTF?)"
@@ -161,5 +170,144 @@ impl Error {
     }
 }
 
+/// What kind of failure an error is, for scripts: each kind has its own exit
+/// code and its name in the `--json` error object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Invalid input: a bad option, value, CIDR or config file (clap's usage
+    /// errors too). Nothing was changed.
+    Invalid,
+    /// No daemon runs on the interface, or in the network namespace.
+    NoDaemon,
+    /// The daemon refused the request (or a precondition failed). Nothing was
+    /// changed.
+    Refused,
+    /// Permission denied: not root.
+    Permission,
+    /// Anything else: the kernel, I/O, the runtime.
+    Failed,
+}
+
+impl Kind {
+    /// Every kind, in the order of its exit code.
+    pub const ALL: [Kind; 5] = [
+        Kind::Failed,
+        Kind::Invalid,
+        Kind::NoDaemon,
+        Kind::Refused,
+        Kind::Permission,
+    ];
+
+    /// The process exit code (0 is success, which is no kind).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Kind::Failed => 1,
+            // clap's own usage errors exit 2 too.
+            Kind::Invalid => 2,
+            Kind::NoDaemon => 3,
+            Kind::Refused => 4,
+            Kind::Permission => 5,
+        }
+    }
+
+    /// The name in the `--json` error object.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Invalid => "invalid",
+            Kind::NoDaemon => "no-daemon",
+            Kind::Refused => "refused",
+            Kind::Permission => "permission",
+            Kind::Failed => "failed",
+        }
+    }
+
+    /// What it means, in a few words (for `--help`, the man page).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Kind::Invalid => {
+                "invalid input: a bad option, value, CIDR or config file; nothing was changed"
+            }
+            Kind::NoDaemon => {
+                "no daemon runs on the interface (or, without --iface, in this network namespace)"
+            }
+            Kind::Refused => "the daemon refused the request; nothing was changed",
+            Kind::Permission => "permission denied: the control sockets are root's",
+            Kind::Failed => "any other failure: the kernel, I/O, the runtime",
+        }
+    }
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Error::Invalid { .. } | Error::Config(_) => Kind::Invalid,
+            Error::NoDaemon { .. } | Error::NoDaemonHere { .. } => Kind::NoDaemon,
+            Error::Refused(_) => Kind::Refused,
+            Error::Permission(_) => Kind::Permission,
+            Error::UnknownInterface(_)
+            | Error::AlreadyRunning { .. }
+            | Error::Load(_)
+            | Error::Attach { .. }
+            | Error::Map { .. }
+            | Error::Program { .. }
+            | Error::Pin { .. }
+            | Error::Link { .. }
+            | Error::Io { .. }
+            | Error::Capacity { .. } => Kind::Failed,
+        }
+    }
+
+    /// The process exit code for this error (see [`Kind::exit_code`]).
+    pub fn exit_code(&self) -> u8 {
+        self.kind().exit_code()
+    }
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_of_failure_has_its_own_exit_code() {
+        let io = || Error::Io {
+            what: "reading x".into(),
+            source: std::io::Error::other("boom"),
+        };
+        let cases = [
+            (Error::invalid("--rate", "bad"), 2, "invalid"),
+            (
+                Error::NoDaemon {
+                    iface: "eth0".into(),
+                    socket: "/run/ratelimit/host/eth0.sock".into(),
+                },
+                3,
+                "no-daemon",
+            ),
+            (
+                Error::NoDaemonHere {
+                    dir: "/run/ratelimit/host".into(),
+                },
+                3,
+                "no-daemon",
+            ),
+            (
+                Error::Refused("no rule for 198.18.0.0/16".into()),
+                4,
+                "refused",
+            ),
+            (Error::Permission("not root".into()), 5, "permission"),
+            (Error::UnknownInterface("eth9".into()), 1, "failed"),
+            (io(), 1, "failed"),
+        ];
+        for (e, code, name) in cases {
+            assert_eq!((e.exit_code(), e.kind().name()), (code, name), "{e}");
+        }
+        // Codes 1 to 5, each once: a script can tell every kind apart.
+        let codes: Vec<u8> = Kind::ALL.iter().map(|k| k.exit_code()).collect();
+        assert_eq!(codes, [1, 2, 3, 4, 5]);
+    }
+}

@@ -2,7 +2,8 @@
 //! program ([`kernel`]), the validated rule model ([`rules`], [`rate`],
 //! [`config`], [`lists`]), reading a config file with every error
 //! ([`check`]), the daemon ([`daemon`]), its control socket ([`control`]) and
-//! the command line ([`cli`]).
+//! the command line ([`cli`]: its examples in [`help`], its man pages and
+//! completions in [`docs`], how a failure is reported in [`report`]).
 
 pub mod check;
 pub mod cli;
@@ -10,15 +11,19 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod describe;
+pub mod docs;
 pub mod error;
 pub mod fleet;
+pub mod help;
 pub mod identity;
 pub mod kernel;
+pub mod listen;
 pub mod lists;
 pub mod logs;
 pub mod matching;
 pub mod metrics;
 pub mod rate;
+pub mod report;
 pub mod rules;
 pub mod rundir;
 pub mod serve;

@@ -1,10 +1,36 @@
-//! The XDP program's aya-log records (rare events only: nothing is logged per
-//! packet), forwarded into the daemon's `tracing` logs under the target
+//! The logs: the `tracing` subscriber every command writes to stderr with
+//! ([`init`]), and the XDP program's aya-log records (rare events only:
+//! nothing is logged per packet), forwarded into it under the target
 //! `ratelimit::xdp`.
+
+use std::io::IsTerminal as _;
 
 use aya_log::EbpfLogger;
 use tokio::io::unix::AsyncFd;
 use tracing::warn;
+use tracing_subscriber::EnvFilter;
+
+/// Logs to stderr, filtered by `RATELIMIT_LOG` (env-filter syntax, default
+/// `info`); coloured only on a terminal, and never when `NO_COLOR` is set
+/// (<https://no-color.org>), so journald and log files get plain text.
+pub fn init() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("RATELIMIT_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
+        .init();
+}
+
+/// Whether to colour: on a terminal, unless `NO_COLOR` is set to anything
+/// but the empty string.
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
 
 /// A `log::Log` that re-emits records through `tracing`.
 pub struct TracingLog;
@@ -45,5 +71,19 @@ pub fn forward(logger: EbpfLogger<TracingLog>) {
             });
         }
         Err(e) => warn!(error = %e, "cannot poll the XDP program's log records"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour;
+
+    #[test]
+    fn colour_only_on_a_terminal_and_without_no_color() {
+        assert!(colour(true, None));
+        assert!(!colour(false, None), "a pipe or journald got colour");
+        assert!(!colour(true, Some("1".into())), "NO_COLOR=1 ignored");
+        // no-color.org: an empty NO_COLOR does not count.
+        assert!(colour(true, Some("".into())));
     }
 }

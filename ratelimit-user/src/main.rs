@@ -2,23 +2,21 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use ratelimit_user::cli::{self, Cli};
-use tracing_subscriber::EnvFilter;
+use ratelimit_user::{
+    cli::{self, Cli},
+    logs, report,
+};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("RATELIMIT_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+    logs::init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return report::usage_error(e, report::json_in_args(std::env::args_os())),
+    };
+    let json = cli.json();
     match cli::main(cli).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ratelimit: {:#}", anyhow::Error::new(e));
-            ExitCode::FAILURE
-        }
+        Err(e) => report::failure(e, json),
     }
 }

@@ -34,6 +34,9 @@ use crate::{
     slots::{AcceptBackoff, Slots},
 };
 
+/// The port the `--metrics` examples use (Prometheus' registry of exporter
+/// ports has no entry for ratelimit; 9477 is free there).
+pub const EXAMPLE_PORT: u16 = 9477;
 /// Connections open at once.
 pub const MAX_CONNECTIONS: usize = 64;
 /// How long a client may take to send its request headers.

@@ -12,7 +12,6 @@
 //! 503 with `{"error"}` (the caller decides whether to fail open or closed).
 
 use std::{
-    net::SocketAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -42,6 +41,8 @@ use crate::{
 pub const MAX_KEY: usize = 512;
 /// Largest request body, bytes.
 pub const MAX_BODY: usize = 16 * 1024;
+/// The port `--listen` defaults to (on 127.0.0.1).
+pub const DEFAULT_PORT: u16 = 9478;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
@@ -369,31 +370,9 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
     }
 }
 
-/// Parses a listen address: `HOST:PORT`, `[V6]:PORT`, `localhost:PORT`, or
-/// `:PORT` (every address).
-pub async fn listen_addr(field: &str, s: &str) -> Result<SocketAddr> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_string()
-    };
-    let bad = || {
-        Error::invalid(
-            field,
-            format!(
-                "{s:?} is not an address to listen on; write HOST:PORT like 127.0.0.1:8080, localhost:8080 or :8080"
-            ),
-        )
-    };
-    match tokio::net::lookup_host(&full).await {
-        Ok(mut addrs) => addrs.next().ok_or_else(bad),
-        Err(_) => Err(bad()),
-    }
-}
-
 /// Runs the service until SIGINT or SIGTERM.
 pub async fn serve(listen: &str, redis_url: &str, prefix: &str) -> Result<()> {
-    let addr = listen_addr("--listen", listen).await?;
+    let addr = crate::listen::listen_addr("--listen", listen, DEFAULT_PORT)?;
     let store = Store::connect(redis_url)
         .await
         .map_err(|e| Error::invalid("--redis", e.to_string()))?;

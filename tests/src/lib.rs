@@ -36,6 +36,26 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// Whether `tool` is on PATH. When not: prints a loud skip line naming the
+/// test and the tool (`cargo xtask setup` installs it) and returns false — or,
+/// under `CI`, panics: CI must not skip.
+pub fn require_tool(test: &str, tool: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()));
+    if found {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: needs {tool}, and CI is set: `cargo xtask setup` installs it");
+    }
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "SKIPPED (needs {tool}; `cargo xtask setup` installs it): {test}"
+    );
+    false
+}
+
 /// Skips the calling test when not root (see [`require_root`]).
 #[macro_export]
 macro_rules! privileged {

@@ -6,12 +6,15 @@
 //!   as root.
 //! - `test`: fmt, clippy (host and eBPF), unit tests, then the privileged
 //!   integration tests one at a time.
+//! - `install [--prefix DIR]`: the release binary, its man pages and shell
+//!   completions, and the systemd unit (see `install.rs`).
 
+mod install;
 mod setup;
 
 use std::{
     env,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, ExitCode, Stdio},
 };
 
@@ -43,6 +46,20 @@ enum Task {
     },
     /// fmt, clippy, unit tests, then the privileged integration tests.
     Test,
+    /// Build a release and install the binary, its man pages, shell
+    /// completions and the systemd unit (as root, through sudo if needed).
+    Install {
+        /// Where the binary (PREFIX/bin), the man pages (PREFIX/share/man/man8)
+        /// and the completions (PREFIX/share/…) go.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: PathBuf,
+        /// Where the systemd unit ratelimit@.service goes.
+        #[arg(long, default_value = "/etc/systemd/system")]
+        unit_dir: PathBuf,
+        /// Install this binary instead of building one.
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+    },
     /// Benchmarks: write bench/results.md and bench/results.json (as root).
     Bench {
         /// Short runs, for a smoke check.
@@ -89,6 +106,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_code(status))
         }
         Task::Test => test(),
+        Task::Install {
+            prefix,
+            unit_dir,
+            binary,
+        } => install(&prefix, &unit_dir, binary),
         Task::Bench { quick, only } => bench(quick, only.as_deref()),
     }
 }
@@ -137,6 +159,47 @@ fn bench(quick: bool, only: Option<&str>) -> Result<ExitCode> {
     }
     let status = cmd.status().context("running the benchmarks")?;
     Ok(exit_code(status))
+}
+
+fn install(prefix: &Path, unit_dir: &Path, binary: Option<PathBuf>) -> Result<ExitCode> {
+    let bin = match binary {
+        Some(b) => b,
+        None => {
+            setup::setup(false)?;
+            build_bin(true)?
+        }
+    };
+    if !is_root() {
+        // Built as the user (so target/ stays theirs); copied as root.
+        eprintln!("xtask: not root: installing through sudo -E");
+        let exe = env::current_exe().context("finding the xtask binary")?;
+        let mut cmd = as_root(&exe);
+        cmd.arg("install")
+            .arg("--prefix")
+            .arg(prefix)
+            .arg("--unit-dir")
+            .arg(unit_dir)
+            .arg("--binary")
+            .arg(&bin);
+        let status = cmd.status().context("running sudo")?;
+        return Ok(exit_code(status));
+    }
+    let unit_src = workspace_root().join(install::UNIT);
+    let unit = std::fs::read_to_string(&unit_src)
+        .with_context(|| format!("reading {}", unit_src.display()))?;
+    for path in install::files(&bin, prefix, &unit, unit_dir)? {
+        eprintln!("xtask: installed {}", path.display());
+    }
+    if unit_dir == Path::new("/etc/systemd/system") && Path::new("/run/systemd/system").exists() {
+        check(
+            Command::new("systemctl").arg("daemon-reload"),
+            "systemctl daemon-reload",
+        )?;
+    }
+    eprintln!(
+        "xtask: next: put the rules in /etc/ratelimit/IFACE.toml (see examples/ratelimit.toml), then `systemctl enable --now ratelimit@IFACE`"
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn workspace_root() -> PathBuf {

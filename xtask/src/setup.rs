@@ -8,6 +8,9 @@
 //!    `LLVM_PREFIX=<prefix> cargo install bpf-linker --no-default-features
 //!    --features llvm-<major>`. bpf-linker's rpath points into the prefix, which
 //!    lives under `$CARGO_HOME/ratelimit-llvm/<major>/`.
+//!
+//! And, as root, the Debian packages the tests run (redis-server, redis-tools,
+//! systemd for systemd-analyze, strace).
 
 use std::{
     env, fs,
@@ -37,21 +40,65 @@ pub fn setup(verbose: bool) -> Result<()> {
     nightly(verbose)?;
     rust_src(verbose)?;
     bpf_linker(verbose)?;
-    redis()?;
+    packages()?;
     Ok(())
 }
 
-/// Debian's `redis-server` (and `redis-cli`, from redis-tools) for the fleet
-/// tests and the service benchmark: installed when missing, as root.
-fn redis() -> Result<()> {
-    if Path::new("/usr/bin/redis-server").exists() && Path::new("/usr/bin/redis-cli").exists() {
+/// A Debian package the tests need, found by one of its files.
+struct Package {
+    /// The package.
+    name: &'static str,
+    /// A file it installs: present means installed.
+    file: &'static str,
+    /// Which tests need it.
+    why: &'static str,
+}
+
+/// What the tests run besides the build: Debian's `redis-server` and
+/// `redis-cli` for the fleet tests and the service benchmark;
+/// `systemd-analyze` to verify the unit and score its exposure, and `strace`
+/// to check its system call filter (tests/tests/service.rs).
+const PACKAGES: [Package; 4] = [
+    Package {
+        name: "redis-server",
+        file: "/usr/bin/redis-server",
+        why: "the Redis tests",
+    },
+    Package {
+        name: "redis-tools",
+        file: "/usr/bin/redis-cli",
+        why: "the Redis tests",
+    },
+    Package {
+        name: "systemd",
+        file: "/usr/bin/systemd-analyze",
+        why: "the systemd unit's tests",
+    },
+    Package {
+        name: "strace",
+        file: "/usr/bin/strace",
+        why: "the systemd unit's system call filter test",
+    },
+];
+
+/// Installs the missing [`PACKAGES`] with apt-get, as root.
+fn packages() -> Result<()> {
+    let missing: Vec<&Package> = PACKAGES
+        .iter()
+        .filter(|p| !Path::new(p.file).exists())
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
+    let names: Vec<&str> = missing.iter().map(|p| p.name).collect();
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "xtask setup: redis-server is missing and this is not root: run `apt-get install redis-server` (the Redis tests need it)"
-        );
+        for p in &missing {
+            eprintln!(
+                "xtask setup: {} is missing and this is not root: run `apt-get install {}` ({} need it)",
+                p.file, p.name, p.why
+            );
+        }
         return Ok(());
     }
     run(
@@ -60,16 +107,10 @@ fn redis() -> Result<()> {
     )?;
     run(
         Command::new("apt-get")
-            .args([
-                "install",
-                "-y",
-                "-qq",
-                "--no-install-recommends",
-                "redis-server",
-                "redis-tools",
-            ])
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&names)
             .env("DEBIAN_FRONTEND", "noninteractive"),
-        "installing redis-server and redis-tools (Debian)",
+        &format!("installing {} (Debian)", names.join(", ")),
     )
 }
 

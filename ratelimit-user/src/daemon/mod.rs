@@ -356,7 +356,7 @@ impl Daemon {
                 Some((request, reply)) = jobs.recv() => {
                     let response = match self.handle(request) {
                         Ok(data) => Response::ok(data),
-                        Err(e) => Response::failed(&e),
+                        Err(e) => Response::refused_for(&e),
                     };
                     let _ = reply.send(response);
                 }

@@ -1,0 +1,401 @@
+//! The systemd unit `dist/ratelimit@.service`: it verifies, its exposure
+//! (`systemd-analyze security`) stays at 4.0 or below, the daemon does its work
+//! with exactly the capabilities the unit leaves it, and every system call it
+//! makes is one the unit's filter allows.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use ratelimit_tests::{
+    Daemon, TempDir,
+    check::ip,
+    net::{Pair, pin_dirs},
+    privileged, ratelimit_bin, require_tool,
+};
+
+/// The highest exposure level the unit may have (systemd's scale: 0 is
+/// locked down, 10 is a service with no sandbox; "OK" ends at 4.9).
+const MAX_EXPOSURE: f64 = 4.0;
+
+fn unit_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/ratelimit@.service")
+}
+
+fn unit_text() -> String {
+    std::fs::read_to_string(unit_path())
+        .unwrap_or_else(|e| panic!("reading {}: {e}", unit_path().display()))
+}
+
+/// Every value of `key=` in the unit, in order (a key may be given several
+/// times, as SystemCallFilter= is).
+fn unit_values(key: &str) -> Vec<String> {
+    let prefix = format!("{key}=");
+    unit_text()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(&prefix).map(str::to_string))
+        .collect()
+}
+
+fn unit_value(key: &str) -> String {
+    let v = unit_values(key);
+    assert_eq!(v.len(), 1, "{key}= given {} times in the unit", v.len());
+    v[0].clone()
+}
+
+/// The unit's capability bounding set, e.g. `["CAP_BPF", "CAP_NET_ADMIN", …]`.
+fn unit_caps() -> Vec<String> {
+    unit_value("CapabilityBoundingSet")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The bit of a capability in /proc/PID/status masks (linux/capability.h).
+fn cap_bit(name: &str) -> u32 {
+    match name {
+        "CAP_NET_ADMIN" => 12,
+        "CAP_NET_RAW" => 13,
+        "CAP_IPC_LOCK" => 14,
+        "CAP_SYS_PTRACE" => 19,
+        "CAP_SYS_ADMIN" => 21,
+        "CAP_SYS_RESOURCE" => 24,
+        "CAP_PERFMON" => 38,
+        "CAP_BPF" => 39,
+        other => panic!("the test does not know the bit of {other}: add it"),
+    }
+}
+
+/// A hex mask of /proc/PID/status (`CapEff`, `CapBnd`, …).
+fn proc_caps(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    u64::from_str_radix(hex.trim(), 16).expect("hex mask")
+}
+
+#[test]
+fn the_unit_verifies_and_its_exposure_is_at_most_4() {
+    let name = "the_unit_verifies_and_its_exposure_is_at_most_4";
+    if !require_tool(name, "systemd-analyze") {
+        return;
+    }
+    // What the unit must keep doing.
+    let exec = unit_value("ExecStart");
+    assert!(
+        exec.starts_with("/usr/local/bin/ratelimit run --iface %i")
+            && exec.contains("--keep-attached"),
+        "ExecStart={exec}"
+    );
+    assert_eq!(unit_value("ExecReload"), "/bin/kill -HUP $MAINPID");
+    assert_eq!(unit_value("Restart"), "on-failure");
+    assert_eq!(unit_value("LimitNOFILE"), "65536");
+    // The CLI talks only to a control socket root owns.
+    assert_eq!(unit_value("User"), "root");
+    assert_eq!(unit_value("RuntimeDirectory"), "ratelimit");
+    assert!(
+        unit_value("Documentation").contains("man:ratelimit(8)"),
+        "Documentation={}",
+        unit_value("Documentation")
+    );
+
+    // A copy as an instance, run by the binary under test (the installed
+    // path need not exist here), with the man pages it refers to on MANPATH:
+    // verify checks both.
+    let dir = TempDir::new("unit");
+    let unit = dir.0.join("ratelimit@eth0.service");
+    let bin = ratelimit_bin();
+    std::fs::write(
+        &unit,
+        unit_text().replace(
+            "/usr/local/bin/ratelimit",
+            bin.to_str().expect("UTF-8 path"),
+        ),
+    )
+    .expect("writing the unit copy");
+    let man = dir.0.join("man");
+    let out = Command::new(&bin)
+        .arg("man")
+        .arg("--out")
+        .arg(man.join("man8"))
+        .output()
+        .expect("ratelimit man");
+    assert!(
+        out.status.success(),
+        "ratelimit man --out: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .env("MANPATH", &man)
+        .output()
+        .expect("systemd-analyze verify");
+    let complaints = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && complaints.trim().is_empty(),
+        "systemd-analyze verify ({}): {complaints}",
+        out.status
+    );
+
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true"])
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze security");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let line = report
+        .lines()
+        .find(|l| l.contains("Overall exposure level for ratelimit@eth0.service:"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no exposure level in: {report}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let exposure: f64 = line
+        .split(':')
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable exposure line: {line}"));
+    assert!(
+        exposure <= MAX_EXPOSURE,
+        "exposure {exposure}, at most {MAX_EXPOSURE} wanted:\n{report}"
+    );
+}
+
+/// setpriv's form of the unit's capabilities: `-all,+bpf,+net_admin,…`.
+fn setpriv_caps() -> String {
+    let mut s = String::from("-all");
+    for cap in unit_caps() {
+        s.push_str(",+");
+        s.push_str(&cap.trim_start_matches("CAP_").to_lowercase());
+    }
+    s
+}
+
+/// `ratelimit run` on the pair's receiving end, as uid 0 with exactly the
+/// unit's capabilities (bounding, inheritable and ambient sets, as systemd
+/// sets them from CapabilityBoundingSet= and AmbientCapabilities=).
+fn start_confined(pair: &Pair, run: &Path) -> Daemon {
+    let caps = setpriv_caps();
+    let mut cmd = pair.rx.command("setpriv");
+    cmd.arg("--reuid=0")
+        .arg(format!("--bounding-set={caps}"))
+        .arg(format!("--inh-caps={caps}"))
+        .arg(format!("--ambient-caps={caps}"))
+        .arg("--")
+        .arg(ratelimit_bin())
+        .args(["run", "--iface", &pair.rx_if, "--keep-attached"]);
+    Daemon::spawn(cmd, &pair.rx, &pair.rx_if, run)
+}
+
+/// Frames from a denied source and from one within the default limit, for
+/// one second: the denied one must get nothing through.
+fn assert_enforced(pair: &Pair, when: &str) {
+    let (denied, fine) = (ip("198.18.0.66"), ip("198.18.0.10"));
+    let got = pair.probe(&[(denied, 200), (fine, 200)], Duration::from_secs(1));
+    let (d, f) = (
+        got.get(&denied).copied().unwrap_or(0),
+        got.get(&fine).copied().unwrap_or(0),
+    );
+    assert_eq!(d, 0, "{when}: {d} frames from the denied source arrived");
+    assert!(
+        f >= 150,
+        "{when}: {f} of about 200 frames from a source within its limit arrived"
+    );
+}
+
+#[test]
+fn the_units_capabilities_are_enough_to_attach_enforce_pin_and_adopt() {
+    privileged!("the_units_capabilities_are_enough_to_attach_enforce_pin_and_adopt");
+    if !require_tool(
+        "the_units_capabilities_are_enough_to_attach_enforce_pin_and_adopt",
+        "setpriv",
+    ) {
+        return;
+    }
+    let caps = unit_caps();
+    let mut ambient: Vec<String> = unit_value("AmbientCapabilities")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    ambient.sort();
+    let mut bounding = caps.clone();
+    bounding.sort();
+    assert_eq!(
+        ambient, bounding,
+        "AmbientCapabilities= and CapabilityBoundingSet= differ"
+    );
+    let want: u64 = caps.iter().map(|c| 1u64 << cap_bit(c)).sum();
+
+    let pair = Pair::new();
+    let run = TempDir::new("caps");
+    let d = start_confined(&pair, &run.0);
+    // The daemon itself (nsenter and setpriv exec it in place), with the
+    // unit's capabilities and no others.
+    let pid = d.child.pid();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
+    assert_eq!(comm.trim(), "ratelimit");
+    for field in ["CapEff", "CapPrm", "CapBnd"] {
+        assert_eq!(
+            proc_caps(pid, field),
+            want,
+            "{field} of the daemon: {:#x}, the unit's set {caps:?} is {want:#x}",
+            proc_caps(pid, field)
+        );
+    }
+    assert!(pair.rx_has_xdp(), "no XDP program on {}", pair.rx_if);
+    d.cli_ok(&["deny", "198.18.0.66/32"]);
+    assert_enforced(&pair, "first start");
+
+    // SIGTERM with --keep-attached (as `systemctl stop`): still enforcing, pinned.
+    let status = d.stop(libc::SIGTERM);
+    assert!(status.success(), "exit on SIGTERM: {status:?}");
+    assert!(pair.rx_has_xdp(), "SIGTERM under --keep-attached detached");
+    assert!(!pin_dirs(&pair.rx_if).is_empty(), "no pins after SIGTERM");
+
+    // A second start, same capabilities, adopts the pinned program and maps.
+    let d = start_confined(&pair, &run.0);
+    let status = d.json(&["status"]);
+    assert_eq!(
+        status["adopted"], true,
+        "the second start did not adopt: {status}"
+    );
+    let list = d.json(&["list"]);
+    assert!(
+        list.to_string().contains("198.18.0.66/32"),
+        "the deny rule was lost across the restart: {list}"
+    );
+    assert_enforced(&pair, "after adopting");
+    let status = d.stop(libc::SIGTERM);
+    assert!(status.success(), "second exit on SIGTERM: {status:?}");
+}
+
+/// The system calls a filter of the unit allows: each `@group` expanded by
+/// `systemd-analyze syscall-filter` (groups nest), single names as given.
+fn allowed_syscalls() -> BTreeSet<String> {
+    fn expand(item: &str, into: &mut BTreeSet<String>) {
+        if !item.starts_with('@') {
+            into.insert(item.to_string());
+            return;
+        }
+        let out = Command::new("systemd-analyze")
+            .args(["syscall-filter", item])
+            .output()
+            .expect("systemd-analyze syscall-filter");
+        assert!(out.status.success(), "unknown syscall group {item}");
+        for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            expand(line, into);
+        }
+    }
+    let mut allowed = BTreeSet::new();
+    for value in unit_values("SystemCallFilter") {
+        assert!(
+            !value.starts_with('~'),
+            "the test reads only allow lists; SystemCallFilter={value}"
+        );
+        for item in value.split_whitespace() {
+            expand(item, &mut allowed);
+        }
+    }
+    allowed
+}
+
+/// The threads of `pid`'s children (strace's tracee).
+fn child_of(pid: i32) -> i32 {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .expect("children of strace");
+    children
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("strace ({pid}) has no child"))
+}
+
+#[test]
+fn every_system_call_the_daemon_makes_is_in_the_units_filter() {
+    let name = "every_system_call_the_daemon_makes_is_in_the_units_filter";
+    privileged!(name);
+    if !require_tool(name, "strace") || !require_tool(name, "systemd-analyze") {
+        return;
+    }
+    let allowed = allowed_syscalls();
+    assert!(allowed.contains("bpf") && allowed.contains("read"));
+
+    let pair = Pair::new();
+    let run = TempDir::new("syscalls");
+    let config = run.0.join("rules.toml");
+    std::fs::write(&config, "[default]\nrate = \"500/s\"\n").expect("config");
+    let trace = run.0.join("strace.txt");
+    let metrics = "127.0.0.1:19481";
+    // Everything the daemon does in a day: start with a config and metrics,
+    // take changes, answer reads, be scraped, reload on SIGHUP, stop.
+    let mut cmd = pair.rx.command("strace");
+    cmd.args(["-f", "-c", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(ratelimit_bin())
+        .args(["run", "--iface", &pair.rx_if, "--keep-attached"])
+        .arg("--config")
+        .arg(&config)
+        .args(["--metrics", metrics]);
+    let d = Daemon::spawn(cmd, &pair.rx, &pair.rx_if, &run.0);
+    d.cli_ok(&["deny", "198.18.0.66/32"]);
+    d.cli_ok(&["set", "198.18.0.0/24", "--rate", "100/s", "--per", "24"]);
+    let _ = pair.probe(&[(ip("198.18.0.66"), 100)], Duration::from_millis(300));
+    for read in [&["stats"][..], &["status"], &["list"]] {
+        d.json(read);
+    }
+    d.cli_ok(&["top"]);
+    let scrape = pair
+        .rx
+        .command("python3")
+        .args([
+            "-c",
+            &format!(
+                "import urllib.request;urllib.request.urlopen('http://{metrics}/metrics').read()"
+            ),
+        ])
+        .status()
+        .expect("scraping");
+    assert!(scrape.success(), "the metrics scrape failed");
+    let daemon = child_of(d.child.pid());
+    // SAFETY: signalling the daemon this test started.
+    unsafe { libc::kill(daemon, libc::SIGHUP) };
+    d.cli_ok(&["reload"]);
+    unsafe { libc::kill(daemon, libc::SIGTERM) };
+    // strace exits with its tracee, after writing the summary.
+    let out = d.child.wait(Duration::from_secs(20));
+    assert!(out.status.success(), "exit under strace: {:?}", out.status);
+
+    let summary = std::fs::read_to_string(&trace).expect("strace summary");
+    // `% time  seconds  usecs/call  calls  [errors]  syscall`: the name is
+    // the last column of each row between the rule lines.
+    let used: BTreeSet<String> = summary
+        .lines()
+        .skip_while(|l| !l.starts_with("------"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("------"))
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .collect();
+    assert!(
+        used.contains("bpf") && used.len() > 20,
+        "strace saw too little: {summary}"
+    );
+    let refused: Vec<&String> = used.difference(&allowed).collect();
+    assert!(
+        refused.is_empty(),
+        "the daemon makes system calls the unit's SystemCallFilter= refuses (EPERM): {refused:?}\n{summary}"
+    );
+}

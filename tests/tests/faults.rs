@@ -105,7 +105,7 @@ fn in_kernel(iface: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     out.insert(format!("default {}", set.default));
     for (p, a) in &set.rules {
-        out.insert(format!("{p} {a}"));
+        out.insert(format!("{p} {}", a.text(Some(p.source.addr.is_ipv4()))));
     }
     out
 }

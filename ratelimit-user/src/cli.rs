@@ -666,27 +666,42 @@ fn as_flag(field: &str) -> String {
     format!("--{}", key.replace('_', "-"))
 }
 
-/// The daemon a change goes to. With no daemon but a program pinned and
-/// enforcing, says how to adopt it.
+/// The daemon a change goes to.
 fn iface(t: &Target) -> Result<String> {
-    let found = match &t.iface {
+    match &t.iface {
         Some(i) => Ok(i.clone()),
         None => control::only_daemon(),
-    };
-    if !matches!(found, Err(Error::NoDaemonHere { .. })) {
-        return found;
     }
-    if let Ok(pinned) = offline::pinned_here() {
-        for iface in pinned
-            .iter()
-            .filter(|i| t.iface.as_ref().is_none_or(|want| want == *i))
-        {
-            eprintln!(
-                "ratelimit: the program pinned for {iface} enforces without a daemon: `ratelimit run --iface {iface}` adopts it (rules and buckets kept), then changes can be made"
-            );
-        }
+}
+
+/// After a change found no daemon: for each program of this namespace
+/// pinned and enforcing on its own (`want`: the one of `--iface`), says how
+/// to adopt it.
+fn adopt_hint(want: Option<&str>) {
+    for iface in offline::pinned_here()
+        .unwrap_or_default()
+        .iter()
+        .filter(|i| want.is_none_or(|w| w == *i))
+    {
+        eprintln!(
+            "ratelimit: the program pinned for {iface} enforces without a daemon: `ratelimit run --iface {iface}` adopts it (rules and buckets kept), then changes can be made"
+        );
     }
-    found
+}
+
+impl Command {
+    /// The `--iface` a change was given; `None` for what is not a change.
+    fn change_target(&self) -> Option<Option<&str>> {
+        let t = match self {
+            Command::Set(a) => &a.target_daemon,
+            Command::Allow(a) | Command::Deny(a) => &a.target,
+            Command::Unset(a) => &a.target,
+            Command::Mode(a) => &a.target,
+            Command::Reload(a) => &a.target,
+            _ => return None,
+        };
+        Some(t.iface.as_deref())
+    }
 }
 
 /// Sends a read-only request to the daemon; with no daemon, answers it from
@@ -743,7 +758,17 @@ pub async fn main(cli: Cli) -> Result<()> {
         // SAFETY: setting a signal's disposition to the default.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    match cli.command {
+    let change = cli.command.change_target().map(|t| t.map(str::to_string));
+    let done = run_command(cli.command).await;
+    if let (Some(want), Err(Error::NoDaemon { .. } | Error::NoDaemonHere { .. })) = (&change, &done)
+    {
+        adopt_hint(want.as_deref());
+    }
+    done
+}
+
+async fn run_command(command: Command) -> Result<()> {
+    match command {
         Command::Run(args) => {
             let opts = args.options()?;
             daemon::run(opts, shutdown_signal()).await

@@ -54,6 +54,25 @@ impl NetNs {
         cmd
     }
 
+    /// The body of `http://ADDR/metrics` fetched from inside this namespace
+    /// (its loopback, its addresses); panics with the error if it fails.
+    pub fn scrape(&self, addr: &str) -> String {
+        let out = self
+            .command("python3")
+            .args([
+                "-c",
+                &format!("import urllib.request;print(urllib.request.urlopen('http://{addr}/metrics').read().decode(),end='')"),
+            ])
+            .output()
+            .expect("scraping");
+        assert!(
+            out.status.success(),
+            "scraping {addr}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Moves the calling thread into this namespace.
     pub fn enter(&self) {
         let f = File::open(Path::new("/run/netns").join(&self.name)).expect("opening netns");

@@ -150,25 +150,6 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
     assert!(v.get("error").is_none() && v["default"].is_object(), "{v}");
 }
 
-/// Scrapes `addr` from inside the daemon's namespace; returns the body.
-fn scrape(pair: &Pair, addr: &str) -> String {
-    let out = pair
-        .rx
-        .command("python3")
-        .args([
-            "-c",
-            &format!("import urllib.request;print(urllib.request.urlopen('http://{addr}/metrics').read().decode(),end='')"),
-        ])
-        .output()
-        .expect("scraping");
-    assert!(
-        out.status.success(),
-        "scraping {addr}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain() {
     privileged!("metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain");
@@ -177,7 +158,7 @@ fn metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain() {
     // :PORT: every IPv4 address, so the veth's address answers too.
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--metrics", ":19483"]);
     for addr in ["127.0.0.1:19483", "198.18.0.2:19483"] {
-        let body = scrape(&pair, addr);
+        let body = pair.rx.scrape(addr);
         assert!(body.contains("ratelimit_packets_total"), "{addr}: {body}");
     }
     // Its stderr is a file: no colour codes in the logs.
@@ -195,7 +176,7 @@ fn metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain() {
         &run.0,
         &["--metrics", "localhost:19484"],
     );
-    let body = scrape(&pair, "localhost:19484");
+    let body = pair.rx.scrape("localhost:19484");
     assert!(body.contains("ratelimit_attached"), "{body}");
     d.stop(libc::SIGINT);
 }

@@ -636,21 +636,7 @@ fn prometheus_metrics_parse_and_match_the_counters() {
     sleep(Duration::from_millis(100));
     let stats = d.json(&["stats"]);
     // Scrape from inside the daemon's namespace (its loopback).
-    let out = pair
-        .rx
-        .command("python3")
-        .args([
-            "-c",
-            &format!("import urllib.request;print(urllib.request.urlopen('http://{addr}/metrics').read().decode(),end='')"),
-        ])
-        .output()
-        .expect("scraping");
-    assert!(
-        out.status.success(),
-        "scrape failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let body = String::from_utf8_lossy(&out.stdout).into_owned();
+    let body = pair.rx.scrape(addr);
     let lines = body.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
     let value = |name: &str, label: (&str, &str)| -> f64 {

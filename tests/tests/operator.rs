@@ -552,14 +552,23 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
     let (t, _) = read(&["top", "--json"]);
     assert!(t["top"].is_array(), "{t}");
 
-    // A change says how to adopt.
-    let out = bare(&pair.rx, &run.0, &["deny", "198.18.0.1"]);
-    assert!(!out.status.success());
-    let err = text(&out.stderr);
-    assert!(
-        err.contains(&format!("ratelimit run --iface {}", pair.rx_if)),
-        "{err}"
-    );
+    // A change says how to adopt, with --iface or without.
+    for args in [
+        &["deny", "198.18.0.1"][..],
+        &["deny", "198.18.0.1", "--iface", &pair.rx_if],
+    ] {
+        let out = bare(&pair.rx, &run.0, args);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{args:?}: no daemon's exit code"
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("ratelimit run --iface {}` adopts it", pair.rx_if)),
+            "{args:?}: {err}"
+        );
+    }
 
     // Adopted, then stopped for good: no pins left behind.
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);

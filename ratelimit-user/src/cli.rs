@@ -742,7 +742,11 @@ async fn read(t: &Target, request: &Request) -> Result<Value> {
     };
     match offline::Pinned::open(&iface)? {
         Some(p) => {
-            eprintln!("ratelimit: {}", p.note());
+            // Once, also under `stats --watch`.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("ratelimit: {}", p.note());
+            }
             p.answer(request).await
         }
         None => Err(no_daemon),

@@ -70,6 +70,11 @@ pub const MAP_GROUPS: &str = "RL_GROUPS";
 pub const MAP_RULE_STATS: &str = "RL_RULE_STATS";
 /// Counter slots per rule in [`MAP_RULE_STATS`].
 pub const RULE_COUNTERS: u32 = 8;
+/// The [`Rule::slot`] of the constant rules list entries and unjudged
+/// frames point at: counted nowhere per rule (its counters' index,
+/// `u32::MAX * RULE_COUNTERS` wrapped, is past the end of [`MAP_RULE_STATS`]),
+/// only by reason. Such rules are allow or deny: no shared bucket is read.
+pub const UNCOUNTED_SLOT: u32 = u32::MAX;
 
 /// What a rule did with a frame: the slot of [`MAP_RULE_STATS`] it is
 /// counted in.

@@ -496,6 +496,10 @@ pub struct UnsetArgs {
     /// `ratelimit reload --replace`).
     #[arg(long, value_name = "NAME")]
     pub list: Option<String>,
+    /// Only end the CIDR's temporary rule (what it hid comes back); no
+    /// change, and no error, when it has none (its time was up).
+    #[arg(long, conflicts_with = "list")]
+    pub only_temporary: bool,
     #[command(flatten)]
     pub quiet: QuietArgs,
     #[command(flatten)]
@@ -891,6 +895,7 @@ async fn run_command(command: Command) -> Result<()> {
                 }
                 (None, Some(cidr)) => Request::Unset {
                     cidr: a.matches.selector(cidr),
+                    only_temporary: a.only_temporary,
                 },
                 (None, None) => {
                     return Err(Error::invalid("CIDR", "give a CIDR, or --list NAME"));
@@ -1162,10 +1167,11 @@ fn print_json(v: &Value) {
 /// ` (ends in 9m58s)` for something temporary, else nothing.
 fn ends(v: &Value) -> String {
     match v["expires_in_s"].as_f64() {
-        Some(s) => format!(
-            "  (ends in {})",
-            crate::describe::span((s * 1000.0).max(0.0) as u64)
-        ),
+        // Read from the pins with no daemon to end it.
+        Some(s) if s <= 0.0 => {
+            "  (its time is up: enforced until a daemon adopts the program and ends it)".into()
+        }
+        Some(s) => format!("  (ends in {})", crate::describe::span((s * 1000.0) as u64)),
         None => String::new(),
     }
 }

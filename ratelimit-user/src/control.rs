@@ -68,10 +68,15 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         for_ms: Option<u64>,
     },
-    /// Remove the rule of a CIDR.
+    /// Remove the rule of a CIDR; a temporary one ends, and what it hid
+    /// comes back.
     Unset {
         /// The CIDR.
         cidr: String,
+        /// Only end a temporary rule; no change when the CIDR has none
+        /// (`--only-temporary`: fail2ban's unban).
+        #[serde(default)]
+        only_temporary: bool,
     },
     /// Load a list whole, replacing the list of that name.
     LoadList {

@@ -11,10 +11,15 @@ use crate::{
 };
 
 /// A number as people want to read it in JSON: an integer when it is one,
-/// else rounded to two decimals.
+/// else rounded to two decimals; below 1, to three significant digits (a
+/// rate of 1/hour is 0.000278, not 0).
 pub fn number(x: f64) -> Value {
     if !x.is_finite() {
         return Value::Null;
+    }
+    if x != 0.0 && x.abs() < 1.0 {
+        let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
+        return json!((x * scale).round() / scale);
     }
     let rounded = (x * 100.0).round() / 100.0;
     if rounded.fract() == 0.0 && rounded.abs() < 9.0e15 {
@@ -31,8 +36,8 @@ fn unit_name(u: Unit) -> &'static str {
     }
 }
 
-/// A rate: `amount` per `period_s` (as written, exactly), its per-second value
-/// and its unit.
+/// A rate: `amount` per `period_s` (in the shortest of 1 s, 1 min, 1 h and
+/// 1 day that makes the amount whole), its per-second value and its unit.
 pub fn rate(r: &Rate) -> Value {
     // The shortest whole period the rate is written in (1 s, 1 min, 1 h, …).
     let (amount, period_s) = [1u64, 60, 3600, 86_400]
@@ -243,6 +248,8 @@ mod tests {
         assert_eq!(number(200.077_446_778_408_76), json!(200.08));
         assert_eq!(number(1000.0), json!(1000));
         assert_eq!(number(0.5), json!(0.5));
+        assert_eq!(number(1.0 / 3600.0), json!(0.000278));
+        assert_eq!(number(0.016_666_6), json!(0.0167));
         assert_eq!(number(f64::NAN), Value::Null);
     }
 

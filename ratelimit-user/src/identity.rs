@@ -147,13 +147,28 @@ pub struct BpfRoot {
 /// - else it mounts one at `/sys/fs/bpf` (some containers and minimal systems
 ///   lack it), where the system sees it.
 pub fn bpffs_root() -> Result<BpfRoot> {
+    if let Some(root) = find_bpffs()? {
+        return Ok(root);
+    }
+    mount_bpffs()?;
+    let shown = PathBuf::from(BPFFS);
+    Ok(BpfRoot {
+        path: shown.clone(),
+        shown,
+        _fd: None,
+    })
+}
+
+/// [`bpffs_root`] without mounting: `None` where it would mount one (then
+/// nothing is pinned anywhere). For the read-only commands.
+pub fn find_bpffs() -> Result<Option<BpfRoot>> {
     let shown = PathBuf::from(BPFFS);
     if is_bpffs(&shown) {
-        return Ok(BpfRoot {
+        return Ok(Some(BpfRoot {
             path: shown.clone(),
             shown,
             _fd: None,
-        });
+        }));
     }
     let mine = mount_ns("self");
     let parent = parent_pid().to_string();
@@ -176,11 +191,11 @@ pub fn bpffs_root() -> Result<BpfRoot> {
                 tracing::info!(
                     "this process runs in a mount namespace of its own (as under `ip netns exec`): pinning in the bpffs of process {pid}'s namespace, where pins outlive it"
                 );
-                return Ok(BpfRoot {
+                return Ok(Some(BpfRoot {
                     path,
                     shown,
                     _fd: Some(dir),
-                });
+                }));
             }
         }
         return Err(Error::Refused(format!(
@@ -191,12 +206,7 @@ pub fn bpffs_root() -> Result<BpfRoot> {
              (`nsenter --net=/run/netns/NAME ratelimit run ...`)"
         )));
     }
-    mount_bpffs()?;
-    Ok(BpfRoot {
-        path: shown.clone(),
-        shown,
-        _fd: None,
-    })
+    Ok(None)
 }
 
 /// Mounts bpffs at /sys/fs/bpf.

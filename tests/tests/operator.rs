@@ -222,6 +222,25 @@ fn set_changes_only_what_it_is_given_and_says_what_changed() {
     assert_eq!(r["dry_run"], false, "{r}");
     assert_eq!(r["per"], serde_json::json!({"ipv4": 24}), "{r}");
 
+    // A change for good over a temporary one builds on the rule that lasts,
+    // and ends the temporary one.
+    d.cli_ok(&[
+        "set",
+        "198.18.1.0/24",
+        "--rate",
+        "10/s",
+        "--for",
+        "1h",
+        "-q",
+    ]);
+    let out = d.cli_ok(&["set", "198.18.1.0/24", "--burst", "60"]);
+    let now = out.lines().next().unwrap_or("");
+    assert!(
+        now.contains("limit 400/s burst 60 per /24") && !now.contains("ends in"),
+        "{out}"
+    );
+    let l = d.json(&["list"]);
+
     // Errors name the flags typed, and change nothing.
     let fail = |args: &[&str], flag: &str, words: &str| {
         let out = d.cli(args);
@@ -635,11 +654,23 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
     let ban = rule(&l, "198.18.0.66/32").expect("the 2 s ban");
     assert!(ban["expires_in_s"].as_f64().unwrap_or(0.0) <= 2.0, "{ban}");
     let forever = rule(&l, "2001:db8::66/128").expect("the permanent ban");
-    assert_eq!(forever["expires_at"], Value::Null, "{forever}");
+    assert!(
+        forever["expires_in_s"].as_f64().unwrap_or(0.0) > 300_000_000.0,
+        "a permanent ban is one of ten years: {forever}"
+    );
     let got = pair.probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
     assert_eq!(got.get(&ip("198.18.0.66")).copied().unwrap_or(0), 0);
-    // An unban ends a ban at once; one that ended already is no error.
+    // An unban ends a ban at once, and what it hid comes back.
+    d.cli_ok(&["allow", "198.18.0.68/32", "-q"]);
+    fail2ban("actionban", "198.18.0.68", "600");
     fail2ban("actionunban", "198.18.0.67", "");
+    fail2ban("actionunban", "198.18.0.68", "");
+    let l = d.json(&["list"]);
+    assert_eq!(
+        rule(&l, "198.18.0.68/32").expect("the allow under the ban")["action"],
+        "allow",
+        "{l}"
+    );
 
     // CrowdSec's way: decisions piped in, banned for a while as one list.
     let mut bulk = pair.rx.command(ratelimit_bin());
@@ -684,7 +715,14 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
         serde_json::json!([]),
         "the 2 s list stayed: {l}"
     );
+    // fail2ban's unban after the ban ended by itself: no change, no error,
+    // and an allow set since stays.
+    d.cli_ok(&["allow", "198.18.0.66/32", "-q"]);
     fail2ban("actionunban", "198.18.0.66", "");
+    assert_eq!(
+        rule(&d.json(&["list"]), "198.18.0.66/32").expect("allow")["action"],
+        "allow"
+    );
     let got = pair.probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
     assert!(
         got.get(&ip("198.18.0.66")).copied().unwrap_or(0) > 30,

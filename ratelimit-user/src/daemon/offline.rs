@@ -33,7 +33,9 @@ pub struct Pinned {
 
 /// The interfaces of this network namespace with a pinned program.
 pub fn pinned_here() -> Result<Vec<String>> {
-    let root = identity::bpffs_root()?;
+    let Some(root) = identity::find_bpffs()? else {
+        return Ok(Vec::new());
+    };
     let here = Identity::here("")?;
     let dir = identity::pin_dir(&root.path, &here);
     let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -48,11 +50,27 @@ pub fn pinned_here() -> Result<Vec<String>> {
     Ok(found)
 }
 
+/// `attached` if an interface of that name exists in this namespace (the
+/// pinned link leads to one), else `gone`.
+fn interface_state(iface: &str) -> &'static str {
+    let Ok(name) = std::ffi::CString::new(iface) else {
+        return "gone";
+    };
+    // SAFETY: a C string.
+    if unsafe { libc::if_nametoindex(name.as_ptr()) } == 0 {
+        "gone"
+    } else {
+        "attached"
+    }
+}
+
 impl Pinned {
     /// The program pinned for `iface` in this namespace, if one is.
     pub fn open(iface: &str) -> Result<Option<Self>> {
         let id = Identity::here(iface)?;
-        let root = identity::bpffs_root()?;
+        let Some(root) = identity::find_bpffs()? else {
+            return Ok(None);
+        };
         let dir = identity::pin_dir(&root.path, &id);
         if !dir.join(LINK_PIN).exists() {
             return Ok(None);
@@ -119,7 +137,7 @@ impl Pinned {
                     "iface": iface,
                     "netns": self.id.netns_inode,
                     "netns_cookie": self.id.netns,
-                    "interface": "attached",
+                    "interface": interface_state(iface),
                     "pid": Value::Null,
                     "tracked_sources": v4 + v6 + wide,
                     "ipv4_sources": v4,

@@ -72,16 +72,22 @@ impl Daemon {
                     }
                     let raw = merged(Some(&set.default), *limit)?;
                     let action = as_typed(raw.validate(SET, None))?;
-                    check_byte_bursts(&action, force)?;
+                    check_byte_bursts(&action, Some(&set.default), force)?;
                     self.change(|r| {
                         r.live.default = Some(action);
                         Ok(())
                     })
                 } else {
                     let prefix = Selector::parse("CIDR", &target)?;
-                    let raw = merged(set.rules.get(&prefix), *limit)?;
+                    // A change for good builds on the rule that lasts, not on
+                    // a temporary one (which it ends).
+                    let current = match until {
+                        Some(_) => set.rules.get(&prefix).copied(),
+                        None => self.rules.lasting(&prefix),
+                    };
+                    let raw = merged(current.as_ref(), *limit)?;
                     let action = as_typed(raw.validate(SET, Some(prefix.source.addr.is_ipv4())))?;
-                    check_byte_bursts(&action, force)?;
+                    check_byte_bursts(&action, current.as_ref(), force)?;
                     self.change(|r| {
                         r.set_live(prefix, Some(action), until);
                         Ok(())
@@ -104,9 +110,17 @@ impl Daemon {
                     Ok(())
                 })
             }
-            Request::Unset { cidr } => {
+            Request::Unset {
+                cidr,
+                only_temporary,
+            } => {
                 let prefix = Selector::parse("CIDR", &cidr)?;
                 self.change(|r| {
+                    // A temporary rule ends as its time would: what it hid
+                    // comes back.
+                    if r.end_temporary(&prefix) || only_temporary {
+                        return Ok(());
+                    }
                     if !r.effective().rules.contains_key(&prefix) {
                         return Err(Error::invalid(
                             "CIDR",
@@ -497,27 +511,44 @@ fn merged(current: Option<&Action>, given: RawLimit) -> Result<RawLimit> {
 /// bytes of IP and a 14-byte header).
 const FULL_FRAME: u64 = 1514;
 
-/// Refuses a byte bucket too small for a full-size frame (such frames would
-/// never pass), unless `force`.
-fn check_byte_bursts(a: &Action, force: bool) -> Result<()> {
-    let Action::Limit(l) = a else { return Ok(()) };
-    if force || l.rate.unit != crate::rate::Unit::Bytes {
-        return Ok(());
-    }
+/// The byte buckets of a limit too small for a full-size frame: (the flag
+/// that sets it, its burst).
+fn small_byte_bursts(a: Option<&Action>) -> Vec<(&'static str, u64)> {
+    let Some(Action::Limit(l)) = a else {
+        return Vec::new();
+    };
+    let bytes = |u: crate::rate::Unit| u == crate::rate::Unit::Bytes;
     let mut small = Vec::new();
-    if l.algo == crate::rules::Algo::Gcra && l.burst < FULL_FRAME {
+    if bytes(l.rate.unit) && l.algo == crate::rules::Algo::Gcra && l.burst < FULL_FRAME {
         small.push(("--burst", l.burst));
     }
-    for k in l.levels.iter().flatten() {
-        if k.bucket.burst < FULL_FRAME {
-            small.push(("--burst", k.bucket.burst));
+    let level_flags = ["--burst (the second one)", "--burst (the third one)"];
+    for (flag, k) in level_flags.iter().zip(l.levels.iter().flatten()) {
+        if bytes(k.bucket.rate.unit) && k.bucket.burst < FULL_FRAME {
+            small.push((*flag, k.bucket.burst));
         }
     }
     if let Some(agg) = &l.aggregate
+        && bytes(agg.rate.unit)
         && agg.burst < FULL_FRAME
     {
         small.push(("--aggregate-burst", agg.burst));
     }
+    small
+}
+
+/// Refuses a byte bucket too small for a full-size frame (such frames would
+/// never pass), unless `force`, or it was so already (taken with `--force`
+/// before: a change of something else does not ask again).
+fn check_byte_bursts(a: &Action, previous: Option<&Action>, force: bool) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    let before = small_byte_bursts(previous);
+    let small: Vec<_> = small_byte_bursts(Some(a))
+        .into_iter()
+        .filter(|s| !before.contains(s))
+        .collect();
     match small.first() {
         None => Ok(()),
         Some((flag, burst)) => Err(Error::invalid(

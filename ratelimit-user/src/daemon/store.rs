@@ -156,6 +156,32 @@ impl Rules {
         self.live.lists.remove(name);
     }
 
+    /// Ends the temporary rule of `p` now, as its time would: what it hid
+    /// comes back. Whether there was one.
+    pub fn end_temporary(&mut self, p: &Selector) -> bool {
+        let Some(e) = self.live.expiring.remove(p) else {
+            return false;
+        };
+        match e.under {
+            Some(a) => self.live.rules.insert(*p, a),
+            None => self.live.rules.remove(p),
+        };
+        true
+    }
+
+    /// The rule of `p` that lasts: the one a temporary rule hides (what
+    /// comes back when it ends), else the one enforced; `None` for none.
+    pub fn lasting(&self, p: &Selector) -> Option<Action> {
+        let live = match self.live.expiring.get(p) {
+            Some(e) => e.under,
+            None => self.live.rules.get(p).copied(),
+        };
+        match live {
+            Some(a) => a,
+            None => self.base.rules.get(p).copied(),
+        }
+    }
+
     /// Ends what expired by `now_ms`; returns what ended (CIDRs and list
     /// names), empty when nothing did.
     pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
@@ -168,11 +194,7 @@ impl Rules {
             .map(|(p, _)| *p)
             .collect();
         for p in due {
-            let e = self.live.expiring.remove(&p).expect("listed");
-            match e.under {
-                Some(a) => self.live.rules.insert(p, a),
-                None => self.live.rules.remove(&p),
-            };
+            self.end_temporary(&p);
             ended.push(p.to_string());
         }
         let due: Vec<String> = self
@@ -495,6 +517,12 @@ pub fn initial(
         }
         (Some(base), Found::Missing, _) => Ok(Rules::of(base)),
         (None, Found::Rules(saved), Some(k)) if !saved.effective().same_in_kernel(&k) => {
+            // Killed between ending temporary rules in the kernel and saving
+            // the record: the record with them ended is what it enforces.
+            let mut ended = (*saved).clone();
+            if !ended.expire(now_ms()).is_empty() && ended.effective().same_in_kernel(&k) {
+                return Ok(ended);
+            }
             warn!(
                 record = %where_.display(),
                 "the saved rules differ from what the kernel enforces (a daemon killed between a change and its record?); keeping what the kernel enforces"
@@ -629,9 +657,45 @@ mod tests {
         assert_eq!(back.live.rules.len(), 1, "{:?}", back.live.rules);
         assert!(back.live.expiring.is_empty());
 
+        // Ended early (unset), it gives back what it hid; what lasts under a
+        // temporary rule is what comes back.
+        let mut early = rules.clone();
+        assert_eq!(early.lasting(&p("198.18.2.0/24")), Some(Action::Allow));
+        assert_eq!(early.lasting(&p("198.18.1.0/24")), Some(Action::Allow));
+        assert!(early.end_temporary(&p("198.18.2.0/24")));
+        assert!(!early.end_temporary(&p("198.18.2.0/24")), "ended once");
+        assert_eq!(early.effective().rules[&p("198.18.2.0/24")], Action::Allow);
+
         // A permanent change makes it permanent.
         rules.set_live(p("198.18.1.0/24"), deny, None);
         assert_eq!(rules.expires(&p("198.18.1.0/24")), None);
+    }
+
+    #[test]
+    fn a_record_saved_before_its_bans_ended_in_the_kernel_is_taken_with_them_ended() {
+        let id = Identity {
+            netns: 1,
+            netns_inode: crate::identity::HOST_NETNS,
+            iface: "rltest0".into(),
+        };
+        let deny = Some(Action::Deny { dry_run: false });
+        let far = now_ms() + 3_600_000;
+        let mut saved = Rules::of(RuleSet::default());
+        saved.set_live(p("198.18.1.0/24"), deny, Some(1));
+        saved.set_live(p("198.18.2.0/24"), deny, Some(far));
+        // What the kernel enforces: the first ban ended (the daemon was
+        // killed before it saved the record), the second still on.
+        let mut kernel = RuleSet::default();
+        kernel
+            .rules
+            .insert(p("198.18.2.0/24"), Action::Deny { dry_run: false });
+        let got = initial(&id, None, Found::Rules(Box::new(saved)), Some(kernel)).unwrap();
+        assert!(!got.effective().rules.contains_key(&p("198.18.1.0/24")));
+        assert_eq!(
+            got.expires(&p("198.18.2.0/24")),
+            Some(far),
+            "the other ban lost its end: {got:?}"
+        );
     }
 
     #[test]

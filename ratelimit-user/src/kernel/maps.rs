@@ -497,6 +497,8 @@ impl Maps {
         ] {
             let rule = common::Rule {
                 index,
+                // Counted by reason only: a list is not a rule with counters.
+                slot: common::UNCOUNTED_SLOT,
                 ..action.to_kernel(0, "unjudged")?
             };
             if self.table_rule(index)? != rule {

@@ -178,6 +178,27 @@ impl Pair {
         String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
     }
 
+    /// Sends frames from each source at `pps` to the receiver for `duration`;
+    /// returns (frames sent, frames arrived) for each, in order.
+    pub fn probe_sent(&self, sources: &[IpAddr], pps: u32, duration: Duration) -> Vec<(u64, u64)> {
+        const PORT: u16 = 5999;
+        let rx = Receiver::start(&self.rx, &self.rx_if, PORT);
+        let flows: Vec<Flow> = sources
+            .iter()
+            .map(|src| Flow {
+                frame: self.udp(*src, PORT).build(),
+                pps,
+            })
+            .collect();
+        let sent = send(&self.tx, &self.tx_if, &flows, duration);
+        let got = rx.finish();
+        sources
+            .iter()
+            .zip(sent)
+            .map(|(src, s)| (s.frames, got.get(src).copied().unwrap_or(0)))
+            .collect()
+    }
+
     /// Sends frames from each `(source, frames per second)` to the receiver for
     /// `duration` and returns how many of each arrived.
     pub fn probe(&self, sources: &[(IpAddr, u32)], duration: Duration) -> HashMap<IpAddr, u64> {

@@ -482,21 +482,8 @@ fn allowlist_only_mode_on_and_off_under_traffic() {
     let (friend, other) = (ip("198.18.0.1"), ip("198.18.0.7"));
     // (frames sent, frames arrived) per source, for 500 ms at 200/s each.
     let probe = || {
-        let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
-        let flows: Vec<Flow> = [friend, other]
-            .iter()
-            .map(|src| Flow {
-                frame: pair.udp(*src, PORT).build(),
-                pps: 200,
-            })
-            .collect();
-        let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500));
-        let got = rx.finish();
-        let arrived = |src: &IpAddr| got.get(src).copied().unwrap_or(0);
-        (
-            (sent[0].frames, arrived(&friend)),
-            (sent[1].frames, arrived(&other)),
-        )
+        let got = pair.probe_sent(&[friend, other], 200, Duration::from_millis(500));
+        (got[0], got[1])
     };
     let (f, o) = probe();
     assert!(
@@ -565,21 +552,8 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
 
     // (frames sent, frames arrived) per source, for 500 ms at 200/s each.
     let probe = || {
-        let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
-        let flows: Vec<Flow> = [listed, other]
-            .iter()
-            .map(|src| Flow {
-                frame: pair.udp(*src, PORT).build(),
-                pps: 200,
-            })
-            .collect();
-        let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500));
-        let got = rx.finish();
-        let arrived = |src: &IpAddr| got.get(src).copied().unwrap_or(0);
-        (
-            (sent[0].frames, arrived(&listed)),
-            (sent[1].frames, arrived(&other)),
-        )
+        let got = pair.probe_sent(&[listed, other], 200, Duration::from_millis(500));
+        (got[0], got[1])
     };
 
     let started = std::time::Instant::now();

@@ -114,9 +114,12 @@ impl RuleCounter {
     /// The slot a rule's frame counted under `reason` (dry run applied) goes to.
     pub const fn of(reason: Reason) -> Self {
         match reason {
-            Reason::Limited | Reason::Denied | Reason::Contended | Reason::NotAllowed => {
-                RuleCounter::Dropped
-            }
+            Reason::Limited
+            | Reason::Denied
+            | Reason::Contended
+            | Reason::NotAllowed
+            | Reason::Unjudged
+            | Reason::TinyFragment => RuleCounter::Dropped,
             Reason::Level2Limited => RuleCounter::Level2Dropped,
             Reason::Level3Limited => RuleCounter::Level3Dropped,
             Reason::AggregateLimited => RuleCounter::AggregateDropped,
@@ -733,10 +736,13 @@ pub enum Event {
     /// ([`Config::new_states`]) was used up. Its frame was judged as a new
     /// source's.
     NewStateCapped = 1,
-    /// A rule's match needed what the frame does not show (ports or TCP flags
-    /// of a non-first fragment, anything after an IPv6 extension header chain
-    /// longer than the program walks): the frame went to the policy of
-    /// [`config_flags::UNJUDGED_DROP`] / [`config_flags::UNJUDGED_PASS`].
+    /// A frame the program could not judge whole: more VLAN tags than it
+    /// walks, an IPv6 extension header chain longer than it walks, a tiny or
+    /// overlapping first fragment ([`Reason::TinyFragment`]), or a rule's match
+    /// needed what the frame does not show (a transport header cut short; the
+    /// ports or TCP flags of a non-first fragment). Counted whatever the
+    /// policy ([`config_flags::UNJUDGED_DROP`], [`config_flags::UNJUDGED_PASS`],
+    /// [`config_flags::FRAGMENTS_DROP`]) then did with it.
     Unjudged = 2,
 }
 
@@ -828,13 +834,26 @@ pub mod config_flags {
     /// Allowlist-only mode: every frame not under an `allow` rule is dropped
     /// ([`super::Reason::NotAllowed`]).
     pub const ALLOWLIST_ONLY: u32 = 1 << 3;
-    /// A frame a match cannot judge ([`super::Event::Unjudged`]) is dropped
-    /// (under the group's [`super::MatchGroup::unjudged`] rule, a deny).
-    /// Without this bit or [`UNJUDGED_PASS`], the frame skips the rules that
-    /// need what it lacks and the next rule of its source judges it.
+    /// A frame the program cannot judge is dropped: more VLAN tags than
+    /// [`super::MAX_VLAN_TAGS`] or an IPv6 chain longer than
+    /// [`super::MAX_EXT_HEADERS`] ([`super::Reason::Unjudged`]), a tiny first
+    /// fragment ([`super::Reason::TinyFragment`]), and a frame whose transport
+    /// header a match needs but cannot read (under the group's
+    /// [`super::MatchGroup::unjudged`] rule, a deny). The daemon's default.
+    /// Without this bit or [`UNJUDGED_PASS`] (`next-rule`), such frames are
+    /// judged by the rules that need nothing they hide, and frames without a
+    /// source to judge (too many tags) are dropped.
     pub const UNJUDGED_DROP: u32 = 1 << 4;
-    /// A frame a match cannot judge is passed (under an allow rule).
+    /// A frame the program cannot judge is passed: a frame with too many tags
+    /// (counted `allowed`) and, under a match that needs what it hides, any
+    /// other (under an allow rule). Not in allowlist-only mode, where it acts
+    /// as `next-rule`.
     pub const UNJUDGED_PASS: u32 = 1 << 5;
+    /// A non-first fragment (no ports, no TCP flags) under a match that needs
+    /// them is dropped (under the group's [`super::MatchGroup::fragments`]
+    /// rule, a deny). Without it, the next rule of its source that needs
+    /// neither judges it: safe, since its first fragment is judged whole.
+    pub const FRAGMENTS_DROP: u32 = 1 << 6;
 }
 
 /// Bit of a [`MAP_RULES`] value: the rest is an index into [`MAP_GROUPS`], not
@@ -901,9 +920,14 @@ pub struct MatchGroup {
     /// Index in [`MAP_RULE_TABLE`] of the rule for a frame a match cannot
     /// judge, or [`NO_RULE`] to go on to the next entry.
     pub unjudged: u32,
+    /// Index in [`MAP_RULE_TABLE`] of the rule for a non-first fragment a
+    /// match cannot judge, or [`NO_RULE`] to go on to the next entry.
+    pub fragments: u32,
+    /// Zero.
+    pub _pad: u32,
     pub entries: [MatchEntry; MAX_MATCHES],
 }
-const _: () = assert!(core::mem::size_of::<MatchGroup>() == 8 + 48 * MAX_MATCHES);
+const _: () = assert!(core::mem::size_of::<MatchGroup>() == 16 + 48 * MAX_MATCHES);
 
 /// No rule: what a lookup returns when nothing matches.
 pub const NO_RULE: u32 = u32::MAX;
@@ -989,10 +1013,30 @@ pub enum Reason {
     Level2Limited = 14,
     /// Over the third key level of its rule ([`Rule::levels`]`[1]`): dropped.
     Level3Limited = 15,
+    /// A frame the kernel would deliver as IP that the program cannot judge
+    /// (more VLAN tags than [`MAX_VLAN_TAGS`], an IPv6 extension header chain
+    /// longer than [`MAX_EXT_HEADERS`]): dropped by the `unjudged` policy
+    /// ([`config_flags::UNJUDGED_DROP`]).
+    Unjudged = 16,
+    /// A first fragment too short to hold the transport header fields a rule
+    /// can match on (TCP: 20 bytes; UDP, ICMP: 8), or a TCP fragment at offset
+    /// 8 bytes, which could rewrite the flags of the one before (RFC 1858,
+    /// RFC 3128): dropped by the `unjudged` policy.
+    TinyFragment = 17,
 }
 
 /// Number of [`Reason`]s: the size of [`MAP_STATS`].
-pub const REASON_COUNT: u32 = 16;
+pub const REASON_COUNT: u32 = 18;
+
+/// 802.1Q and 802.1ad tags the program walks before the IP header: as many as
+/// any real network stacks (the kernel strips every tag it meets, VID 0 ones
+/// without a VLAN device too). A frame with more is unjudged
+/// ([`Reason::Unjudged`]).
+pub const MAX_VLAN_TAGS: usize = 8;
+
+/// IPv6 extension headers the program walks before the transport header. A
+/// frame whose chain is longer is unjudged ([`Reason::Unjudged`]).
+pub const MAX_EXT_HEADERS: usize = 8;
 
 impl Reason {
     /// Every reason, in index order.
@@ -1013,6 +1057,8 @@ impl Reason {
         Reason::NotAllowed,
         Reason::Level2Limited,
         Reason::Level3Limited,
+        Reason::Unjudged,
+        Reason::TinyFragment,
     ];
 
     /// Stable name, used in stats output and metric labels.
@@ -1034,6 +1080,8 @@ impl Reason {
             Reason::NotAllowed => "not_allowed",
             Reason::Level2Limited => "level2_limited",
             Reason::Level3Limited => "level3_limited",
+            Reason::Unjudged => "unjudged",
+            Reason::TinyFragment => "tiny_fragment",
         }
     }
 
@@ -1049,6 +1097,8 @@ impl Reason {
                 | Reason::NotAllowed
                 | Reason::Level2Limited
                 | Reason::Level3Limited
+                | Reason::Unjudged
+                | Reason::TinyFragment
         )
     }
 }

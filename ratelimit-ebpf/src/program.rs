@@ -1,6 +1,18 @@
 //! Fail-open or fail-closed, decided here and only here:
-//! - frames we cannot read as IP (not IP, truncated, malformed): **pass**, counted;
-//!   malformed IP is dropped instead when the daemon sets `DROP_MALFORMED`.
+//! - frames that are not IP (ARP, LLDP, …; the kernel does not deliver them as
+//!   IP either): **pass**, counted `not_ip`.
+//! - frames the kernel would deliver as IP but the program cannot judge (more
+//!   than `MAX_VLAN_TAGS` VLAN tags, an IPv6 extension header chain longer than
+//!   `MAX_EXT_HEADERS`, a tiny or overlapping first fragment): the `unjudged`
+//!   policy, **drop** by default (`UNJUDGED_DROP`, counted `unjudged` and
+//!   `tiny_fragment`); `next-rule` lets the rules that need nothing they hide
+//!   judge them, `pass` passes them.
+//! - a non-first fragment (no ports, no TCP flags) under a match that needs
+//!   them: the `fragments` policy, the next rule of its source by default (its
+//!   first fragment was judged whole, so its datagram cannot be completed past
+//!   a rule), or drop (`FRAGMENTS_DROP`).
+//! - truncated or malformed IP: **pass**, counted (the kernel drops it too);
+//!   dropped instead when the daemon sets `DROP_MALFORMED`.
 //! - a source without state is judged by its rule's **new-source budget** (drop
 //!   when it is used up, counted as `new_source_limited`); it gets a state of
 //!   its own only when the doorkeeper has seen it twice (see
@@ -59,11 +71,12 @@ use ratelimit_common::{
     CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
     DROPS_CAPACITY, DropKey, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
-    GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES, MAX_MATCHES, MatchEntry,
-    MatchGroup, NO_RULE, REASON_COUNT, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter,
-    RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action, addr_of, algorithm,
-    config_flags, doorkeeper, family, fixed_window, gcra, interval, level_flags, match_fields,
-    rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log, sliding_window,
+    GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES, MAX_EXT_HEADERS, MAX_MATCHES,
+    MAX_VLAN_TAGS, MatchEntry, MatchGroup, NO_RULE, REASON_COUNT, RULE_COUNTERS, Reason, Rule,
+    RuleAddr, RuleCounter, RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action,
+    addr_of, algorithm, config_flags, doorkeeper, family, fixed_window, gcra, interval,
+    level_flags, match_fields, rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log,
+    sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -131,21 +144,31 @@ const ETH_P_8021Q: u16 = EtherType::Ieee8021q as u16;
 const ETH_P_8021AD: u16 = EtherType::Ieee8021ad as u16;
 const ETH_P_IP: u16 = EtherType::Ipv4 as u16;
 const ETH_P_IPV6: u16 = EtherType::Ipv6 as u16;
-/// VLAN tags we look through (802.1Q inside 802.1ad is QinQ).
-const MAX_VLAN_TAGS: usize = 2;
 const EEXIST: i32 = 17;
 /// Retries of a compare-and-swap on a word few CPUs touch at once (a
 /// doorkeeper slot, a unit given back): fewer paths for the verifier. Running
 /// out errs toward limiting (a sighting not recorded, a unit not given back).
 const SHORT_RETRIES: u32 = 4;
 
-/// What parsing found: the family ([`family`], 0 when not IP), the source
-/// address words (IPv4-mapped for IPv4) and where the IP header starts.
+/// What parsing found: the family rules see ([`family`], 0 when not IP;
+/// IPv4 for an IPv6 frame from an IPv4-mapped source), the source address
+/// words (IPv4-mapped for IPv4), where the IP header starts, and whether the
+/// frame can be judged ([`JUDGED`], [`UNJUDGED`], [`TINY`]).
 struct Parsed {
     family: u8,
     source: Words,
     l3: usize,
+    judged: u32,
 }
+
+/// [`Parsed::judged`]: the frame can be judged.
+const JUDGED: u32 = 0;
+/// More VLAN tags than [`MAX_VLAN_TAGS`], or an IPv6 extension header chain
+/// longer than [`MAX_EXT_HEADERS`].
+const UNJUDGED: u32 = 1;
+/// A first fragment too short for the transport header fields rules match
+/// on, or a TCP fragment at offset 8 ([`Reason::TinyFragment`]).
+const TINY: u32 = 2;
 
 /// The verdict before dry run is applied.
 struct Outcome {
@@ -261,7 +284,35 @@ struct Malformed;
 
 #[inline(always)]
 fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome, Malformed> {
-    let Parsed { family, source, l3 } = parse(ctx)?;
+    let Parsed {
+        family,
+        source,
+        l3,
+        judged,
+    } = parse(ctx)?;
+    if judged != JUDGED {
+        // Judged here, once, by the policy; nothing below reads `judged`, so
+        // the verifier walks the rest once for judged and unjudged frames.
+        // Under `next-rule` and `pass` a frame with a source goes on: the
+        // rules that need nothing it hides judge it, and a match that needs
+        // what it hides counts it ([`rl_select`]).
+        let drop = config.flags & config_flags::UNJUDGED_DROP != 0;
+        if drop || family == 0 {
+            event(Event::Unjudged);
+            // Nothing to judge by (no source) is dropped under `next-rule`
+            // too; passed only by `pass`, outside allowlist-only mode.
+            let pass = !drop
+                && config.flags & config_flags::UNJUDGED_PASS != 0
+                && config.flags & config_flags::ALLOWLIST_ONLY == 0;
+            return Ok(Outcome::of(if pass {
+                Reason::Allowed
+            } else if judged == TINY {
+                Reason::TinyFragment
+            } else {
+                Reason::Unjudged
+            }));
+        }
+    }
     if family == 0 {
         return Ok(Outcome::of(Reason::NotIp));
     }
@@ -282,7 +333,7 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
         && reason != Reason::NotAllowed
         && rule.flags & rule_flags::HOST_CONNECTIONS != 0
         && config.local_ports != 0
-        && rl_host_connection(ctx.ctx, l3 as u64, u32::from(family), config.local_ports) != 0
+        && rl_host_connection(ctx.ctx, l3 as u64, config.local_ports) != 0
     {
         reason = Reason::HostConnection;
     }
@@ -772,7 +823,7 @@ pub extern "C" fn rl_wide(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, no
     // SAFETY: a local.
     let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
     let fam = (packed & 0xff) as u8;
-    let Ok(source) = source_at(&XdpContext::new(ctx), l3, fam) else {
+    let Ok(source) = source_at(&XdpContext::new(ctx), l3) else {
         return Reason::Passed as u32;
     };
     let key = FlowKey::of(&masked(rule, fam, &source), rule.id);
@@ -921,7 +972,7 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
         // SAFETY: a local.
         let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
         let fam = (packed & 0xff) as u8;
-        let Ok(source) = source_at(&XdpContext::new(ctx), l3, fam) else {
+        let Ok(source) = source_at(&XdpContext::new(ctx), l3) else {
             return passed;
         };
         let cost = if lv.flags & level_flags::BYTES != 0 {
@@ -982,10 +1033,11 @@ fn level_state(
     }
 }
 
-/// The source address words of the frame whose IP header starts at `l3`.
+/// The source address words of the frame whose IP header starts at `l3`
+/// (IPv4-mapped for IPv4), whichever family its rules see.
 #[inline(always)]
-fn source_at(ctx: &XdpContext, l3: usize, fam: u8) -> Result<Words, Malformed> {
-    if fam == family::V4 {
+fn source_at(ctx: &XdpContext, l3: usize) -> Result<Words, Malformed> {
+    if version_at(ctx, l3)? == family::V4 {
         let ip: *const Ipv4Hdr = ptr_at(ctx, l3)?;
         // SAFETY: ptr_at checked the bounds; packet loads may be unaligned.
         let src = unsafe { read_unaligned((*ip).src_addr.as_ptr().cast::<u32>()) };
@@ -1430,7 +1482,7 @@ fn lookup_rule(
             in_rules_b(&key)
         };
         if found != NO_RULE && found & GROUP_BIT != 0 {
-            found = rl_select(ctx.ctx, l3 as u64, u32::from(fam), found & !GROUP_BIT);
+            found = rl_select(ctx.ctx, l3 as u64, found & !GROUP_BIT);
         }
         if found != NO_RULE {
             // Both ways here leave the same bounds on the index, so the
@@ -1501,22 +1553,37 @@ fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*const T, Malformed> {
     Ok((start + offset) as *const T)
 }
 
-/// Ethernet, up to two VLAN tags, then the source address of IPv4 or IPv6.
+/// Ethernet, up to [`MAX_VLAN_TAGS`] VLAN tags ([`rl_vlan`]), then the source
+/// address of IPv4 or IPv6, and whether the frame can be judged: IPv4's
+/// fragment fields are read here, an IPv6 extension header chain is walked
+/// by [`rl_ipv6_chain`].
 #[inline(always)]
 fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     // SAFETY: ptr_at checked the bounds.
     let mut ether_type = unsafe { (*eth).ether_type };
-    let mut offset = EthHdr::LEN;
-    for _ in 0..MAX_VLAN_TAGS {
-        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
-            break;
+    let mut offset = EthHdr::LEN as u64;
+    if ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
+        let found = rl_vlan(ctx.ctx);
+        if found == VLAN_CUT_SHORT {
+            return Err(Malformed);
         }
-        let vlan: *const VlanHdr = ptr_at(ctx, offset)?;
-        // SAFETY: ptr_at checked the bounds.
-        ether_type = unsafe { (*vlan).ether_type };
-        offset += VlanHdr::LEN;
+        if found == VLAN_TOO_DEEP {
+            return Ok(Parsed {
+                family: 0,
+                source: [0; 4],
+                l3: 0,
+                judged: UNJUDGED,
+            });
+        }
+        ether_type = found as u16;
+        offset = u64::from(found >> 16);
     }
+    // The IP header starts within 64 bytes (14 + 8 tags of 4). Masked after
+    // a volatile read, as in `rl_host_connection`: the verifier must see the
+    // bound on the very register the packet pointer is added to.
+    // SAFETY: a local.
+    let offset = (unsafe { read_volatile(&offset) } & 63) as usize;
     let frame_len = ctx.data_end() - ctx.data();
     if ether_type == ETH_P_IP {
         let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
@@ -1531,12 +1598,19 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         {
             return Err(Malformed);
         }
+        let frags = u16::from_be_bytes(ip.frags);
+        let judged = if frags & (IPV4_MORE_FRAGMENTS | IPV4_OFFSET_MASK) != 0 {
+            rl_ipv4_fragment(ctx.ctx, offset as u64)
+        } else {
+            JUDGED
+        };
         // SAFETY: ptr_at checked the bounds; packet loads may be unaligned.
         let src = unsafe { core::ptr::read_unaligned(ip.src_addr.as_ptr().cast::<u32>()) };
         Ok(Parsed {
             family: family::V4,
             source: [0, 0, V4_MAPPED_WORD, src],
             l3: offset,
+            judged,
         })
     } else if ether_type == ETH_P_IPV6 {
         let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
@@ -1546,19 +1620,277 @@ fn parse(ctx: &XdpContext) -> Result<Parsed, Malformed> {
         if ip.version() != 6 || offset + Ipv6Hdr::LEN + payload_len > frame_len {
             return Err(Malformed);
         }
+        let judged = if is_extension(ip.next_hdr) {
+            rl_ipv6_chain(ctx.ctx, offset as u64)
+        } else {
+            JUDGED
+        };
         // SAFETY: as above.
         let src = unsafe { core::ptr::read_unaligned(ip.src_addr.as_ptr().cast::<Words>()) };
+        // An IPv4-mapped source (::ffff:a.b.c.d) is judged as the IPv4
+        // address it maps: its words are already the IPv4 key's, and the
+        // rules for that address (and its buckets) are the ones it meets.
+        if src[0] == 0 && src[1] == 0 && src[2] == V4_MAPPED_WORD {
+            // Built as the IPv4 branch builds it, so that the verifier finds
+            // the two alike and walks what follows once.
+            return Ok(Parsed {
+                family: family::V4,
+                source: [0, 0, V4_MAPPED_WORD, src[3]],
+                l3: offset,
+                judged,
+            });
+        }
         Ok(Parsed {
             family: family::V6,
             source: src,
             l3: offset,
+            judged,
         })
     } else {
         Ok(Parsed {
             family: 0,
             source: [0; 4],
             l3: offset,
+            judged: JUDGED,
         })
+    }
+}
+
+/// Whether the IPv4 fragment whose header starts at `l3` can be judged:
+/// [`JUDGED`] or [`TINY`] (see [`too_short`]).
+///
+/// A global function, as [`rl_vlan`]: the program goes on from one unknown
+/// number, not from the ranges each comparison here would leave it with.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_ipv4_fragment(ctx: *mut xdp_md, l3: u64) -> u32 {
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    let Ok(ip) = ptr_at::<Ipv4Hdr>(&XdpContext::new(ctx), l3) else {
+        return JUDGED;
+    };
+    // SAFETY: ptr_at checked the bounds.
+    let ip = unsafe { &*ip };
+    let l4_len = usize::from(u16::from_be_bytes(ip.tot_len)).saturating_sub(usize::from(ip.ihl()));
+    let offset = u16::from_be_bytes(ip.frags) & IPV4_OFFSET_MASK;
+    if too_short(ip.proto, offset, l4_len) {
+        TINY
+    } else {
+        JUDGED
+    }
+}
+
+/// [`rl_vlan`]: the frame ends inside a tag.
+const VLAN_CUT_SHORT: u32 = 0;
+/// [`rl_vlan`]: more than [`MAX_VLAN_TAGS`] tags.
+const VLAN_TOO_DEEP: u32 = 1;
+
+/// The EtherType after the VLAN tags of a frame whose Ethernet header names
+/// one (low 16 bits, as on the wire) and where it ends (from bit 16: at least
+/// 18), or [`VLAN_CUT_SHORT`] or [`VLAN_TOO_DEEP`]. Every 802.1Q and 802.1ad
+/// tag counts, VID 0 (priority tags) as any other: the kernel strips them all
+/// and delivers what is inside.
+///
+/// A global function: the verifier walks the tags once, apart, and the
+/// program goes on from one unknown offset instead of one path per depth.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_vlan(ctx: *mut xdp_md) -> u32 {
+    let xdp = XdpContext::new(ctx);
+    let mut offset = EthHdr::LEN;
+    let mut i = 0;
+    while i < MAX_VLAN_TAGS {
+        let Ok(vlan) = ptr_at::<VlanHdr>(&xdp, offset) else {
+            return VLAN_CUT_SHORT;
+        };
+        // SAFETY: ptr_at checked the bounds.
+        let ether_type = unsafe { (*vlan).ether_type };
+        offset += VlanHdr::LEN;
+        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
+            return ((offset as u32) << 16) | u32::from(ether_type);
+        }
+        i += 1;
+    }
+    VLAN_TOO_DEEP
+}
+
+/// Whether a first fragment (`offset` 0, in 8-octet units) with `l4_len`
+/// bytes after its IP headers is too short for the transport header fields a
+/// rule can match on, or a non-first one could overwrite them: RFC 1858's
+/// tiny fragment (a TCP header cut before its flags, or before its ports
+/// for UDP) and its overlapping fragment (TCP at offset 8 bytes, which the
+/// flags of the fragment before it could be rewritten by). RFC 3128: drop
+/// both; no sender fragments so.
+#[inline(always)]
+fn too_short(proto: u8, offset: u16, l4_len: usize) -> bool {
+    match proto {
+        IPPROTO_TCP => (offset == 0 && l4_len < TCP_MIN_HEADER) || offset == 1,
+        IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6 => offset == 0 && l4_len < 8,
+        _ => false,
+    }
+}
+
+/// Whether an IPv6 next-header value names an extension header the program
+/// walks.
+#[inline(always)]
+fn is_extension(next: u8) -> bool {
+    matches!(
+        next,
+        IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_FRAGMENT | IPV6_AUTH | IPV6_DEST_OPTIONS
+    )
+}
+
+/// Where an IPv6 extension header chain ends.
+struct Chain {
+    /// The transport protocol (the next-header value after the chain).
+    proto: u8,
+    /// Where its header starts.
+    offset: usize,
+    /// Where the IP payload ends.
+    end: usize,
+    /// One of the `CHAIN_*` consts.
+    status: u8,
+}
+
+/// [`Chain::status`]: the transport header's place is known.
+const CHAIN_WHOLE: u8 = 0;
+/// A non-first fragment: no transport header in it.
+const CHAIN_FRAGMENT: u8 = 1;
+/// A first fragment (more follow) too short for its transport header, or cut
+/// inside its chain (RFC 7112 wants the whole chain in the first fragment),
+/// or a TCP fragment at offset 8: see [`too_short`].
+const CHAIN_TINY: u8 = 2;
+/// Longer than [`MAX_EXT_HEADERS`].
+const CHAIN_TOO_LONG: u8 = 3;
+/// Cut short in a frame that is not a fragment (the kernel drops it).
+const CHAIN_CUT_SHORT: u8 = 4;
+
+/// Walks the IPv6 extension headers of the frame whose IPv6 header starts at
+/// `l3`: hop-by-hop, routing, fragment, destination options, AH.
+#[inline(always)]
+fn walk(ctx: &XdpContext, l3: usize) -> Result<Chain, Malformed> {
+    let ip: *const Ipv6Hdr = ptr_at(ctx, l3)?;
+    // SAFETY: ptr_at checked the bounds.
+    let (mut next, payload) = unsafe { ((*ip).next_hdr, (*ip).payload_len) };
+    let end = l3 + Ipv6Hdr::LEN + usize::from(u16::from_be_bytes(payload));
+    let mut offset = l3 + Ipv6Hdr::LEN;
+    let mut first_fragment = false;
+    let chain = |proto, offset, status| Chain {
+        proto,
+        offset,
+        end,
+        status,
+    };
+    let mut walked = 0;
+    while walked < MAX_EXT_HEADERS {
+        if !is_extension(next) {
+            break;
+        }
+        let cut = if first_fragment {
+            CHAIN_TINY
+        } else {
+            CHAIN_CUT_SHORT
+        };
+        if offset + 8 > end {
+            return Ok(chain(next, offset, cut));
+        }
+        let Ok(ext) = ptr_at::<[u8; 4]>(ctx, offset) else {
+            return Ok(chain(next, offset, cut));
+        };
+        // SAFETY: ptr_at checked the bounds.
+        let ext = unsafe { *ext };
+        match next {
+            // Lengths in 8-octet units, not counting the first.
+            IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTIONS => {
+                offset += (usize::from(ext[1]) + 1) * 8
+            }
+            // In 4-octet units, not counting the first two.
+            IPV6_AUTH => offset += (usize::from(ext[1]) + 2) * 4,
+            // IPV6_FRAGMENT
+            _ => {
+                let word = u16::from_be_bytes([ext[2], ext[3]]);
+                let units = (word & IPV6_OFFSET_MASK) >> 3;
+                if units != 0 {
+                    // A non-first fragment has no transport header.
+                    let status = if ext[0] == IPPROTO_TCP && units == 1 {
+                        CHAIN_TINY
+                    } else {
+                        CHAIN_FRAGMENT
+                    };
+                    return Ok(chain(ext[0], offset, status));
+                }
+                first_fragment = word & IPV6_MORE_FRAGMENTS != 0;
+                offset += 8;
+            }
+        }
+        next = ext[0];
+        walked += 1;
+    }
+    if is_extension(next) {
+        // Still an extension header: the chain is longer than we walk.
+        return Ok(chain(next, offset, CHAIN_TOO_LONG));
+    }
+    let status = if first_fragment && (offset > end || too_short(next, 0, end - offset)) {
+        CHAIN_TINY
+    } else {
+        CHAIN_WHOLE
+    };
+    Ok(chain(next, offset, status))
+}
+
+/// [`walk`] as one number: the status (bits 0-7), the protocol (8-15), where
+/// its header starts (16-31) and where the payload ends (32-63);
+/// [`CHAIN_CUT_SHORT`] when not even the IPv6 header is there.
+///
+/// A global function, as [`rl_vlan`]: its parser, called from the program,
+/// [`rl_select`] and [`rl_host_connection`], is verified once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_walk_ipv6(ctx: *mut xdp_md, l3: u64) -> u64 {
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    match walk(&XdpContext::new(ctx), l3) {
+        Ok(c) => {
+            u64::from(c.status)
+                | u64::from(c.proto) << 8
+                | (c.offset as u64 & 0xffff) << 16
+                | (c.end as u64) << 32
+        }
+        Err(Malformed) => u64::from(CHAIN_CUT_SHORT),
+    }
+}
+
+/// [`rl_walk_ipv6`]'s answer for the frame whose IPv6 header starts at `l3`,
+/// unpacked; offsets bounded for the verifier (an offset past 32 KiB is past
+/// any frame).
+#[inline(always)]
+fn walk_ipv6(ctx: &XdpContext, l3: usize) -> Chain {
+    let packed = rl_walk_ipv6(ctx.ctx, l3 as u64);
+    let offset = (packed >> 16) & 0xffff;
+    // SAFETY: a local.
+    let offset = (unsafe { read_volatile(&offset) } & 0x7fff) as usize;
+    Chain {
+        status: packed as u8,
+        proto: (packed >> 8) as u8,
+        offset,
+        end: (packed >> 32) as usize,
+    }
+}
+
+/// Whether the IPv6 frame whose header starts at `l3`, with an extension
+/// header after it, can be judged: [`JUDGED`], [`UNJUDGED`] (a chain longer
+/// than [`MAX_EXT_HEADERS`]) or [`TINY`].
+///
+/// A global function, as [`rl_vlan`]: the walk is verified once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_ipv6_chain(ctx: *mut xdp_md, l3: u64) -> u32 {
+    match rl_walk_ipv6(ctx, l3) as u8 {
+        CHAIN_TOO_LONG => UNJUDGED,
+        CHAIN_TINY => TINY,
+        _ => JUDGED,
     }
 }
 
@@ -1578,14 +1910,14 @@ struct Flow {
     icmp_type: u8,
     /// One of the `L4_*` consts.
     status: u8,
-    /// [`family`] of the addresses.
+    /// [`family`] of the header (IPv6 for an IPv4-mapped source).
     family: u8,
 }
 
 impl Flow {
-    /// Nothing read yet, for a frame of family `fam`.
+    /// Nothing read yet.
     #[inline(always)]
-    fn unread(fam: u8) -> Self {
+    fn unread() -> Self {
         Self {
             source: [0; 4],
             dest: [0; 4],
@@ -1595,7 +1927,7 @@ impl Flow {
             tcp_flags: 0,
             icmp_type: 0,
             status: L4_NONE,
-            family: fam,
+            family: 0,
         }
     }
 }
@@ -1603,12 +1935,17 @@ impl Flow {
 /// [`Flow::status`]: the transport header was read (TCP's or UDP's ports and
 /// TCP's flags, ICMP's type).
 const L4_HEADER: u8 = 0;
-/// The protocol is known, not its header: a non-first fragment, a truncated
-/// header, or a protocol whose header we do not read.
+/// The protocol is known, not its header: a header cut short (a tiny first
+/// fragment), or a protocol whose header we do not read.
 const L4_PROTO: u8 = 1;
 /// Not even the protocol: an IPv6 extension header chain longer than
-/// [`MAX_EXT_HEADERS`].
+/// [`MAX_EXT_HEADERS`], or cut short.
 const L4_NONE: u8 = 2;
+/// The protocol is known, and the frame is a non-first fragment: it has no
+/// transport header (the `fragments` policy judges it).
+const L4_FRAGMENT: u8 = 3;
+/// The shortest TCP header: flags and ports are all within it.
+const TCP_MIN_HEADER: usize = 20;
 const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -1623,14 +1960,15 @@ const IPV6_ROUTING: u8 = 43;
 const IPV6_FRAGMENT: u8 = 44;
 const IPV6_AUTH: u8 = 51;
 const IPV6_DEST_OPTIONS: u8 = 60;
-/// The fragment offset's bits: of IPv4's flags-and-offset word, and of the
-/// IPv6 fragment header's offset word.
+/// The fragment offset's bits: of IPv4's flags-and-offset word (in 8-octet
+/// units), and of the IPv6 fragment header's offset word (shifted by 3).
 const IPV4_OFFSET_MASK: u16 = 0x1fff;
 const IPV6_OFFSET_MASK: u16 = 0xfff8;
+/// The more-fragments bits of the same words.
+const IPV4_MORE_FRAGMENTS: u16 = 0x2000;
+const IPV6_MORE_FRAGMENTS: u16 = 0x0001;
 /// `TCP_ESTABLISHED` of the kernel's socket states (also a connected UDP socket's).
 const TCP_ESTABLISHED: u32 = 1;
-/// IPv6 extension headers walked before the transport header.
-const MAX_EXT_HEADERS: usize = 6;
 
 /// Whether the frame whose IP header starts at `l3` belongs to one of the
 /// host's own connections (1) or not (0): TCP with ACK and without SYN, or
@@ -1647,16 +1985,16 @@ const MAX_EXT_HEADERS: usize = 6;
 /// instructions instead of 520 k.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn rl_host_connection(ctx: *mut xdp_md, l3: u64, fam: u32, local_ports: u32) -> u32 {
+pub extern "C" fn rl_host_connection(ctx: *mut xdp_md, l3: u64, local_ports: u32) -> u32 {
     // Masked after a volatile read, not only checked: LLVM would drop a mask
     // it can prove redundant, and the verifier must see the offset's bound
     // on the very register it adds. The IP header starts within 64 bytes
-    // (Ethernet and two VLAN tags).
+    // (Ethernet and eight VLAN tags).
     // SAFETY: a local.
     let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
-    let mut flow = Flow::unread(fam as u8);
+    let mut flow = Flow::unread();
     let xdp = XdpContext::new(ctx);
-    if transport(&xdp, l3, fam as u8, &mut flow).is_err() || flow.status != L4_HEADER {
+    if transport(&xdp, l3, &mut flow).is_err() || flow.status != L4_HEADER {
         return 0;
     }
     let port = u32::from(u16::from_be(flow.dport));
@@ -1671,13 +2009,29 @@ pub extern "C" fn rl_host_connection(ctx: *mut xdp_md, l3: u64, fam: u32, local_
     u32::from(candidate && host_socket(ctx, &flow))
 }
 
+/// The IP version of the header at `l3`: [`family::V4`] or [`family::V6`]
+/// (the families are numbered as the versions). Functions that read the
+/// header again take its family from the header itself, for the family rules
+/// see may differ (an IPv6 frame from an IPv4-mapped source is judged as
+/// IPv4).
+#[inline(always)]
+fn version_at(ctx: &XdpContext, l3: usize) -> Result<u8, Malformed> {
+    // Four bytes, not one: LLVM turns a one-byte check into `p >= end`,
+    // from which the verifier learns no readable range.
+    let first: *const [u8; 4] = ptr_at(ctx, l3)?;
+    // SAFETY: ptr_at checked the bounds.
+    Ok(unsafe { (*first)[0] } >> 4)
+}
+
 /// Reads the addresses, protocol, ports and TCP flags (or ICMP type) of the
 /// frame whose IP header starts at `l3` into `out`; its status says how far
-/// that got.
+/// that got. Nothing is read past the IP payload's end (a short frame is
+/// padded to 60 bytes on Ethernet: padding is no header).
 #[inline(always)]
-fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(), Malformed> {
-    let (mut next, mut offset);
-    if fam == family::V4 {
+fn transport(ctx: &XdpContext, l3: usize, out: &mut Flow) -> Result<(), Malformed> {
+    let (next, offset, end);
+    if version_at(ctx, l3)? == family::V4 {
+        out.family = family::V4;
         let ip: *const Ipv4Hdr = ptr_at(ctx, l3)?;
         // SAFETY: ptr_at checked the bounds; packet loads may be unaligned.
         unsafe {
@@ -1697,61 +2051,46 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
             if u16::from_be_bytes((*ip).frags) & IPV4_OFFSET_MASK != 0 {
                 // A non-first fragment: no transport header.
                 out.proto = next;
-                out.status = L4_PROTO;
+                out.status = L4_FRAGMENT;
                 return Ok(());
             }
             offset = l3 + usize::from((*ip).vihl & 0x0f) * 4;
+            end = l3 + usize::from(u16::from_be_bytes((*ip).tot_len));
         }
     } else {
+        out.family = family::V6;
         let ip: *const Ipv6Hdr = ptr_at(ctx, l3)?;
         // SAFETY: as above.
         unsafe {
             out.source = read_unaligned((*ip).src_addr.as_ptr().cast());
             out.dest = read_unaligned((*ip).dst_addr.as_ptr().cast());
-            next = (*ip).next_hdr;
         }
-        offset = l3 + Ipv6Hdr::LEN;
-        let mut walked = 0;
-        while walked < MAX_EXT_HEADERS {
-            let ext: *const [u8; 4] = ptr_at(ctx, offset)?;
-            // SAFETY: ptr_at checked the bounds.
-            let ext = unsafe { *ext };
-            match next {
-                // Lengths in 8-octet units, not counting the first.
-                IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTIONS => {
-                    offset += (usize::from(ext[1]) + 1) * 8
-                }
-                // In 4-octet units, not counting the first two.
-                IPV6_AUTH => offset += (usize::from(ext[1]) + 2) * 4,
-                // A non-first fragment has no transport header.
-                IPV6_FRAGMENT => {
-                    if u16::from_be_bytes([ext[2], ext[3]]) & IPV6_OFFSET_MASK != 0 {
-                        out.proto = ext[0];
-                        out.status = L4_PROTO;
-                        return Ok(());
-                    }
-                    offset += 8;
-                }
-                _ => break,
+        let chain = walk_ipv6(ctx, l3);
+        match chain.status {
+            CHAIN_WHOLE => {}
+            CHAIN_FRAGMENT => {
+                out.proto = chain.proto;
+                out.status = L4_FRAGMENT;
+                return Ok(());
             }
-            next = ext[0];
-            walked += 1;
+            CHAIN_TINY => {
+                out.proto = chain.proto;
+                out.status = L4_PROTO;
+                return Ok(());
+            }
+            // Too long, or cut short: not even the protocol is known.
+            _ => return Ok(()),
         }
-        if walked == MAX_EXT_HEADERS
-            && matches!(
-                next,
-                IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_FRAGMENT | IPV6_AUTH | IPV6_DEST_OPTIONS
-            )
-        {
-            // Still an extension header: the chain is longer than we walk.
-            return Ok(());
-        }
+        (next, offset, end) = (chain.proto, chain.offset, chain.end);
     }
     out.proto = next;
     out.status = L4_PROTO;
     if next == IPPROTO_ICMP || next == IPPROTO_ICMPV6 {
         // Type, code and checksum: read as one, for a one-byte read at a
         // variable offset is checked in a form the verifier cannot follow.
+        if offset + 4 > end {
+            return Ok(());
+        }
         let icmp: *const [u8; 4] = ptr_at(ctx, offset)?;
         // SAFETY: ptr_at checked the bounds.
         out.icmp_type = unsafe { (*icmp)[0] };
@@ -1761,12 +2100,18 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
     if next != IPPROTO_TCP && next != IPPROTO_UDP {
         return Ok(());
     }
+    if offset + 4 > end {
+        return Ok(());
+    }
     let ports: *const [u8; 4] = ptr_at(ctx, offset)?;
     // SAFETY: ptr_at checked the bounds.
     let ports = unsafe { *ports };
     out.sport = u16::from_ne_bytes([ports[0], ports[1]]);
     out.dport = u16::from_ne_bytes([ports[2], ports[3]]);
     if next == IPPROTO_TCP {
+        if offset + TCP_FLAGS_AT + 1 > end {
+            return Ok(());
+        }
         let flags: *const u8 = ptr_at(ctx, offset + TCP_FLAGS_AT)?;
         // SAFETY: ptr_at checked the bounds.
         out.tcp_flags = unsafe { *flags };
@@ -1776,29 +2121,35 @@ fn transport(ctx: &XdpContext, l3: usize, fam: u8, out: &mut Flow) -> Result<(),
 }
 
 /// The rule index (in [`RL_RULE_TABLE`]) for the frame whose IP header starts
-/// at `l3`, from match group `group`: the first entry that matches it; the
-/// group's `unjudged` rule when an entry needs what the frame does not show
-/// and the policy is not to go on ([`Event::Unjudged`] counted once a frame);
-/// [`NO_RULE`] if none matches (the daemon ends every group with an entry
-/// that matches everything, so only a group it never wrote).
+/// at `l3`, from match group `group`: the first entry that matches it; when
+/// an entry needs what the frame does not show, the group's `fragments` rule
+/// for a non-first fragment, its `unjudged` rule for any other, unless the
+/// policy is to go on ([`NO_RULE`]; [`Event::Unjudged`] counted once a
+/// frame); [`NO_RULE`] if none matches (the daemon ends every group with an
+/// entry that matches everything, so only a group it never wrote).
 ///
 /// A global function, as [`rl_host_connection`] and for the same reason: the
 /// verifier checks it once, and the program sees only a number come back.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn rl_select(ctx: *mut xdp_md, l3: u64, fam: u32, group: u32) -> u32 {
+pub extern "C" fn rl_select(ctx: *mut xdp_md, l3: u64, group: u32) -> u32 {
     // See `rl_host_connection` on the mask.
     // SAFETY: a local.
     let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
     let Some(g) = RL_GROUPS.get(group) else {
         return NO_RULE;
     };
-    let mut flow = Flow::unread(fam as u8);
+    let mut flow = Flow::unread();
     let xdp = XdpContext::new(ctx);
     // A transport header cut short leaves the status at what was read before
     // it (`L4_HEADER` is set only once the header is read): the error itself
     // says nothing more.
-    let _ = transport(&xdp, l3, fam as u8, &mut flow);
+    let _ = transport(&xdp, l3, &mut flow);
+    let policy = if flow.status == L4_FRAGMENT {
+        g.fragments
+    } else {
+        g.unjudged
+    };
     let mut counted = false;
     let mut i = 0;
     while i < MAX_MATCHES {
@@ -1814,8 +2165,8 @@ pub extern "C" fn rl_select(ctx: *mut xdp_md, l3: u64, fam: u32, group: u32) -> 
                     event(Event::Unjudged);
                     counted = true;
                 }
-                if g.unjudged != NO_RULE {
-                    return g.unjudged;
+                if policy != NO_RULE {
+                    return policy;
                 }
             }
         }

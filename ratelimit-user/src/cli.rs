@@ -187,6 +187,17 @@ pub struct RunArgs {
     /// Drop truncated or malformed IP frames (default: pass them).
     #[arg(long)]
     pub drop_malformed: bool,
+    /// Frames the kernel would deliver as IP that cannot be judged (more than
+    /// 8 VLAN tags, an IPv6 chain of more than 8 extension headers, a tiny
+    /// first fragment): drop them (the default), judge them by the rules that
+    /// need nothing they hide (next-rule), or pass them [default: drop].
+    #[arg(long, value_enum)]
+    pub unjudged: Option<crate::rules::Unjudged>,
+    /// Non-first fragments under a rule that matches ports or TCP flags:
+    /// judged by the next rule of their source (their first fragment carries
+    /// the header and is judged whole), or dropped [default: next-rule].
+    #[arg(long, value_enum)]
+    pub fragments: Option<crate::rules::Fragments>,
     /// Leave the program attached and enforcing after exit.
     #[arg(long)]
     pub keep_attached: bool,
@@ -587,7 +598,8 @@ impl RunArgs {
             rules: Vec::new(),
             lists: Vec::new(),
             mode: None,
-            unjudged: None,
+            unjudged: self.unjudged,
+            fragments: self.fragments,
         }
     }
 
@@ -1255,12 +1267,11 @@ fn print_list(data: &Value) {
         println!(
             "(a source's rule: its longest CIDR with a rule that matches the frame; one CIDR's rules are tried top to bottom)"
         );
-        let unjudged = match data["unjudged"].as_str() {
+        let fragments = match data["fragments"].as_str() {
             Some("drop") => "dropped",
-            Some("pass") => "passed",
             _ => "judged by the next rule",
         };
-        println!("(frames a match cannot judge, like non-first fragments: {unjudged})");
+        println!("(non-first fragments, which show no ports or flags: {fragments})");
     }
     let lists: Vec<&Value> = data["lists"].as_array().into_iter().flatten().collect();
     if !lists.is_empty() {

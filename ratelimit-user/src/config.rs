@@ -11,8 +11,8 @@ use crate::{
     error::{Error, Result},
     rate::{parse_burst, parse_duration, parse_rate},
     rules::{
-        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, HostConnections, KeyLevel, Limit,
-        MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Selector, Shared, Unjudged,
+        Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, Fragments, HostConnections, KeyLevel,
+        Limit, MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Selector, Shared, Unjudged,
         default_limit, default_new_sources,
     },
 };
@@ -193,9 +193,13 @@ pub struct RawConfig {
     /// `normal` (default) or `allowlist-only`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
-    /// Frames a rule's match cannot judge: `next-rule` (default), `drop`, `pass`.
+    /// Frames the program cannot judge: `drop` (default), `next-rule`, `pass`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unjudged: Option<Unjudged>,
+    /// Non-first fragments under a match that needs their ports or flags:
+    /// `next-rule` (default) or `drop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragments: Option<Fragments>,
     /// Prefix rules.
     #[serde(default, rename = "rule")]
     pub rules: Vec<RawRule>,
@@ -661,7 +665,8 @@ impl From<&RuleSet> for RawConfig {
             clock: Some(set.clock),
             new_states: Some(set.new_states.rate.exact()),
             mode: (set.mode != Mode::Normal).then_some(set.mode),
-            unjudged: (set.unjudged != Unjudged::NextRule).then_some(set.unjudged),
+            unjudged: (set.unjudged != Unjudged::default()).then_some(set.unjudged),
+            fragments: (set.fragments != Fragments::default()).then_some(set.fragments),
             default: Some(RawLimit::from(&set.default)),
             rules: set
                 .rules
@@ -721,6 +726,8 @@ impl RawConfig {
         one!(malformed, "--drop-malformed", "malformed");
         one!(clock, "--clock", "clock");
         one!(new_states, "--new-states", "new-states");
+        one!(unjudged, "--unjudged", "unjudged");
+        one!(fragments, "--fragments", "fragments");
         if let Some(c) = &cli.default {
             let d = file.default.get_or_insert_with(RawLimit::default);
             macro_rules! field {
@@ -806,6 +813,9 @@ impl RawConfig {
         }
         if let Some(u) = self.unjudged {
             set.unjudged = u;
+        }
+        if let Some(f) = self.fragments {
+            set.fragments = f;
         }
         if let Some(d) = &self.default {
             match d.validate("default", None) {

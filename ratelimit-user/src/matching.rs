@@ -415,17 +415,27 @@ pub struct Compiled {
     pub groups: Vec<MatchGroup>,
 }
 
+/// The rule-table indexes of what judges a frame a match cannot judge
+/// ([`ratelimit_common::NO_RULE`]: the next entry of its group).
+#[derive(Clone, Copy, Debug)]
+pub struct Policies {
+    /// For a frame whose transport header cannot be read or is cut short.
+    pub unjudged: u32,
+    /// For a non-first fragment.
+    pub fragments: u32,
+}
+
 /// Builds the trie's entries and the match groups for `rules` (each
 /// selector's table index): a prefix whose rules all match everything (one
 /// rule) points at its rule; any other points at a group holding its rules in
 /// precedence order, followed, if none of them matches everything, by the
 /// rules of the nearest prefix around it that has any (in turn), and in the
 /// end the default rule (`default`). Groups are numbered from `group_base`;
-/// each gets `unjudged` as its rule for frames a match cannot judge.
+/// each gets the rules of `policies` for frames a match cannot judge.
 pub fn compile(
     rules: &BTreeMap<Selector, u32>,
     default: u32,
-    unjudged: u32,
+    policies: Policies,
     group_base: u32,
 ) -> Result<Compiled> {
     let mut by_source: BTreeMap<Prefix, Vec<(Match, u32)>> = BTreeMap::new();
@@ -488,7 +498,8 @@ pub fn compile(
         }
         let mut group = MatchGroup {
             count: chain.len() as u32,
-            unjudged,
+            unjudged: policies.unjudged,
+            fragments: policies.fragments,
             ..Default::default()
         };
         group.entries[..chain.len()].copy_from_slice(&chain);
@@ -601,7 +612,11 @@ mod tests {
         .into_iter()
         .map(|(s, i)| (sel(s), i))
         .collect();
-        let c = compile(&rules, 100, 200, 10).unwrap();
+        let policies = Policies {
+            unjudged: 200,
+            fragments: 201,
+        };
+        let c = compile(&rules, 100, policies, 10).unwrap();
         let trie: Vec<(String, u32)> = c.trie.iter().map(|(p, v)| (p.to_string(), *v)).collect();
         assert_eq!(
             trie,
@@ -621,12 +636,16 @@ mod tests {
         assert_eq!(rules_of(&c.groups[0]), [(2, true), (1, true)]);
         assert_eq!(rules_of(&c.groups[1]), [(3, true), (2, false), (1, false)]);
         assert_eq!(rules_of(&c.groups[2]), [(5, true), (100, false)]);
-        assert!(c.groups.iter().all(|g| g.unjudged == 200));
+        assert!(
+            c.groups
+                .iter()
+                .all(|g| g.unjudged == 200 && g.fragments == 201)
+        );
 
         let many: BTreeMap<Selector, u32> = (0..9u32)
             .map(|i| (sel(&format!("198.18.0.0/15 udp dport {}", 50 + i)), i))
             .collect();
-        let e = compile(&many, 100, 200, 0).unwrap_err().to_string();
+        let e = compile(&many, 100, policies, 0).unwrap_err().to_string();
         assert!(e.contains("at most 8"), "{e}");
     }
 

@@ -967,21 +967,64 @@ pub enum MalformedPolicy {
     Drop,
 }
 
-/// What happens to a frame a rule's match cannot judge: its ports or TCP
-/// flags are not in it (a non-first fragment), or not within what the program
-/// reads (an IPv6 extension header chain longer than six headers).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+/// What happens to a frame the kernel would deliver as IP that the program
+/// cannot judge: more than eight VLAN tags, an IPv6 extension header chain
+/// longer than eight headers, a first fragment too short for the transport
+/// header fields rules match on (or a TCP fragment at offset 8, RFC 1858),
+/// or a transport header a rule's match needs cut short.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Unjudged {
-    /// The rules that need what it lacks are skipped: the next rule of its
-    /// source judges it (in the end the source's rule without matches, or the
-    /// default rule). The default: such a frame is never unlimited.
+    /// Dropped (counted `unjudged`, `tiny_fragment`, or `denied` under a
+    /// match). The default: what cannot be judged cannot walk past a rule.
     #[default]
-    NextRule,
-    /// Dropped (counted `denied`).
     Drop,
+    /// Judged by the rules that need nothing it hides (a match that needs
+    /// what it hides is skipped: the next rule of its source judges it); a
+    /// frame with too many tags has no source to judge by and is dropped.
+    /// Unsafe against a fragmenting attacker: a tiny fragment's SYN is then
+    /// judged by the rule after a `--syn` rule.
+    NextRule,
     /// Passed (counted `allowed`); in allowlist-only mode, as `next-rule`.
     Pass,
+}
+
+/// What happens to a non-first fragment (it carries no ports and no TCP
+/// flags) under a rule whose match needs them.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fragments {
+    /// The rules that need ports or flags are skipped: the next rule of its
+    /// source judges it (in the end its rule without matches, or the default
+    /// rule). The default, and safe: the datagram's first fragment carries
+    /// the transport header and is judged whole (a tiny one is dropped), so a
+    /// datagram a rule refuses is never completed, and fragments are never
+    /// unlimited.
+    #[default]
+    NextRule,
+    /// Dropped (counted `denied`): also the fragments of datagrams a rule
+    /// admits (large UDP answers, for one).
+    Drop,
 }
 
 /// Everything the daemon enforces: global settings, the default rule, the rules.
@@ -997,8 +1040,10 @@ pub struct RuleSet {
     /// matching rule wins, then the most specific match (see
     /// [`crate::matching`]).
     pub rules: BTreeMap<Selector, Action>,
-    /// Frames a match cannot judge.
+    /// Frames the program cannot judge.
     pub unjudged: Unjudged,
+    /// Non-first fragments under a match that needs their ports or flags.
+    pub fragments: Fragments,
     /// The clock decisions are made on.
     pub clock: Clock,
     /// The cap on states created per second, all rules together.
@@ -1039,7 +1084,8 @@ impl Default for RuleSet {
             malformed: MalformedPolicy::Pass,
             default: Action::Limit(default_limit()),
             rules: BTreeMap::new(),
-            unjudged: Unjudged::NextRule,
+            unjudged: Unjudged::Drop,
+            fragments: Fragments::NextRule,
             clock: Clock::Precise,
             new_states: default_new_states(),
             mode: Mode::Normal,
@@ -1063,7 +1109,8 @@ impl RuleSet {
         rules: &BTreeMap<Selector, common::Rule>,
     ) -> Self {
         use common::config_flags::{
-            ALLOWLIST_ONLY, COARSE_CLOCK, DROP_MALFORMED, DRY_RUN, UNJUDGED_DROP, UNJUDGED_PASS,
+            ALLOWLIST_ONLY, COARSE_CLOCK, DROP_MALFORMED, DRY_RUN, FRAGMENTS_DROP, UNJUDGED_DROP,
+            UNJUDGED_PASS,
         };
         RuleSet {
             dry_run: config.flags & DRY_RUN != 0,
@@ -1078,6 +1125,11 @@ impl RuleSet {
                 Unjudged::Pass
             } else {
                 Unjudged::NextRule
+            },
+            fragments: if config.flags & FRAGMENTS_DROP != 0 {
+                Fragments::Drop
+            } else {
+                Fragments::NextRule
             },
             clock: if config.flags & COARSE_CLOCK != 0 {
                 Clock::Coarse
@@ -1156,7 +1208,11 @@ impl RuleSet {
         }
         // The chains of rules with matches fit (indexes do not matter here).
         let indexes = self.rules.keys().map(|s| (*s, 0)).collect();
-        crate::matching::compile(&indexes, 0, 0, 0)?;
+        let policies = crate::matching::Policies {
+            unjudged: 0,
+            fragments: 0,
+        };
+        crate::matching::compile(&indexes, 0, policies, 0)?;
         Ok(())
     }
 
@@ -1180,6 +1236,9 @@ impl RuleSet {
             Unjudged::NextRule => {}
             Unjudged::Drop => flags |= common::config_flags::UNJUDGED_DROP,
             Unjudged::Pass => flags |= common::config_flags::UNJUDGED_PASS,
+        }
+        if self.fragments == Fragments::Drop {
+            flags |= common::config_flags::FRAGMENTS_DROP;
         }
         Ok(common::Config {
             flags,

@@ -1,5 +1,6 @@
-//! Crafted Ethernet frames: UDP over IPv4 (with options) or IPv6, with up to two
-//! VLAN tags, and ARP.
+//! Crafted Ethernet frames: UDP, TCP or ICMP over IPv4 (with options) or
+//! IPv6 (with extension headers), behind any number of VLAN tags, whole or
+//! in fragments; and ARP.
 
 use std::net::IpAddr;
 
@@ -29,8 +30,10 @@ pub struct Udp {
     pub payload: usize,
     /// Source port.
     pub sport: u16,
-    /// A TCP segment with these flags (and no payload) instead of UDP.
+    /// A TCP segment with these flags instead of UDP.
     pub tcp: Option<u8>,
+    /// The TCP segment's payload length (0: a bare header).
+    pub tcp_payload: usize,
     /// An ICMP (IPv4) or ICMPv6 (IPv6) message of this type (code 0, 4
     /// bytes of rest and the payload) instead of UDP.
     pub icmp: Option<u8>,
@@ -67,6 +70,7 @@ impl Udp {
             payload: 18,
             sport: 40000,
             tcp: None,
+            tcp_payload: 0,
             icmp: None,
             ipv4_frag_offset: 0,
             ipv6_ext: Vec::new(),
@@ -75,6 +79,86 @@ impl Udp {
 
     /// Builds the frame.
     pub fn build(&self) -> Vec<u8> {
+        let (proto, l4) = self.transport();
+        let frag = (self.ipv4_frag_offset != 0).then_some((self.ipv4_frag_offset, true));
+        self.frame(proto, &l4, frag)
+    }
+
+    /// The datagram split into fragments: the first carries the first
+    /// `first` bytes of the transport header and payload (a multiple of 8),
+    /// the second the rest. For IPv6 a fragment header is added after the
+    /// extension headers of [`Udp::ipv6_ext`].
+    pub fn fragments(&self, first: usize) -> [Vec<u8>; 2] {
+        assert!(
+            first.is_multiple_of(8),
+            "fragments are cut at multiples of 8"
+        );
+        let (proto, l4) = self.transport();
+        assert!(
+            first < l4.len(),
+            "the first fragment must leave some to the second"
+        );
+        [
+            self.frame(proto, &l4[..first], Some((0, true))),
+            self.frame(proto, &l4[first..], Some(((first / 8) as u16, false))),
+        ]
+    }
+
+    /// The transport protocol and its bytes (header with checksum, payload).
+    fn transport(&self) -> (u8, Vec<u8>) {
+        let v6 = self.src.is_ipv6();
+        let mut l4 = Vec::with_capacity(20 + self.payload);
+        let (proto, sum_at, pseudo) = if let Some(kind) = self.icmp {
+            l4.extend_from_slice(&[kind, 0, 0, 0, 0, 1, 0, 1]);
+            l4.extend((0..self.payload).map(|i| i as u8));
+            // ICMP's checksum has no pseudo-header; ICMPv6's has.
+            if v6 { (58, 2, true) } else { (1, 2, false) }
+        } else if let Some(flags) = self.tcp {
+            l4.extend_from_slice(&self.sport.to_be_bytes());
+            l4.extend_from_slice(&self.dport.to_be_bytes());
+            // seq, ack, data offset 5, flags, window, checksum, urgent.
+            l4.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+            l4.extend((0..self.tcp_payload).map(|i| i as u8));
+            (6, 16, true)
+        } else {
+            l4.extend_from_slice(&self.sport.to_be_bytes());
+            l4.extend_from_slice(&self.dport.to_be_bytes());
+            l4.extend_from_slice(&((8 + self.payload) as u16).to_be_bytes());
+            l4.extend_from_slice(&[0, 0]);
+            l4.extend((0..self.payload).map(|i| i as u8));
+            (17, 6, true)
+        };
+        let initial = if pseudo {
+            let mut p = Vec::new();
+            match (self.src, self.dst) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    p.extend_from_slice(&s.octets());
+                    p.extend_from_slice(&d.octets());
+                    p.extend_from_slice(&[0, proto]);
+                    p.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+                }
+                (IpAddr::V6(s), IpAddr::V6(d)) => {
+                    p.extend_from_slice(&s.octets());
+                    p.extend_from_slice(&d.octets());
+                    p.extend_from_slice(&(l4.len() as u32).to_be_bytes());
+                    p.extend_from_slice(&[0, 0, 0, proto]);
+                }
+                _ => panic!("mixed address families"),
+            }
+            sum_words(&p)
+        } else {
+            0
+        };
+        let sum = checksum(&l4, initial);
+        // 0 means "no checksum" to UDP: an all-ones sum is sent as 0xffff.
+        let sum = if sum == 0 && proto == 17 { 0xffff } else { sum };
+        l4[sum_at..sum_at + 2].copy_from_slice(&sum.to_be_bytes());
+        (proto, l4)
+    }
+
+    /// Ethernet, the tags, the IP header (a fragment's when `frag` is
+    /// (offset in 8-octet units, more fragments)), extension headers, `l4`.
+    fn frame(&self, proto: u8, l4: &[u8], frag: Option<(u16, bool)>) -> Vec<u8> {
         let mut f = Vec::with_capacity(128);
         f.extend_from_slice(&self.dst_mac);
         f.extend_from_slice(&self.src_mac);
@@ -82,31 +166,17 @@ impl Udp {
             f.extend_from_slice(&tpid.to_be_bytes());
             f.extend_from_slice(&vid.to_be_bytes());
         }
-        let mut udp = Vec::with_capacity(20 + self.payload);
-        udp.extend_from_slice(&self.sport.to_be_bytes());
-        udp.extend_from_slice(&self.dport.to_be_bytes());
-        let v6 = self.src.is_ipv6();
-        let proto = if let Some(kind) = self.icmp {
-            udp.clear();
-            udp.extend_from_slice(&[kind, 0, 0, 0, 0, 1, 0, 1]);
-            udp.extend((0..self.payload).map(|i| i as u8));
-            if v6 { 58 } else { 1 }
-        } else if let Some(flags) = self.tcp {
-            // seq, ack, data offset 5, flags, window, checksum, urgent.
-            udp.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
-            6
-        } else {
-            udp.extend_from_slice(&((8 + self.payload) as u16).to_be_bytes());
-            udp.extend_from_slice(&[0, 0]);
-            udp.extend((0..self.payload).map(|i| i as u8));
-            17
-        };
         match (self.src, self.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 f.extend_from_slice(&0x0800u16.to_be_bytes());
                 assert!(self.ipv4_options.is_multiple_of(4) && self.ipv4_options <= 40);
                 let ihl = 5 + self.ipv4_options / 4;
-                let total = ihl * 4 + udp.len();
+                let total = ihl * 4 + l4.len();
+                // Don't fragment, or more fragments and the offset.
+                let flags_offset = match frag {
+                    None => 0x4000,
+                    Some((offset, more)) => offset | if more { 0x2000 } else { 0 },
+                };
                 let mut ip = vec![
                     0x40 | ihl as u8,
                     0,
@@ -114,13 +184,8 @@ impl Udp {
                     total as u8,
                     0,
                     1,
-                    // Don't fragment, or more fragments and the offset.
-                    if self.ipv4_frag_offset == 0 {
-                        0x40
-                    } else {
-                        0x20 | (self.ipv4_frag_offset >> 8) as u8
-                    },
-                    self.ipv4_frag_offset as u8,
+                    (flags_offset >> 8) as u8,
+                    flags_offset as u8,
                     64,
                     proto,
                     0,
@@ -133,50 +198,48 @@ impl Udp {
                 let c = checksum(&ip, 0);
                 ip[10..12].copy_from_slice(&c.to_be_bytes());
                 f.extend_from_slice(&ip);
-                f.extend_from_slice(&udp);
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 f.extend_from_slice(&0x86ddu16.to_be_bytes());
+                let mut ext: Vec<(u8, u16, bool)> =
+                    self.ipv6_ext.iter().map(|(k, o)| (*k, *o, false)).collect();
+                if let Some((offset, more)) = frag {
+                    ext.push((44, offset, more));
+                }
+                let ext_len = 8 * ext.len();
                 let mut ip = vec![0x60, 0, 0, 0];
-                let ext_len = 8 * self.ipv6_ext.len();
-                ip.extend_from_slice(&((ext_len + udp.len()) as u16).to_be_bytes());
-                ip.push(self.ipv6_ext.first().map_or(proto, |e| e.0));
+                ip.extend_from_slice(&((ext_len + l4.len()) as u16).to_be_bytes());
+                ip.push(ext.first().map_or(proto, |e| e.0));
                 ip.push(64);
                 ip.extend_from_slice(&s.octets());
                 ip.extend_from_slice(&d.octets());
-                let mut ext = Vec::with_capacity(ext_len);
-                for (i, (kind, offset)) in self.ipv6_ext.iter().enumerate() {
-                    let next = self.ipv6_ext.get(i + 1).map_or(proto, |e| e.0);
+                for (i, (kind, offset, more)) in ext.iter().enumerate() {
+                    let next = ext.get(i + 1).map_or(proto, |e| e.0);
                     if *kind == 44 {
-                        let off = (offset << 3).to_be_bytes();
-                        ext.extend_from_slice(&[next, 0, off[0], off[1], 0, 0, 0, 7]);
+                        let off = ((offset << 3) | u16::from(*more)).to_be_bytes();
+                        ip.extend_from_slice(&[next, 0, off[0], off[1], 0, 0, 0, 7]);
                     } else {
                         // Length 0: 8 octets (PadN options inside).
-                        ext.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+                        ip.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
                     }
                 }
-                // The UDP checksum is mandatory over IPv6.
-                let mut pseudo = Vec::new();
-                pseudo.extend_from_slice(&s.octets());
-                pseudo.extend_from_slice(&d.octets());
-                pseudo.extend_from_slice(&(udp.len() as u32).to_be_bytes());
-                pseudo.extend_from_slice(&[0, 0, 0, proto]);
-                let sum = checksum(&udp, sum_words(&pseudo));
-                let at = match proto {
-                    6 => 16,
-                    58 => 2,
-                    _ => 6,
-                };
-                udp[at..at + 2]
-                    .copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
                 f.extend_from_slice(&ip);
-                f.extend_from_slice(&ext);
-                f.extend_from_slice(&udp);
             }
             _ => panic!("mixed address families"),
         }
+        f.extend_from_slice(l4);
         f
     }
+}
+
+/// `frame` padded with zeros to Ethernet's shortest frame (60 bytes before
+/// the FCS), as a NIC sends a short one: the padding is no part of the IP
+/// packet.
+pub fn padded(mut frame: Vec<u8>) -> Vec<u8> {
+    if frame.len() < 60 {
+        frame.resize(60, 0);
+    }
+    frame
 }
 
 fn sum_words(b: &[u8]) -> u32 {

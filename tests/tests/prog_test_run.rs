@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use ratelimit_common::{Event, Reason};
 use ratelimit_tests::{
-    frames::{TPID_8021AD, TPID_8021Q, Udp, arp, tcp},
+    frames::{TPID_8021AD, TPID_8021Q, Udp, arp, padded, tcp},
     net::NetNs,
     privileged,
     testrun::{Loaded, XDP_DROP, XDP_PASS, pin_to_cpu},
@@ -14,8 +14,8 @@ use ratelimit_tests::{
 use ratelimit_user::{
     rate::parse_rate,
     rules::{
-        Action, HostConnections, Limit, MalformedPolicy, Mode, RuleSet, Selector, Unjudged,
-        default_limit,
+        Action, Fragments, HostConnections, Limit, MalformedPolicy, Mode, RuleSet, Selector,
+        Unjudged, default_limit,
     },
 };
 
@@ -159,10 +159,10 @@ fn crafted_frames_get_the_right_verdict_and_counter() {
     three.vlans = vec![(TPID_8021AD, 1), (TPID_8021Q, 2), (TPID_8021Q, 3)];
     expect(
         &l,
-        "three VLAN tags (not parsed)",
+        "three VLAN tags",
         &three.build(),
         XDP_PASS,
-        Reason::NotIp,
+        Reason::NewSource,
     );
 
     // IHL below 5.
@@ -821,16 +821,35 @@ fn frames_of_the_hosts_own_connections_pass_a_limit() {
                     Reason::Limited,
                 ),
                 (
-                    "six extension headers",
-                    vec![(0, 0), (60, 0), (43, 0), (44, 0), (60, 0), (60, 0)],
+                    "eight extension headers",
+                    vec![
+                        (0, 0),
+                        (60, 0),
+                        (43, 0),
+                        (44, 0),
+                        (60, 0),
+                        (60, 0),
+                        (60, 0),
+                        (60, 0),
+                    ],
                     XDP_PASS,
                     Reason::HostConnection,
                 ),
                 (
-                    "seven extension headers (over the bound)",
-                    vec![(0, 0), (60, 0), (43, 0), (44, 0), (60, 0), (60, 0), (60, 0)],
+                    "nine extension headers (over the bound: unjudged, dropped)",
+                    vec![
+                        (0, 0),
+                        (60, 0),
+                        (43, 0),
+                        (44, 0),
+                        (60, 0),
+                        (60, 0),
+                        (60, 0),
+                        (60, 0),
+                        (60, 0),
+                    ],
                     XDP_DROP,
-                    Reason::Limited,
+                    Reason::Unjudged,
                 ),
             ];
             for (what, ext, verdict, reason) in ext_cases {
@@ -960,11 +979,11 @@ fn rules_match_tcp_syn_and_fragments_follow_the_policy() {
         0,
     );
 
-    set.unjudged = Unjudged::Drop;
+    set.fragments = Fragments::Drop;
     let l = Loaded::new(&set);
     assert_eq!(
-        l.maps.rule_set().expect("read back").unjudged,
-        Unjudged::Drop
+        l.maps.rule_set().expect("read back").fragments,
+        Fragments::Drop
     );
     expect_unjudged(
         &l,
@@ -990,18 +1009,13 @@ fn rules_match_tcp_syn_and_fragments_follow_the_policy() {
         Reason::Denied,
     );
 
-    // Pass: under a deny-all source rule, the fragment still passes.
+    // `unjudged = pass`: under a deny-all source rule, a SYN whose flags are
+    // cut off (a tiny first fragment) passes its match.
     let mut set = matching(&[("198.18.0.0/15", DENY), ("198.18.0.0/15 tcp syn", DRY_DENY)]);
     set.unjudged = Unjudged::Pass;
     let l = Loaded::new(&set);
-    expect_unjudged(
-        &l,
-        "TCP fragment, pass",
-        &tcp_fragment.build(),
-        XDP_PASS,
-        Reason::Allowed,
-        1,
-    );
+    let [tiny, _] = tcp_(tcp::SYN).fragments(8);
+    expect_unjudged(&l, "tiny SYN, pass", &tiny, XDP_PASS, Reason::Allowed, 1);
     expect(
         &l,
         "SYN, pass",
@@ -1021,8 +1035,8 @@ fn rules_match_tcp_syn_and_fragments_follow_the_policy() {
     let l = Loaded::new(&set);
     expect_unjudged(
         &l,
-        "TCP fragment, allowlist-only",
-        &tcp_fragment.build(),
+        "tiny SYN, allowlist-only",
+        &tiny,
         XDP_DROP,
         Reason::NotAllowed,
         1,
@@ -1229,15 +1243,14 @@ fn rules_find_ports_behind_ipv6_extension_headers() {
         ("hop-by-hop", vec![(0, 0)]),
         ("routing", vec![(43, 0)]),
         ("destination options", vec![(60, 0)]),
-        ("first fragment", vec![(44, 0)]),
+        ("an atomic fragment (offset 0, no more)", vec![(44, 0)]),
         (
             "hop-by-hop, routing, fragment, destination options",
             vec![(0, 0), (43, 0), (44, 0), (60, 0)],
         ),
-        (
-            "six headers",
-            vec![(0, 0), (60, 0), (43, 0), (60, 0), (43, 0), (60, 0)],
-        ),
+        ("six headers", chain(6)),
+        ("seven headers", chain(7)),
+        ("eight headers (the bound)", chain(8)),
     ] {
         expect_unjudged(&l, what, &syn(ext).build(), XDP_DROP, Reason::Denied, 0);
     }
@@ -1249,13 +1262,395 @@ fn rules_find_ports_behind_ipv6_extension_headers() {
         Reason::Allowed,
         1,
     );
-    let seven = vec![(0, 0), (60, 0), (43, 0), (60, 0), (43, 0), (60, 0), (60, 0)];
+    // Past the bound: unjudged, dropped by default whatever the rules.
     expect_unjudged(
         &l,
-        "seven headers",
-        &syn(seven).build(),
+        "nine headers",
+        &syn(chain(9)).build(),
+        XDP_DROP,
+        Reason::Unjudged,
+        1,
+    );
+    let mut ten_udp = v6("2001:db8:5::1");
+    ten_udp.ipv6_ext = chain(10);
+    expect_unjudged(
+        &l,
+        "ten headers, UDP",
+        &ten_udp.build(),
+        XDP_DROP,
+        Reason::Unjudged,
+        1,
+    );
+
+    // The policy set the other way: `next-rule` skips the rule that needs the
+    // transport header (the source's allow judges); `pass` passes.
+    for (policy, reason) in [
+        (Unjudged::NextRule, Reason::Allowed),
+        (Unjudged::Pass, Reason::Allowed),
+    ] {
+        let mut set = set.clone();
+        set.unjudged = policy;
+        let l = Loaded::new(&set);
+        expect_unjudged(
+            &l,
+            &format!("nine headers, {policy:?}"),
+            &syn(chain(9)).build(),
+            XDP_PASS,
+            reason,
+            1,
+        );
+        expect_unjudged(
+            &l,
+            &format!("eight headers, {policy:?}"),
+            &syn(chain(8)).build(),
+            XDP_DROP,
+            Reason::Denied,
+            0,
+        );
+    }
+}
+
+/// A chain of `n` IPv6 extension headers (hop-by-hop first, then routing and
+/// destination options headers), none a fragment header.
+fn chain(n: usize) -> Vec<(u8, u16)> {
+    (0..n)
+        .map(|i| match i {
+            0 => (0, 0),
+            i if i % 2 == 1 => (60, 0),
+            _ => (43, 0),
+        })
+        .collect()
+}
+
+/// Every depth of 802.1Q and 802.1ad tags the kernel strips (VID 0 priority
+/// tags and others), around IPv4 and IPv6 from a denied, a limited and a
+/// not-allowed source, is judged as the frame inside; past
+/// `MAX_VLAN_TAGS` the frame is unjudged and dropped by default, passed
+/// only under `unjudged = pass`. Non-IP frames behind tags still pass.
+#[test]
+fn frames_behind_any_depth_of_vlan_tags_are_judged() {
+    privileged!("frames_behind_any_depth_of_vlan_tags_are_judged");
+    let mut set = matching(&[
+        ("198.18.66.0/24", DENY),
+        ("2001:db8:66::/48", DENY),
+        ("198.18.77.0/24", Action::Limit(limit("0/s", 10))),
+        ("198.18.88.0/24", Action::Allow),
+    ]);
+    let l = Loaded::new(&set);
+    let tags = |n: usize, vid0: bool| -> Vec<(u16, u16)> {
+        (0..n)
+            .map(|i| {
+                let tpid = if i == 0 && n > 1 {
+                    TPID_8021AD
+                } else {
+                    TPID_8021Q
+                };
+                (tpid, if vid0 { 0 } else { 100 + i as u16 })
+            })
+            .collect()
+    };
+    let tagged = |mut f: Udp, n: usize, vid0: bool| {
+        f.vlans = tags(n, vid0);
+        f.build()
+    };
+    for n in 0..=ratelimit_common::MAX_VLAN_TAGS {
+        for vid0 in [true, false] {
+            let what = |s: &str| format!("{s}, {n} tags (VID 0: {vid0})");
+            expect(
+                &l,
+                &what("denied IPv4"),
+                &tagged(v4("198.18.66.5"), n, vid0),
+                XDP_DROP,
+                Reason::Denied,
+            );
+            expect(
+                &l,
+                &what("denied IPv6"),
+                &tagged(v6("2001:db8:66::5"), n, vid0),
+                XDP_DROP,
+                Reason::Denied,
+            );
+            expect(
+                &l,
+                &what("limited IPv4"),
+                &tagged(v4("198.18.77.5"), n, vid0),
+                XDP_DROP,
+                Reason::Limited,
+            );
+            expect(
+                &l,
+                &what("allowed IPv4"),
+                &tagged(v4("198.18.88.5"), n, vid0),
+                XDP_PASS,
+                Reason::Allowed,
+            );
+        }
+    }
+    // A tag chain deeper than the program walks: dropped (there is no source
+    // to judge by), counted `unjudged`, whatever the source would have been.
+    let deep = ratelimit_common::MAX_VLAN_TAGS + 1;
+    for (what, f) in [
+        ("allowed IPv4", v4("198.18.88.5")),
+        ("IPv6", v6("2001:db8:1::5")),
+    ] {
+        for n in [deep, deep + 3] {
+            expect_unjudged(
+                &l,
+                &format!("{what}, {n} tags"),
+                &tagged(f.clone(), n, true),
+                XDP_DROP,
+                Reason::Unjudged,
+                1,
+            );
+        }
+    }
+    // ARP behind tags is no IP: passed.
+    let mut arp_tagged = arp();
+    for _ in 0..3 {
+        arp_tagged.splice(12..12, [0x81, 0x00, 0x00, 0x00]);
+    }
+    expect(&l, "ARP, three tags", &arp_tagged, XDP_PASS, Reason::NotIp);
+
+    // In allowlist-only mode: judged as not allowed at every depth; past the
+    // bound dropped (as unjudged) even under `pass`.
+    set.mode = Mode::AllowlistOnly;
+    set.unjudged = Unjudged::Pass;
+    let l = Loaded::new(&set);
+    for n in [0, 3, 8] {
+        expect(
+            &l,
+            &format!("not allowed, {n} tags"),
+            &tagged(v4("198.18.99.5"), n, true),
+            XDP_DROP,
+            Reason::NotAllowed,
+        );
+    }
+    expect_unjudged(
+        &l,
+        "allowlist-only, pass, nine tags",
+        &tagged(v4("198.18.88.5"), deep, true),
+        XDP_DROP,
+        Reason::Unjudged,
+        1,
+    );
+    // The policy set the other way, in normal mode: passed (counted allowed).
+    set.mode = Mode::Normal;
+    let l = Loaded::new(&set);
+    expect_unjudged(
+        &l,
+        "pass, nine tags",
+        &tagged(v4("198.18.66.5"), deep, true),
         XDP_PASS,
         Reason::Allowed,
         1,
+    );
+    // `next-rule` has no rule to go to without a source: dropped.
+    set.unjudged = Unjudged::NextRule;
+    let l = Loaded::new(&set);
+    expect_unjudged(
+        &l,
+        "next-rule, nine tags",
+        &tagged(v4("198.18.88.5"), deep, true),
+        XDP_DROP,
+        Reason::Unjudged,
+        1,
+    );
+}
+
+/// A SYN in fragments: a first fragment too short for the TCP flags (8 or 16
+/// bytes of TCP: RFC 1858's tiny fragment) is dropped by default
+/// (`tiny_fragment`), padded to Ethernet's 60 bytes or not, against `--syn`
+/// and `--dport` deny rules alike; so is a TCP fragment at offset 8 bytes
+/// (the one that could rewrite the flags); a first fragment with the whole
+/// header is judged by its rules; the non-first fragments of a source go to
+/// its next rule (or are dropped under `fragments = drop`). The same for
+/// IPv6. With `unjudged = next-rule` the tiny SYN is judged by the rule after
+/// the `--syn` rule, which is how it walked past before.
+#[test]
+fn tiny_and_overlapping_fragments_are_dropped_by_default() {
+    privileged!("tiny_and_overlapping_fragments_are_dropped_by_default");
+    let mut set = matching(&[
+        ("198.18.77.0/24 tcp syn", DENY),
+        ("198.18.78.0/24 tcp dport 8080", DENY),
+        ("2001:db8:77::/48 tcp syn", DENY),
+    ]);
+    let l = Loaded::new(&set);
+    let syn = |src: &str, dport: u16| Udp {
+        tcp: Some(tcp::SYN),
+        dport,
+        ..Udp::new(
+            addr(src),
+            addr(if src.contains(':') {
+                "2001:db8::2"
+            } else {
+                "198.18.0.2"
+            }),
+        )
+    };
+    for (what, f) in [
+        ("IPv4 SYN, --syn", syn("198.18.77.5", 80)),
+        ("IPv4 SYN, --dport", syn("198.18.78.5", 8080)),
+        ("IPv6 SYN, --syn", syn("2001:db8:77::5", 80)),
+    ] {
+        expect(
+            &l,
+            &format!("{what}, whole"),
+            &f.build(),
+            XDP_DROP,
+            Reason::Denied,
+        );
+        for cut in [8, 16] {
+            let [first, second] = f.fragments(cut);
+            expect_unjudged(
+                &l,
+                &format!("{what}, first fragment of {cut} TCP bytes"),
+                &first,
+                XDP_DROP,
+                Reason::TinyFragment,
+                1,
+            );
+            expect_unjudged(
+                &l,
+                &format!("{what}, first fragment of {cut} TCP bytes, padded"),
+                &padded(first),
+                XDP_DROP,
+                Reason::TinyFragment,
+                1,
+            );
+            if cut == 8 {
+                // The second fragment sits at offset 8: RFC 1858's overlap.
+                expect_unjudged(
+                    &l,
+                    &format!("{what}, TCP fragment at offset 8"),
+                    &second,
+                    XDP_DROP,
+                    Reason::TinyFragment,
+                    1,
+                );
+            } else {
+                // A non-first fragment: the next rule (the default) judges it.
+                expect_unjudged(
+                    &l,
+                    &format!("{what}, second fragment"),
+                    &second,
+                    XDP_PASS,
+                    Reason::NewSource,
+                    1,
+                );
+            }
+        }
+    }
+    // A first fragment with the whole TCP header is judged by its rules.
+    let [first, _] = Udp {
+        tcp_payload: 40,
+        ..syn("198.18.77.6", 80)
+    }
+    .fragments(24);
+    expect_unjudged(
+        &l,
+        "IPv4 SYN, first fragment with the whole header",
+        &first,
+        XDP_DROP,
+        Reason::Denied,
+        0,
+    );
+    // UDP's first fragment always holds its ports (8 bytes at least): judged.
+    let udp = v4("198.18.78.9");
+    let [first, _] = Udp { payload: 40, ..udp }.fragments(8);
+    expect_unjudged(
+        &l,
+        "UDP first fragment",
+        &first,
+        XDP_PASS,
+        Reason::NewSource,
+        0,
+    );
+
+    // `fragments = drop`: the second fragment is dropped as denied.
+    set.fragments = Fragments::Drop;
+    let l = Loaded::new(&set);
+    let [_, second] = syn("198.18.77.5", 80).fragments(16);
+    expect_unjudged(
+        &l,
+        "second fragment, fragments = drop",
+        &second,
+        XDP_DROP,
+        Reason::Denied,
+        1,
+    );
+
+    // The policy set the other way: under `next-rule` the tiny SYN goes to
+    // the default rule and passes; under `pass`, it passes.
+    for policy in [Unjudged::NextRule, Unjudged::Pass] {
+        set.unjudged = policy;
+        set.fragments = Fragments::NextRule;
+        let l = Loaded::new(&set);
+        let [first, _] = syn("198.18.77.7", 80).fragments(8);
+        let reason = if policy == Unjudged::Pass {
+            Reason::Allowed
+        } else {
+            Reason::NewSource
+        };
+        expect_unjudged(
+            &l,
+            &format!("tiny SYN, {policy:?}"),
+            &first,
+            XDP_PASS,
+            reason,
+            1,
+        );
+    }
+}
+
+/// An IPv6 frame from an IPv4-mapped source (::ffff:a.b.c.d) is judged as
+/// the IPv4 address it maps: a deny of the IPv4 network drops it, and it
+/// shares that address's bucket.
+#[test]
+fn ipv4_mapped_ipv6_sources_are_judged_as_ipv4() {
+    privileged!("ipv4_mapped_ipv6_sources_are_judged_as_ipv4");
+    let set = matching(&[
+        ("198.18.66.0/24", DENY),
+        ("198.18.67.0/24", Action::Limit(limit("1/min", 2))),
+    ]);
+    let l = Loaded::new(&set);
+    expect(
+        &l,
+        "mapped, denied network",
+        &v6("::ffff:198.18.66.5").build(),
+        XDP_DROP,
+        Reason::Denied,
+    );
+    // Two of the burst of 2 as IPv4, the third as mapped IPv6: limited.
+    expect(
+        &l,
+        "IPv4 #1",
+        &v4("198.18.67.5").build(),
+        XDP_PASS,
+        Reason::NewSource,
+    );
+    expect(
+        &l,
+        "IPv4 #2",
+        &v4("198.18.67.5").build(),
+        XDP_PASS,
+        Reason::Passed,
+    );
+    expect(
+        &l,
+        "mapped #3, the same bucket",
+        &v6("::ffff:198.18.67.5").build(),
+        XDP_DROP,
+        Reason::Limited,
+    );
+    // A mapped source behind a UDP match rule: its ports are read from the
+    // IPv6 header's payload.
+    let set = matching(&[("198.18.66.0/24 udp dport 9", DENY)]);
+    let l = Loaded::new(&set);
+    expect(
+        &l,
+        "mapped, UDP dport 9 denied",
+        &v6("::ffff:198.18.66.5").build(),
+        XDP_DROP,
+        Reason::Denied,
     );
 }

@@ -648,6 +648,7 @@ pub(crate) fn list_of(rules: &Rules) -> Value {
         "dry_run": set.dry_run,
         "mode": set.mode.name(),
         "unjudged": set.unjudged,
+        "fragments": set.fragments,
         "malformed": set.malformed,
         "clock": clock,
         "new_states": set.new_states.to_string(),

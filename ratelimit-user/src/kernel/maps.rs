@@ -25,7 +25,7 @@ use crate::{
     error::{Error, Result},
     lists::{List, ListAction},
     matching::{self, Match, Selector},
-    rules::{Action, Mode, Prefix, RuleSet, Unjudged},
+    rules::{Action, Fragments, Mode, Prefix, RuleSet, Unjudged},
 };
 
 /// The typed maps.
@@ -505,15 +505,21 @@ impl Maps {
                 writes.push((index, rule));
             }
         }
-        let unjudged = match (set.unjudged, set.mode) {
-            (Unjudged::Drop, _) => deny_index,
-            (Unjudged::Pass, Mode::Normal) => allow_index,
-            _ => NO_RULE,
+        let policies = matching::Policies {
+            unjudged: match (set.unjudged, set.mode) {
+                (Unjudged::Drop, _) => deny_index,
+                (Unjudged::Pass, Mode::Normal) => allow_index,
+                _ => NO_RULE,
+            },
+            fragments: match set.fragments {
+                Fragments::Drop => deny_index,
+                Fragments::NextRule => NO_RULE,
+            },
         };
         let compiled = matching::compile(
             &entries,
             default_index,
-            unjudged,
+            policies,
             idle as u32 * GROUPS_CAPACITY,
         )?;
         // Entries of the trie, list entries included (0 lets the program skip

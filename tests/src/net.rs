@@ -576,3 +576,226 @@ fn link(tx: &NetNs, rx: &NetNs, tx_if: &str, rx_if: &str) -> ([u8; 6], [u8; 6]) 
     }
     (tx_mac, rx_mac)
 }
+
+impl Pair {
+    /// Lets the receiver answer `sources` (spoofed by the sender): a route to
+    /// the test ranges through its interface, and each source's neighbour
+    /// entry at the sender's MAC, so a reply (a SYN-ACK) leaves on the veth.
+    pub fn answer(&self, sources: &[IpAddr]) {
+        for range in ["198.18.0.0/15", "2001:db8::/32"] {
+            ip(&[
+                "-n",
+                &self.rx.name,
+                "route",
+                "replace",
+                range,
+                "dev",
+                &self.rx_if,
+            ]);
+        }
+        for src in sources {
+            ip(&[
+                "-n",
+                &self.rx.name,
+                "neigh",
+                "replace",
+                &src.to_string(),
+                "lladdr",
+                &fmt_mac(&self.tx_mac),
+                "dev",
+                &self.rx_if,
+                "nud",
+                "permanent",
+            ]);
+        }
+    }
+}
+
+/// Sends each of `frames` once from `ns`/`ifname`, 200 µs apart (bounded by
+/// the count).
+pub fn send_each(ns: &NetNs, ifname: &str, frames: &[Vec<u8>]) {
+    let name = ns.name.clone();
+    let ifname = ifname.to_string();
+    let frames = frames.to_vec();
+    std::thread::spawn(move || {
+        NetNs { name }.enter_and_forget();
+        let fd = packet_socket(&ifname);
+        for f in &frames {
+            // SAFETY: a valid buffer.
+            let n = unsafe { libc::send(fd, f.as_ptr().cast(), f.len(), 0) };
+            assert_eq!(
+                n,
+                f.len() as isize,
+                "sending a frame: {}",
+                std::io::Error::last_os_error()
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // SAFETY: our fd.
+        unsafe { libc::close(fd) };
+    })
+    .join()
+    .expect("sender thread");
+}
+
+/// What the receiving host's stack delivered: UDP datagrams to a port, by
+/// source, as a socket bound there gets them (after XDP, VLAN stripping,
+/// reassembly and every check of the kernel's own). IPv4 sources and
+/// IPv4-mapped IPv6 ones both show as IPv4, as an application sees them.
+pub struct Delivered {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<HashMap<IpAddr, u64>>>,
+}
+
+impl Delivered {
+    /// Binds `[::]:port` (both families) in `ns` and counts.
+    pub fn start(ns: &NetNs, port: u16) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let name = ns.name.clone();
+        let s = stop.clone();
+        let handle = std::thread::spawn(move || {
+            NetNs { name }.enter_and_forget();
+            let sock = std::net::UdpSocket::bind(("::", port)).expect("binding [::]:port");
+            sock.set_read_timeout(Some(Duration::from_millis(50)))
+                .expect("read timeout");
+            let _ = ready_tx.send(());
+            let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+            let mut buf = [0u8; 2048];
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((_, from)) = sock.recv_from(&mut buf) {
+                    *counts.entry(from.ip().to_canonical()).or_default() += 1;
+                }
+            }
+            counts
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the UDP receiver did not start");
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops after what is in flight arrived; the counts by source.
+    pub fn finish(mut self) -> HashMap<IpAddr, u64> {
+        std::thread::sleep(Duration::from_millis(300));
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .take()
+            .expect("running")
+            .join()
+            .expect("receiver thread")
+    }
+}
+
+impl Drop for Delivered {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Every frame seen on `ns`/`ifname` (both ways) while it runs: what left a
+/// host, e.g. its SYN-ACKs.
+pub struct Capture {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Vec<Vec<u8>>>>,
+}
+
+impl Capture {
+    /// Starts capturing.
+    pub fn start(ns: &NetNs, ifname: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let name = ns.name.clone();
+        let ifname = ifname.to_string();
+        let s = stop.clone();
+        let handle = std::thread::spawn(move || {
+            NetNs { name }.enter_and_forget();
+            let fd = packet_socket(&ifname);
+            let tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 50_000,
+            };
+            // SAFETY: valid option and size.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&tv as *const libc::timeval).cast(),
+                    std::mem::size_of::<libc::timeval>() as u32,
+                );
+            }
+            let _ = ready_tx.send(());
+            let mut frames = Vec::new();
+            let mut buf = vec![0u8; 4096];
+            // Bounded: at most 100 000 frames kept.
+            while !s.load(Ordering::Relaxed) && frames.len() < 100_000 {
+                // SAFETY: a valid buffer.
+                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n > 0 {
+                    frames.push(buf[..n as usize].to_vec());
+                }
+            }
+            // SAFETY: our fd.
+            unsafe { libc::close(fd) };
+            frames
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the capture did not start");
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops after what is in flight arrived; the frames.
+    pub fn finish(mut self) -> Vec<Vec<u8>> {
+        std::thread::sleep(Duration::from_millis(300));
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .take()
+            .expect("running")
+            .join()
+            .expect("capture thread")
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The destinations of the TCP SYN-ACKs among `frames` (IPv4 or IPv6, no
+/// tags, no extension headers: how a host answers).
+pub fn syn_acks_to(frames: &[Vec<u8>]) -> Vec<IpAddr> {
+    frames
+        .iter()
+        .filter_map(|f| {
+            let et = u16::from_be_bytes([*f.get(12)?, *f.get(13)?]);
+            let (dst, tcp) = match et {
+                0x0800 if *f.get(23)? == 6 => {
+                    let ihl = usize::from(f.get(14)? & 0x0f) * 4;
+                    let d: [u8; 4] = f.get(30..34)?.try_into().ok()?;
+                    (IpAddr::from(d), 14 + ihl)
+                }
+                0x86dd if *f.get(20)? == 6 => {
+                    let d: [u8; 16] = f.get(38..54)?.try_into().ok()?;
+                    (IpAddr::from(d), 54)
+                }
+                _ => return None,
+            };
+            (f.get(tcp + 13)? & 0x12 == 0x12).then_some(dst)
+        })
+        .collect()
+}

@@ -1324,6 +1324,15 @@ fn print_list(data: &Value) {
     {
         println!("(clock {clock})");
     }
+    match data["unjudged"].as_str() {
+        Some("next-rule") => println!(
+            "(unjudged next-rule: IP the program cannot judge, like a SYN in tiny fragments, is judged by the rules that need nothing it hides; the default, drop, is safe against fragmenting attackers)"
+        ),
+        Some("pass") => println!(
+            "(unjudged pass: IP the program cannot judge, like a SYN in tiny fragments, passes; the default, drop, is safe against fragmenting attackers)"
+        ),
+        _ => {}
+    }
 }
 
 /// Each rule's counters (packets), the default rule's first.

@@ -115,22 +115,25 @@ fn is_bpffs(path: &Path) -> bool {
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
 }
 
-/// The mount namespace inode of process `pid` (`self` for this one).
+/// The mount namespace inode of process `pid` (`self` for this one); `None`
+/// when it cannot be read (another user's process without CAP_SYS_PTRACE, as
+/// PID 1 is to the hardened unit).
 fn mount_ns(pid: &str) -> Option<u64> {
     std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
         .map(|m| m.ino())
         .ok()
 }
 
-/// The parent process's pid.
-fn parent_pid() -> u32 {
-    std::os::unix::process::parent_id()
+/// The device of the filesystem at `path` (each bpffs mount is a filesystem
+/// of its own; a bind mount of one shares its device).
+fn device(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).map(|m| m.dev()).ok()
 }
 
 /// The bpffs where a daemon pins: one that outlives the process.
 pub struct BpfRoot {
     /// The path to use in system calls: `/sys/fs/bpf`, or a descriptor of
-    /// another mount namespace's `/sys/fs/bpf` held open (`/proc/self/fd/N`).
+    /// the init mount namespace's `/sys/fs/bpf` held open (`/proc/self/fd/N`).
     pub path: PathBuf,
     /// The path as the operator knows it (`/sys/fs/bpf`).
     pub shown: PathBuf,
@@ -138,99 +141,170 @@ pub struct BpfRoot {
     _fd: Option<std::fs::File>,
 }
 
-/// Finds the bpffs whose pins outlive this process:
-/// - `/sys/fs/bpf` if it is one;
-/// - else, when this process has a mount namespace of its own (`ip netns exec`
-///   gives its command one, with a fresh /sys where a bpffs would vanish with
-///   the process), the `/sys/fs/bpf` of its parent's or PID 1's namespace,
-///   held open by a descriptor;
-/// - else it mounts one at `/sys/fs/bpf` (some containers and minimal systems
-///   lack it), where the system sees it.
+/// Finds the bpffs whose pins outlive this process, mounting one if there is
+/// none:
+/// - where this process's mount namespace is the lasting one (no ancestor
+///   in another namespace it can see, as in the init namespace, or the
+///   hardened unit, which cannot see PID 1's and whose /sys/fs/bpf is the
+///   system's, bound in): `/sys/fs/bpf`, mounted if missing (some containers
+///   and minimal systems lack it), where the system sees it;
+/// - in a mount namespace of its own (`ip netns exec` gives its command one,
+///   with a fresh /sys where a bpffs would vanish with the last process of
+///   the namespace, however many share it: a shell, `cargo xtask run`): the
+///   `/sys/fs/bpf` of the nearest ancestor process in another mount
+///   namespace (the shell `ip netns exec` was typed in), held open by a
+///   descriptor, and mounted in that namespace if missing. Never one mounted
+///   in the private namespace.
 pub fn bpffs_root() -> Result<BpfRoot> {
-    if let Some(root) = find_bpffs()? {
-        return Ok(root);
-    }
-    mount_bpffs()?;
-    let shown = PathBuf::from(BPFFS);
-    Ok(BpfRoot {
-        path: shown.clone(),
-        shown,
-        _fd: None,
-    })
+    lasting_bpffs(true).map(|r| r.expect("mounted when missing"))
 }
 
 /// [`bpffs_root`] without mounting: `None` where it would mount one (then
 /// nothing is pinned anywhere). For the read-only commands.
 pub fn find_bpffs() -> Result<Option<BpfRoot>> {
-    let shown = PathBuf::from(BPFFS);
-    if is_bpffs(&shown) {
-        return Ok(Some(BpfRoot {
-            path: shown.clone(),
-            shown,
-            _fd: None,
-        }));
-    }
-    let mine = mount_ns("self");
-    let parent = parent_pid().to_string();
-    let private = [parent.as_str(), "1"]
-        .iter()
-        .all(|pid| mount_ns(pid).is_none_or(|ns| Some(ns) != mine));
-    if private {
-        for pid in [parent.as_str(), "1"] {
-            let other = Path::new("/proc")
-                .join(pid)
-                .join("root")
-                .join(BPFFS.trim_start_matches('/'));
-            if mount_ns(pid).is_some_and(|ns| Some(ns) != mine) && is_bpffs(&other) {
-                let dir = std::fs::File::open(&other)
-                    .map_err(Error::io(format!("opening {}", other.display())))?;
-                let path = PathBuf::from(format!(
-                    "/proc/self/fd/{}",
-                    std::os::fd::AsRawFd::as_raw_fd(&dir)
-                ));
-                tracing::info!(
-                    "this process runs in a mount namespace of its own (as under `ip netns exec`): pinning in the bpffs of process {pid}'s namespace, where pins outlive it"
-                );
-                return Ok(Some(BpfRoot {
-                    path,
-                    shown,
-                    _fd: Some(dir),
-                }));
-            }
-        }
-        return Err(Error::Refused(format!(
-            "this process runs in a mount namespace of its own (as under `ip netns exec`) \
-             without a bpffs at {BPFFS}, and none was found in its parent's or PID 1's: pins \
-             made here would vanish with the process, and enforcement with them. Mount one on \
-             the host (`mount -t bpf bpf {BPFFS}`), or enter only the network namespace \
-             (`nsenter --net=/run/netns/NAME ratelimit run ...`)"
-        )));
-    }
-    Ok(None)
+    lasting_bpffs(false)
 }
 
-/// Mounts bpffs at /sys/fs/bpf.
-fn mount_bpffs() -> Result<()> {
-    let _ = std::fs::create_dir_all(BPFFS);
+fn lasting_bpffs(mount: bool) -> Result<Option<BpfRoot>> {
+    let shown = PathBuf::from(BPFFS);
+    let here = || BpfRoot {
+        path: shown.clone(),
+        shown: shown.clone(),
+        _fd: None,
+    };
+    let Some(pid) = lasting_ancestor() else {
+        if is_bpffs(&shown) {
+            return Ok(Some(here()));
+        }
+        if !mount {
+            return Ok(None);
+        }
+        mount_bpffs(None)?;
+        return Ok(Some(here()));
+    };
+    let there = Path::new("/proc")
+        .join(pid.to_string())
+        .join("root")
+        .join(BPFFS.trim_start_matches('/'));
+    if !is_bpffs(&there) {
+        if !mount {
+            return Ok(None);
+        }
+        mount_bpffs(Some(pid))?;
+    }
+    if is_bpffs(&shown) && device(&shown) == device(&there) {
+        return Ok(Some(here()));
+    }
+    let dir =
+        std::fs::File::open(&there).map_err(Error::io(format!("opening {}", there.display())))?;
+    let path = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&dir)
+    ));
+    tracing::debug!(
+        pid,
+        "this process runs in a mount namespace of its own (as under `ip netns exec`): pinning in the bpffs of its ancestor's namespace, where pins outlive it"
+    );
+    Ok(Some(BpfRoot {
+        path,
+        shown,
+        _fd: Some(dir),
+    }))
+}
+
+/// The nearest ancestor process in another mount namespace than this one,
+/// or `None` when this one is the lasting namespace: no ancestor it can see
+/// is elsewhere (the chain ends at PID 1, or at a process whose namespace it
+/// may not read).
+fn lasting_ancestor() -> Option<u32> {
+    let mine = mount_ns("self")?;
+    let mut pid = std::os::unix::process::parent_id();
+    // Bounded: process trees are far shallower.
+    for _ in 0..64 {
+        if pid == 0 {
+            return None;
+        }
+        match mount_ns(&pid.to_string()) {
+            None => return None,
+            Some(ns) if ns != mine => return Some(pid),
+            Some(_) if pid == 1 => return None,
+            Some(_) => pid = parent_of(pid)?,
+        }
+    }
+    None
+}
+
+/// The parent of process `pid` (the field after the command in
+/// `/proc/PID/stat`).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command is in parentheses and may hold spaces or parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Mounts bpffs at /sys/fs/bpf: here, or in the mount namespace of process
+/// `pid` (from a child process: a thread of this one cannot change its
+/// mount namespace).
+fn mount_bpffs(pid: Option<u32>) -> Result<()> {
+    let fail = |source: std::io::Error| Error::Io {
+        what: format!("{BPFFS} is not bpffs and mounting it failed (mount -t bpf bpf {BPFFS})"),
+        source,
+    };
     let path = std::ffi::CString::new(BPFFS).expect("no NUL");
     let fstype = std::ffi::CString::new("bpf").expect("no NUL");
-    // SAFETY: C strings; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            path.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
+    let Some(pid) = pid else {
+        let _ = std::fs::create_dir_all(BPFFS);
+        // SAFETY: C strings; no data argument.
+        let rc = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                path.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        tracing::info!("mounted bpffs at {BPFFS}");
+        return Ok(());
     };
-    if rc != 0 {
-        return Err(Error::Io {
-            what: format!("{BPFFS} is not bpffs and mounting it failed (mount -t bpf bpf {BPFFS})"),
-            source: std::io::Error::last_os_error(),
-        });
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).map_err(fail)?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&ns);
+    // SAFETY: the child calls only async-signal-safe system calls on values
+    // prepared before the fork, then _exit; the parent waits for it.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(fail(std::io::Error::last_os_error()));
     }
-    tracing::info!("mounted bpffs at {BPFFS}");
+    if child == 0 {
+        // SAFETY: see above.
+        unsafe {
+            let ok = libc::setns(fd, libc::CLONE_NEWNS) == 0
+                && libc::mount(
+                    fstype.as_ptr(),
+                    path.as_ptr(),
+                    fstype.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                ) == 0;
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(fail(std::io::Error::other(format!(
+            "in the mount namespace of process {pid}"
+        ))));
+    }
+    tracing::info!(
+        pid,
+        "mounted bpffs at {BPFFS} in the mount namespace of process {pid}"
+    );
     Ok(())
 }
 

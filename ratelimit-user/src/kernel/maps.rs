@@ -3,7 +3,6 @@
 //! read back when the daemon's own record is lost.
 
 use std::{
-    borrow::Cow,
     collections::{BTreeMap, HashMap as StdHashMap},
     path::Path,
     sync::Arc,
@@ -51,15 +50,79 @@ pub struct Maps {
     groups: Array<MapData, common::MatchGroup>,
     /// Each rule's verdicts, [`common::RULE_COUNTERS`] slots per rule slot.
     rule_stats: PerCpuArray<MapData, Counter>,
-    /// What each trie holds, as this daemon (the one writer) last wrote or
-    /// read it (`None`: not known yet, read from the kernel when needed). With
-    /// 100 000 list entries, writing only what differs makes a rule change
-    /// cost a few syscalls, not 300 000.
-    known: [Option<TrieEntries>; 2],
+    /// What each trie holds, as this daemon (the one writer) last wrote it
+    /// (`None`: not known yet, read from the kernel when needed). With a
+    /// million list entries, a rule change then looks at the rules' entries
+    /// only and writes what differs: a few system calls, not millions.
+    held: [Option<TrieState>; 2],
+    /// The list entries of the lists last written, reused while the lists
+    /// stay the same.
+    plan: Option<Arc<ListPlan>>,
 }
 
-/// A trie's entries: (prefix length, key) → value.
-type TrieEntries = StdHashMap<(u32, RuleAddr), u32>;
+/// A trie entry's key: (prefix length, family and address).
+type TrieKey = (u32, RuleAddr);
+/// A trie's entries: key → value.
+type TrieEntries = StdHashMap<TrieKey, u32>;
+
+/// What a trie holds: its lists' entries, with the rules' entries on top (a
+/// rule at a list entry's CIDR takes its place).
+struct TrieState {
+    lists: Arc<ListPlan>,
+    rules: TrieEntries,
+}
+
+impl TrieState {
+    /// Every entry.
+    fn entries(&self) -> TrieEntries {
+        let mut all = self.lists.entries.clone();
+        all.extend(self.rules.iter().map(|(k, v)| (*k, *v)));
+        all
+    }
+}
+
+/// The trie entries of a set's lists (each pointing at its list's policy
+/// rule), once the allow lists took what they cover from the deny lists and
+/// each CIDR is counted once; computed when the lists change, not when a
+/// rule does.
+pub struct ListPlan {
+    /// The lists it was made of: name, action, entries (the same `Arc` while
+    /// a list is unchanged).
+    from: Vec<(String, ListAction, Arc<[Prefix]>)>,
+    /// Key → policy rule index.
+    entries: TrieEntries,
+}
+
+impl ListPlan {
+    fn of(set: &RuleSet) -> Vec<(String, ListAction, Arc<[Prefix]>)> {
+        set.lists
+            .iter()
+            .map(|(n, l)| (n.clone(), l.action, l.entries.clone()))
+            .collect()
+    }
+
+    fn made_of(&self, from: &[(String, ListAction, Arc<[Prefix]>)]) -> bool {
+        self.from.len() == from.len()
+            && self
+                .from
+                .iter()
+                .zip(from)
+                .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && Arc::ptr_eq(&a.2, &b.2))
+    }
+}
+
+impl matching::ListEntries for ListPlan {
+    fn at(&self, p: &Prefix) -> Option<u32> {
+        self.entries.get(&p.lpm()).copied()
+    }
+
+    fn around(&self, p: &Prefix) -> Option<(Prefix, u32)> {
+        (0..p.len).rev().find_map(|len| {
+            let q = p.widened(len);
+            self.entries.get(&q.lpm()).map(|i| (q, *i))
+        })
+    }
+}
 
 /// The name of the recovered list of `action` (list entries read back from
 /// the pinned maps when the daemon's own record is lost).
@@ -150,7 +213,8 @@ impl Maps {
             groups: Array::try_from(groups).map_err(map_err("typing", common::MAP_GROUPS))?,
             rule_stats: PerCpuArray::try_from(rule_stats)
                 .map_err(map_err("typing", common::MAP_RULE_STATS))?,
-            known: [None, None],
+            held: [None, None],
+            plan: None,
         })
     }
 
@@ -223,20 +287,15 @@ impl Maps {
             .collect()
     }
 
-    /// The entries of trie `which`: as known, or read from the kernel.
-    fn trie_entries(&self, which: usize) -> Result<Cow<'_, TrieEntries>> {
-        match &self.known[which] {
-            Some(k) => Ok(Cow::Borrowed(k)),
-            None => Ok(Cow::Owned(self.read_trie(which)?)),
-        }
-    }
-
-    /// Every entry of trie `which` with the table index it points at: the
+    /// Every entry of `entries` with the table index it points at: the
     /// trie's own entries, and of each group the entries its CIDR owns (not
     /// those inherited from the CIDRs around it).
-    fn own_entries(&self, which: usize) -> Result<Vec<(Selector, u32)>> {
+    fn own_entries<'a>(
+        &self,
+        entries: impl Iterator<Item = (&'a TrieKey, &'a u32)>,
+    ) -> Result<Vec<(Selector, u32)>> {
         let mut out = Vec::new();
-        for (&(bits, key), &value) in self.trie_entries(which)?.iter() {
+        for (&(bits, key), &value) in entries {
             let source = Prefix::from_lpm(bits, key);
             if value & GROUP_BIT == 0 {
                 out.push((Selector::from(source), value));
@@ -259,10 +318,15 @@ impl Maps {
 
     /// Where each rule is in the rule table, in trie `which` (and its groups).
     /// List entries (they point at the policy rules) are not rules.
+    /// From what this daemon wrote when it knows it (the rules' entries
+    /// alone), else from the kernel.
     fn rule_indexes(&self, which: usize) -> Result<BTreeMap<Selector, u32>> {
         let (deny_index, allow_index) = self.policy_indexes();
-        Ok(self
-            .own_entries(which)?
+        let own = match &self.held[which] {
+            Some(state) => self.own_entries(state.rules.iter())?,
+            None => self.own_entries(self.read_trie(which)?.iter())?,
+        };
+        Ok(own
             .into_iter()
             .filter(|(_, i)| *i != deny_index && *i != allow_index)
             .collect())
@@ -274,7 +338,8 @@ impl Maps {
     pub fn list_entries(&self) -> Result<(Vec<Prefix>, Vec<Prefix>)> {
         let (deny_index, allow_index) = self.policy_indexes();
         let (mut deny, mut allow) = (Vec::new(), Vec::new());
-        for (selector, index) in self.own_entries(self.active()?)? {
+        let entries = self.read_trie(self.active()?)?;
+        for (selector, index) in self.own_entries(entries.iter())? {
             if !selector.matches.is_any() {
                 continue;
             }
@@ -362,9 +427,6 @@ impl Maps {
                 capacity: capacity as usize,
                 option: "--max-rules",
             });
-        }
-        if self.known[active].is_none() {
-            self.known[active] = Some(self.read_trie(active)?);
         }
         let old_indexes = self.rule_indexes(active)?;
         let old: BTreeMap<Selector, common::Rule> = old_indexes
@@ -487,7 +549,7 @@ impl Maps {
             ));
         }
         config.default_rule = default_index;
-        self.add_list_entries(set, &mut entries)?;
+        let plan = self.list_plan(set)?;
 
         // The rules of the unjudged-frame policies (constant values) and the
         // match groups, in the idle half.
@@ -518,13 +580,28 @@ impl Maps {
         };
         let compiled = matching::compile(
             &entries,
+            &*plan,
             default_index,
             policies,
             idle as u32 * GROUPS_CAPACITY,
         )?;
         // Entries of the trie, list entries included (0 lets the program skip
-        // the lookup).
-        config.rule_count = compiled.trie.len() as u32;
+        // the lookup): a rule at a list entry's CIDR takes its place.
+        let on_lists = compiled
+            .trie
+            .iter()
+            .filter(|(p, _)| plan.entries.contains_key(&p.lpm()))
+            .count();
+        let capacity = self.list_capacity();
+        if plan.entries.len() - on_lists > capacity {
+            return Err(Error::Capacity {
+                what: "list entries (all lists together)".into(),
+                wanted: plan.entries.len() - on_lists,
+                capacity,
+                option: "--max-list-entries",
+            });
+        }
+        config.rule_count = (plan.entries.len() + compiled.trie.len() - on_lists) as u32;
 
         // Fresh shared buckets for new rules (and for levels a rule gains);
         // fresh counters for a rule in a slot it did not have.
@@ -548,7 +625,7 @@ impl Maps {
                 .set(idle as u32 * GROUPS_CAPACITY + i as u32, group, 0)
                 .map_err(map_err("writing", MAP_GROUPS))?;
         }
-        self.fill_idle_trie(idle, &compiled.trie)?;
+        self.fill_idle_trie(idle, plan, &compiled.trie)?;
         // The switch: one value, read once per frame.
         self.config
             .set(0, config, 0)
@@ -556,71 +633,128 @@ impl Maps {
         Ok(())
     }
 
-    /// Adds the entries of `set`'s lists to `entries` (the rules' selectors
-    /// and table indexes), pointing at the policy rules. Precedence: a rule
-    /// without a match at exactly a list entry's CIDR wins over it (explicit
-    /// beats bulk: the entry is *shadowed*); a deny list entry equal to or
+    /// List entries at most: the trie's entries past the rules'.
+    fn list_capacity(&self) -> usize {
+        self.tries[0]
+            .map()
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(0)
+            .saturating_sub(self.rules_capacity()) as usize
+    }
+
+    /// The trie entries of `set`'s lists, pointing at the policy rules: the
+    /// last ones made if the lists are the same, else made anew.
+    /// Precedence: a rule without a match at exactly a list entry's CIDR wins
+    /// over it (explicit beats bulk: the entry is *shadowed*: the rule's
+    /// entry takes its place in the trie); a deny list entry equal to or
     /// inside an allow list entry is left out (shadowed too: a source the
     /// operator allowed is never dropped by a bulk list). Rules with matches
     /// at a list entry's CIDR are tried first; frames they do not match meet
     /// the list entry. Otherwise the longest prefix wins, as between rules (an
     /// allow list /32 inside a denied /16 passes; a deny list /32 inside an
     /// *allow rule's* /16 is dropped).
-    fn add_list_entries(&self, set: &RuleSet, entries: &mut BTreeMap<Selector, u32>) -> Result<()> {
-        let (deny_index, allow_index) = self.policy_indexes();
-        let capacity = self.tries[0]
-            .map()
-            .info()
-            .map(|i| i.max_entries())
-            .unwrap_or(0)
-            .saturating_sub(self.rules_capacity()) as usize;
-        let listed = crate::lists::trie_entries(set);
-        if listed.len() > capacity {
-            return Err(Error::Capacity {
-                what: "list entries (all lists together)".into(),
-                wanted: listed.len(),
-                capacity,
-                option: "--max-list-entries",
-            });
+    fn list_plan(&mut self, set: &RuleSet) -> Result<Arc<ListPlan>> {
+        let from = ListPlan::of(set);
+        if let Some(plan) = &self.plan
+            && plan.made_of(&from)
+        {
+            return Ok(plan.clone());
         }
-        for (selector, action) in listed {
+        let (deny_index, allow_index) = self.policy_indexes();
+        let allowed = crate::lists::Allowed::of(set.lists.values());
+        let total: usize = set.lists.values().map(|l| l.entries.len()).sum();
+        let mut entries = TrieEntries::with_capacity(total);
+        for action in [ListAction::Allow, ListAction::Deny] {
             let index = match action {
                 ListAction::Deny => deny_index,
                 ListAction::Allow => allow_index,
             };
-            entries.insert(selector, index);
+            for list in set.lists.values().filter(|l| l.action == action) {
+                for p in list.entries.iter() {
+                    if action == ListAction::Deny && allowed.covers(p) {
+                        continue;
+                    }
+                    entries.entry(p.lpm()).or_insert(index);
+                }
+            }
         }
-        Ok(())
+        let plan = Arc::new(ListPlan { from, entries });
+        self.plan = Some(plan.clone());
+        Ok(plan)
     }
 
     /// Makes trie `which` (the one the program does not read) hold exactly
-    /// `entries`: what it holds and should not is removed, what is missing or
-    /// different is written; what is already there stays.
-    fn fill_idle_trie(&mut self, which: usize, entries: &[(Prefix, u32)]) -> Result<()> {
+    /// the entries of `lists` with `rules` on top: when it already holds
+    /// these lists, only the keys of the rules it held and of `rules` are
+    /// looked at; otherwise what it holds and should not is removed and what
+    /// is missing or different is written. What is already there stays.
+    fn fill_idle_trie(
+        &mut self,
+        which: usize,
+        lists: Arc<ListPlan>,
+        rules: &[(Prefix, u32)],
+    ) -> Result<()> {
         let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
+        let wanted_rules: TrieEntries = rules.iter().map(|(p, i)| (p.lpm(), *i)).collect();
         // Until this completes the trie's content is not known (a failure
         // part way leaves it to be read again).
-        let held = match self.known[which].take() {
-            Some(k) => k,
-            None => self.read_trie(which)?,
-        };
-        let wanted: TrieEntries = entries
-            .iter()
-            .map(|(prefix, index)| (prefix.lpm(), *index))
-            .collect();
-        for &(bits, key) in held.keys().filter(|k| !wanted.contains_key(k)) {
-            self.tries[which]
-                .remove(&Key::new(bits, key))
-                .map_err(map_err("removing", name))?;
-        }
-        for (&(bits, key), index) in &wanted {
-            if held.get(&(bits, key)) != Some(index) {
-                self.tries[which]
-                    .insert(&Key::new(bits, key), index, 0)
-                    .map_err(map_err("writing", name))?;
+        let held = self.held[which].take();
+        // What to write: a value, or `None` to remove the key.
+        let mut writes: Vec<(TrieKey, Option<u32>)> = Vec::new();
+        match held {
+            Some(old) if Arc::ptr_eq(&old.lists, &lists) => {
+                let keys: std::collections::HashSet<TrieKey> = old
+                    .rules
+                    .keys()
+                    .chain(wanted_rules.keys())
+                    .copied()
+                    .collect();
+                for key in keys {
+                    let now = old.rules.get(&key).or_else(|| lists.entries.get(&key));
+                    let want = wanted_rules.get(&key).or_else(|| lists.entries.get(&key));
+                    if now != want {
+                        writes.push((key, want.copied()));
+                    }
+                }
+            }
+            other => {
+                let now = match other {
+                    Some(old) => old.entries(),
+                    None => self.read_trie(which)?,
+                };
+                let wanted = TrieState {
+                    lists: lists.clone(),
+                    rules: wanted_rules.clone(),
+                }
+                .entries();
+                writes.extend(
+                    now.keys()
+                        .filter(|k| !wanted.contains_key(k))
+                        .map(|k| (*k, None)),
+                );
+                writes.extend(
+                    wanted
+                        .iter()
+                        .filter(|(k, v)| now.get(k) != Some(v))
+                        .map(|(k, v)| (*k, Some(*v))),
+                );
             }
         }
-        self.known[which] = Some(wanted);
+        // Removals first: the trie never holds more than its capacity.
+        writes.sort_by_key(|(_, v)| v.is_some());
+        let trie = &mut self.tries[which];
+        for (key, value) in writes {
+            let k = Key::new(key.0, key.1);
+            match value {
+                Some(v) => trie.insert(&k, v, 0).map_err(map_err("writing", name))?,
+                None => trie.remove(&k).map_err(map_err("removing", name))?,
+            }
+        }
+        self.held[which] = Some(TrieState {
+            lists,
+            rules: wanted_rules,
+        });
         Ok(())
     }
 

@@ -110,8 +110,8 @@ pub fn file(path: &Path, cli: &RawConfig) -> Result<RuleSet, ConfigErrors> {
             }],
         )
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| whole(None, format!("cannot read the config file: {e}")))?;
+    let text = crate::input::read(path, crate::input::Kind::Config, "the config file")
+        .map_err(|e| whole(None, e))?;
     let doc = ImDocument::parse(text.as_str()).map_err(|e| {
         let (line, message) = syntax_error(&text, &e);
         whole(line, message)
@@ -460,14 +460,21 @@ impl Located<'_> {
             Some(_) => format!("{}{hint}", e.message()),
             None => e.message().to_string(),
         };
+        // The key the error's span is in, within a table too
+        // (`default.burst`).
+        let path = match unknown {
+            Some(_) => None,
+            None => at.and_then(|at| key_at(table, at)),
+        };
         Problem {
             line: self
                 .line(e.span())
                 .or_else(|| key.and_then(|(k, _)| self.line(k.span())))
                 .or(line),
-            field: match key {
-                Some((k, _)) => join(k.get()),
-                None => field.to_string(),
+            field: match (path, key) {
+                (Some(path), _) => join(&path),
+                (None, Some((k, _))) => join(k.get()),
+                (None, None) => field.to_string(),
             },
             message,
         }
@@ -517,6 +524,23 @@ impl Located<'_> {
         }
         line
     }
+}
+
+/// The path of keys of `table` to the one whose key or value holds byte
+/// `at` of the file, through the tables it is in (`default.burst`).
+fn key_at(table: &InlineTable, at: usize) -> Option<String> {
+    let within = |s: Option<Range<usize>>| s.is_some_and(|s| s.contains(&at));
+    table
+        .iter()
+        .filter_map(|(k, _)| table.get_key_value(k))
+        .find_map(|(k, v)| {
+            let inner = v.as_inline_table().and_then(|t| key_at(t, at));
+            match inner {
+                Some(inner) => Some(format!("{}.{inner}", k.get())),
+                None if within(k.span()) || within(v.span()) => Some(k.get().to_string()),
+                None => None,
+            }
+        })
 }
 
 /// The tables of `[[rule]]` (or `rule = [{ ... }]`), each with its span;
@@ -764,6 +788,34 @@ rate = "5/fortnight"
             ],
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_burst_that_is_not_a_whole_number_names_its_key_and_the_form() {
+        // Regression: `data did not match any variant of untagged enum
+        // RawBurst`, and for [default] no key at all.
+        let e = check(
+            "[default]\nrate = \"10/s\"\nburst = 1e300\n\n[[rule]]\ncidr = \"198.18.0.0/24\"\nrate = \"5/s\"\nburst = -1\n\n[[rule]]\ncidr = \"198.18.1.0/24\"\nrate = \"5/s\"\nburst = 1.5\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            at(&e),
+            [
+                (Some(3), "default.burst"),
+                (Some(8), "rule[0].burst"),
+                (Some(13), "rule[1].burst")
+            ],
+            "{e}"
+        );
+        for (p, value) in e.problems.iter().zip(["1e300", "-1", "1.5"]) {
+            assert_eq!(
+                p.message,
+                format!(
+                    "invalid burst {value}: a burst is a whole number from 1 to 4294967296 (2^32), like 100, or for byte rates a size like \"64KB\""
+                ),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::{
     control::{self, Request},
     daemon::{self, RunOptions, offline},
     error::{Error, Result},
-    help,
+    help, input,
     kernel::{AttachMode, LoadOptions},
     lists::{self, ListAction},
     rate::{parse_duration, parse_rate},
@@ -1128,14 +1128,13 @@ async fn listable_command(
             "list entries match the source alone: leave out --proto, --dport, --syn, --icmp-type and --to (or give such rules with `ratelimit set`)",
         ));
     }
+    // A regular file (or standard input), at most LIST_MAX_BYTES.
     let (source, text) = if from == "-" {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-            .map_err(|e| Error::invalid("--from", format!("cannot read standard input: {e}")))?;
+        let text = input::read_stdin(input::Kind::List).map_err(|e| Error::invalid("--from", e))?;
         ("stdin".to_string(), text)
     } else {
-        let text = std::fs::read_to_string(from)
-            .map_err(|e| Error::invalid("--from", format!("cannot read {from}: {e}")))?;
+        let text = input::read(std::path::Path::new(from), input::Kind::List, from)
+            .map_err(|e| Error::invalid("--from", e))?;
         (from.clone(), text)
     };
     let name = match (&a.name, from.as_str()) {

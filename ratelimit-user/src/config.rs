@@ -36,13 +36,56 @@ impl RawNumberOrText {
 }
 
 /// A burst as written: a number or a string with a unit.
-#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+#[derive(Clone, Debug, serde::Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum RawBurst {
     /// `burst = 100`
     Count(u64),
     /// `burst = "64KB"`
     Text(String),
+}
+
+/// What a burst may be, for the errors of a burst that is not a whole
+/// number (`-1`, `1e300`, `1.5`).
+const BURST_WHOLE: &str = "a burst is a whole number from 1 to 4294967296 (2^32), like 100, or for byte rates a size like \"64KB\"";
+
+impl<'de> Deserialize<'de> for RawBurst {
+    /// A whole number or a text; any other number is refused saying what a
+    /// burst may be (serde's untagged enums only say that nothing matched).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Visitor;
+        struct Burst;
+        impl Visitor<'_> for Burst {
+            type Value = RawBurst;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(BURST_WHOLE)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<RawBurst, E> {
+                Ok(RawBurst::Count(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<RawBurst, E> {
+                u64::try_from(v)
+                    .map(RawBurst::Count)
+                    .map_err(|_| E::custom(format!("invalid burst {v}: {BURST_WHOLE}")))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<RawBurst, E> {
+                // 1e300, not three hundred digits.
+                let shown = if v.abs() < 1e16 {
+                    format!("{v}")
+                } else {
+                    format!("{v:e}")
+                };
+                Err(E::custom(format!("invalid burst {shown}: {BURST_WHOLE}")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<RawBurst, E> {
+                Ok(RawBurst::Text(v.to_string()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<RawBurst, E> {
+                Err(E::custom(format!("invalid burst {v}: {BURST_WHOLE}")))
+            }
+        }
+        d.deserialize_any(Burst)
+    }
 }
 
 /// A limit as written, before validation.

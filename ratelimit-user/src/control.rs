@@ -25,9 +25,11 @@ use crate::{
 
 /// The longest request line a daemon reads, bytes: far more than any rule.
 pub const MAX_REQUEST: usize = 64 << 10;
-/// The longest [`Request::LoadList`] line, bytes: a list of some 10 million
-/// lines. Read by one connection at a time.
-pub const MAX_LIST_REQUEST: usize = 256 << 20;
+/// The longest [`Request::LoadList`] line, bytes: room for a list file of
+/// [`crate::input::LIST_MAX_BYTES`] in JSON, where each line's end takes two
+/// bytes (`\n`). Read by one connection at a time; the CLI refuses a longer
+/// request before it sends it.
+pub const MAX_LIST_REQUEST: usize = 2 * crate::input::LIST_MAX_BYTES as usize + MAX_REQUEST;
 
 /// The control socket of `id`'s daemon.
 pub fn socket_path(id: &Identity) -> PathBuf {
@@ -342,6 +344,16 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
     let (read, mut write) = stream.into_split();
     let mut line = serde_json::to_string(request).expect("requests serialize");
     line.push('\n');
+    if line.len() > MAX_LIST_REQUEST {
+        // Said here, not as a broken pipe when the daemon stops reading.
+        return Err(Error::invalid(
+            "--from",
+            format!(
+                "the list takes {} bytes as a request, more than the daemon reads ({MAX_LIST_REQUEST}): remove its comments, or split it into several lists",
+                line.len()
+            ),
+        ));
+    }
     let ctx = || format!("talking to the daemon on {}", path.display());
     write
         .write_all(line.as_bytes())

@@ -70,7 +70,7 @@ pub const HOST_NETNS: u64 = 4_026_531_840;
 const SO_NETNS_COOKIE: libc::c_int = 71;
 
 /// The cookie of the calling thread's network namespace.
-fn netns_cookie() -> Result<u64> {
+pub(crate) fn netns_cookie() -> Result<u64> {
     // SAFETY: plain socket(2); the fd is owned below.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {

@@ -2,7 +2,7 @@
 //! program ([`kernel`]), the validated rule model ([`rules`], [`rate`],
 //! [`config`], [`lists`]), reading a config file with every error
 //! ([`check`]), the daemon ([`daemon`]), its control socket ([`control`]) and
-//! the command line ([`cli`]: its examples in [`help`], its man pages and
+//! the files an operator names ([`input`]), the command line ([`cli`]: its examples in [`help`], its man pages and
 //! completions in [`docs`], how a failure is reported in [`report`]).
 
 pub mod check;
@@ -16,6 +16,7 @@ pub mod error;
 pub mod fleet;
 pub mod help;
 pub mod identity;
+pub mod input;
 pub mod kernel;
 pub mod listen;
 pub mod lists;

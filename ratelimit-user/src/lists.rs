@@ -229,14 +229,12 @@ impl List {
         ))
     }
 
-    /// Reads a list file from disk; errors name `field` (a TOML key).
+    /// Reads a list file from disk (a regular file, at most
+    /// [`crate::input::LIST_MAX_BYTES`]); errors name `field` (a TOML key).
     pub fn read(field: &str, action: ListAction, path: &std::path::Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::invalid(
-                field,
-                format!("cannot read the list {}: {e}", path.display()),
-            )
-        })?;
+        let what = format!("the list {}", path.display());
+        let text = crate::input::read(path, crate::input::Kind::List, &what)
+            .map_err(|e| Error::invalid(field, e))?;
         Ok(Self::parse(field, action, &path.display().to_string(), &text)?.0)
     }
 

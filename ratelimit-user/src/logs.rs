@@ -12,13 +12,17 @@ use tracing_subscriber::EnvFilter;
 
 /// Logs to stderr, filtered by `RATELIMIT_LOG` (env-filter syntax, default
 /// `info`); coloured only on a terminal, and never when `NO_COLOR` is set
-/// (<https://no-color.org>), so journald and log files get plain text.
+/// (<https://no-color.org>), so journald and log files get plain text. A log
+/// line that cannot be written (stderr closed: `ratelimit run 2>&1 | head`)
+/// is dropped: the subscriber's own report of it would go to stderr too, and
+/// panic there.
 pub fn init() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("RATELIMIT_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(colour(
             std::io::stderr().is_terminal(),
             std::env::var_os("NO_COLOR"),

@@ -215,6 +215,61 @@ pub fn parse_rate(field: &str, s: &str) -> Result<Rate> {
     })
 }
 
+/// A window and its limit from a rate as written, for the window algorithms
+/// (`30/min`: 30 per minute; `100/10s`: 100 per 10 s): the window is the
+/// period as written, not the reduced fraction (`30/min` is not `1/2s`), and
+/// the count must be a whole number of requests (`1.5/min` is refused: write
+/// `3/2min`) that fits in 64 bits. Returns (window ns, limit). `field` names
+/// the option in errors.
+pub fn parse_window(field: &str, s: &str) -> Result<(u64, u64)> {
+    let bad = |why: &str| {
+        Error::invalid(
+            field,
+            format!(
+                "invalid rate {s:?} for a window: {why}; a window's rate is a whole count of requests per window, like 100/min, 10k/hour or 3/2min"
+            ),
+        )
+    };
+    let (amount, per) = s.trim().split_once('/').ok_or_else(|| bad("no /period"))?;
+    let (number, suffix) = split_number(amount.trim());
+    let (mantissa, scale) = parse_decimal(number).ok_or_else(|| bad("not a number"))?;
+    let (mul, div, unit) = amount_suffix(suffix).ok_or_else(|| bad("unknown unit"))?;
+    if unit != Unit::Packets || div != 1 {
+        return Err(bad("a window counts requests, not bytes"));
+    }
+    let (pnum, punit) = split_number(per.trim());
+    let pcount = if pnum.is_empty() {
+        1
+    } else {
+        pnum.parse::<u64>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| bad("bad period"))?
+    };
+    let pns = period_ns(punit).ok_or_else(|| bad("unknown period"))?;
+    let window_ns = pcount
+        .checked_mul(pns)
+        .ok_or_else(|| bad("window too long"))?;
+    // count = mantissa × mul / 10^scale, a whole number.
+    let (num, den) = (u128::from(mantissa) * u128::from(mul), 10u128.pow(scale));
+    if num % den != 0 {
+        let g = gcd(num, den);
+        let (p, q) = (num / g, den / g);
+        let window = u128::from(pcount) * q;
+        return Err(bad(&format!(
+            "{} requests per window is not a whole number (write {p}/{window}{punit})",
+            number
+        )));
+    }
+    let limit = u64::try_from(num / den).map_err(|_| {
+        bad(&format!(
+            "the count is more than a window can hold ({})",
+            u64::MAX
+        ))
+    })?;
+    Ok((window_ns, limit))
+}
+
 fn gcd(mut a: u128, mut b: u128) -> u128 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -376,6 +431,30 @@ mod tests {
             assert!(e.contains(&format!("{bad:?}")), "{e}");
             assert!(e.contains("500/s"), "{e}");
         }
+    }
+
+    #[test]
+    fn windows_are_the_period_as_written_with_a_whole_count() {
+        let w = |s| parse_window("limit.rate", s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        assert_eq!(w("30/min"), (60 * NS_PER_S, 30));
+        assert_eq!(w("100/10s"), (10 * NS_PER_S, 100));
+        assert_eq!(w("10k/hour"), (3600 * NS_PER_S, 10_000));
+        assert_eq!(w("1.5k/min"), (60 * NS_PER_S, 1500));
+        assert_eq!(w("3/2min"), (120 * NS_PER_S, 3));
+        let e = |s| parse_window("limit.rate", s).expect_err(s).to_string();
+        // Regression: 1.5/min became a window of 1 per minute.
+        let m = e("1.5/min");
+        assert!(
+            m.starts_with("limit.rate: invalid rate \"1.5/min\"") && m.contains("write 3/2min"),
+            "{m}"
+        );
+        assert!(e("0.25/10s").contains("write 1/40s"), "{}", e("0.25/10s"));
+        // Regression: 18446744074G/s wrapped to a limit of 290 448 384.
+        let m = e("18446744074G/s");
+        assert!(m.contains("more than a window can hold"), "{m}");
+        assert_eq!(w("18446744073G/s").1, 18_446_744_073_000_000_000);
+        assert!(e("10MB/s").contains("not bytes"));
+        assert!(e("5/fortnight").contains("unknown period"));
     }
 
     #[test]

@@ -2,11 +2,17 @@
 //! attach mode, under `/run/ratelimit/<network namespace>/` (or
 //! `$RATELIMIT_RUN_DIR/...`), in directories only root owns.
 //!
-//! A directory that is not the caller's own (root's), or that is a symbolic
-//! link, is refused with the reason: whoever owns it could swap the socket for
-//! their own listener or point a file at one of root's. Files are opened without
-//! following links, and written whole or not at all (a temporary file, fsync,
-//! rename, fsync of the directory).
+//! A directory that is not the caller's own (root's), that others may write
+//! in, or that is a symbolic link, is refused with the reason: whoever owns it
+//! or writes in it could swap the socket for their own listener or point a
+//! file at one of root's. A directory is never chmodded: one the daemon did
+//! not make may be shared (`RATELIMIT_RUN_DIR=/tmp`). A shared directory
+//! with the sticky bit that root owns (`/tmp`) gets a `ratelimit` directory
+//! of the daemon's own inside it. Files are opened without following links,
+//! and written whole or not at all (a temporary file, fsync, rename, fsync of
+//! the directory); a temporary file a killed daemon left is removed at the
+//! next start, and so are the directories of network namespaces that are gone
+//! ([`sweep`]).
 
 use std::{
     ffi::CString,
@@ -25,11 +31,25 @@ use crate::{
 };
 
 /// The root of the run directories: `RATELIMIT_RUN_DIR` (tests), else
-/// `/run/ratelimit`.
+/// `/run/ratelimit`; `ratelimit` inside it when it is a shared directory with
+/// the sticky bit that root owns, like `/tmp` (see [`own_dir_in`]).
 pub fn run_root() -> PathBuf {
-    std::env::var_os("RATELIMIT_RUN_DIR")
+    let root = std::env::var_os("RATELIMIT_RUN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/run/ratelimit"))
+        .unwrap_or_else(|| PathBuf::from("/run/ratelimit"));
+    own_dir_in(root)
+}
+
+/// `dir`, or `dir/ratelimit` when `dir` is a directory everybody may write
+/// in with the sticky bit set, owned by root (`/tmp`, `/var/tmp`): there
+/// others cannot remove or rename what root makes, so a directory of root's
+/// own inside it is safe, while the shared directory itself must stay open
+/// to all.
+fn own_dir_in(dir: PathBuf) -> PathBuf {
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.is_dir() && m.uid() == 0 && m.mode() & 0o1002 == 0o1002 => dir.join("ratelimit"),
+        _ => dir,
+    }
 }
 
 /// The run directory of `id`'s network namespace.
@@ -87,8 +107,9 @@ fn cstr(path: &Path) -> Result<CString> {
 }
 
 /// Checks that `path` is a real directory owned by this user (root) and that
-/// nobody else may write in it (mode 0700 is set if root owns it but it is more
-/// open); creates it, 0700, if it is missing (its parent first, likewise).
+/// nobody else may write in it (a directory others may write in is refused,
+/// never chmodded: it may be shared); creates it, 0700, if it is missing (its
+/// parent first, likewise).
 pub fn secure_dir(path: &Path) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -139,12 +160,13 @@ fn check_dir(path: &Path) -> Result<()> {
     if meta.uid() != euid() {
         return Err(refuse(format!("is owned by uid {}, not root", meta.uid())));
     }
-    if meta.mode() & 0o077 != 0 {
-        // Ours, but open to others: close it.
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(
-            Error::io(format!("setting {} to mode 0700", path.display())),
-        )?;
+    if meta.mode() & 0o022 != 0 {
+        // Root's, but others may write in it: it may be shared (a directory
+        // like /tmp without the sticky bit), so it is left as it is.
+        return Err(refuse(format!(
+            "is writable by others (mode {:04o}; ratelimit never changes a directory's mode: `chmod go-w` it if it is ratelimit's alone)",
+            meta.mode() & 0o7777
+        )));
     }
     Ok(())
 }
@@ -249,6 +271,209 @@ pub fn remove(path: &Path) {
     let _ = std::fs::remove_file(path);
 }
 
+/// What a daemon starting for `id` tidies, holding its lock: the temporary
+/// files a killed daemon of `id` left, and the directories of namespaces that
+/// are gone ([`sweep`]). Each removal is logged.
+pub fn tidy(id: &Identity) {
+    for name in remove_stale_temps(id) {
+        tracing::info!(file = %netns_dir(id).join(&name).display(), "removed a temporary file a daemon killed while it saved left");
+    }
+    for dir in sweep() {
+        tracing::info!(dir = %dir.display(), "removed the run directory of a network namespace that is gone");
+    }
+}
+
+/// Whether `name` is a temporary file [`write_atomic`] makes for `id`'s
+/// file `suffix`: `.IFACE.SUFFIX.PID.tmp`.
+fn is_temp_of(name: &str, iface: &str, suffix: &str) -> bool {
+    name.strip_prefix('.')
+        .and_then(|n| n.strip_prefix(iface))
+        .and_then(|n| n.strip_prefix('.'))
+        .and_then(|n| n.strip_prefix(suffix))
+        .and_then(|n| n.strip_prefix('.'))
+        .and_then(|n| n.strip_suffix(".tmp"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Removes the temporary files a daemon of `id` killed while it wrote (say,
+/// SIGKILL during a save) left; returns their names. Call it holding `id`'s
+/// lock: nobody else writes them then.
+pub fn remove_stale_temps(id: &Identity) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(netns_dir(id)) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if FILES.iter().any(|s| is_temp_of(&name, &id.iface, s))
+            && std::fs::remove_file(entry.path()).is_ok()
+        {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
+/// Removes the directories of network namespaces that are gone
+/// (`ns<cookie>`, left by daemons and commands run in a namespace since
+/// deleted): those whose cookie no live namespace has, in which no daemon
+/// holds a lock, and that hold only the daemons' files. Returns the removed
+/// directories. Nothing is removed when the live namespaces cannot all be
+/// known (not root enough to enter them, a process whose namespace cannot be
+/// read).
+pub fn sweep() -> Vec<PathBuf> {
+    let root = run_root();
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    // Listed before the live namespaces are looked up: a directory listed
+    // belongs to a namespace made before, which is found if it is alive.
+    let dirs: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let cookie = name.to_str()?.strip_prefix("ns")?.parse::<u64>().ok()?;
+            Some((cookie, e.path()))
+        })
+        .collect();
+    if dirs.is_empty() {
+        return Vec::new();
+    }
+    let Some(live) = live_netns_cookies() else {
+        return Vec::new();
+    };
+    dirs.into_iter()
+        .filter(|(cookie, _)| !live.contains(cookie))
+        .filter_map(|(_, dir)| remove_ns_dir(&dir).then_some(dir))
+        .collect()
+}
+
+/// The names of the files daemons keep in a namespace directory end so.
+const FILE_ENDS: [&str; 5] = [".lock", ".sock", ".rules.json", ".mode", ".tmp"];
+
+/// Removes a namespace directory that is root's, holds only daemons' files
+/// and no lock a daemon holds; whether it did.
+fn remove_ns_dir(dir: &Path) -> bool {
+    let ok = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == euid());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    let ours = files.iter().all(|f| {
+        let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+        std::fs::symlink_metadata(f).is_ok_and(|m| !m.is_dir())
+            && name.is_some_and(|n| FILE_ENDS.iter().any(|end| n.ends_with(end)))
+    });
+    let held = files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "lock"))
+        .any(|f| is_locked(f));
+    if !ok || !ours || held {
+        return false;
+    }
+    for f in &files {
+        let _ = std::fs::remove_file(f);
+    }
+    std::fs::remove_dir(dir).is_ok()
+}
+
+/// Whether someone holds the lock file `path` (a daemon runs).
+fn is_locked(path: &Path) -> bool {
+    let Ok(f) = open_nofollow(path, libc::O_RDONLY, 0) else {
+        return false;
+    };
+    // SAFETY: a valid fd; the lock, if taken, goes with the fd.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+}
+
+/// The cookies of every network namespace alive now: those of the
+/// processes (each thread), of `ip netns` (`/run/netns`) and of the nsfs
+/// files mounted elsewhere. `None` when one cannot be learnt: a namespace
+/// that cannot be entered (entering it is the only way to learn its cookie,
+/// and needs CAP_SYS_ADMIN), or a process whose namespace cannot be opened
+/// (a process ptrace may not see) and that shares it with no process whose
+/// namespace can be (its `/proc/PID/net`, which anybody may look at, tells
+/// which namespace it shares).
+fn live_netns_cookies() -> Option<std::collections::HashSet<u64>> {
+    use std::collections::{HashMap, HashSet};
+    // One open file per namespace (by inode); the /proc/PID/net of the
+    // threads seen in one, and of those whose namespace could not be opened.
+    let mut by_inode: HashMap<u64, File> = HashMap::new();
+    let mut seen_net: HashSet<u64> = HashSet::new();
+    let mut unseen_net: HashSet<u64> = HashSet::new();
+    let net_of = |task: &Path| {
+        std::fs::metadata(task.join("net/dev"))
+            .map(|m| m.ino())
+            .ok()
+    };
+    let mut open = |path: &Path, task: Option<&Path>| -> Option<()> {
+        match File::open(path) {
+            Ok(file) => {
+                let ino = file.metadata().ok()?.ino();
+                by_inode.entry(ino).or_insert(file);
+                seen_net.extend(task.and_then(net_of));
+            }
+            // A process that ended, a file unmounted: nothing to find.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && task.is_some() => {
+                unseen_net.insert(task.and_then(net_of)?);
+            }
+            Err(_) => return None,
+        }
+        Some(())
+    };
+    for p in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = p.file_name();
+        if !pid.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let task = t.path();
+            open(&task.join("ns/net"), Some(&task))?;
+        }
+    }
+    if let Ok(named) = std::fs::read_dir("/run/netns") {
+        for e in named.flatten() {
+            open(&e.path(), None)?;
+        }
+    }
+    if let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") {
+        for line in mounts.lines() {
+            // ID PARENT MAJ:MIN ROOT MOUNTPOINT ... - FSTYPE SOURCE ...
+            let fields: Vec<&str> = line.split(' ').collect();
+            let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+            if fstype == Some("nsfs") && fields.get(3).is_some_and(|r| r.starts_with("net:")) {
+                open(Path::new(&fields[4].replace("\\040", " ")), None)?;
+            }
+        }
+    }
+    if !unseen_net.is_subset(&seen_net) {
+        return None;
+    }
+    // Each namespace entered in turn, on a thread of its own: the caller's
+    // threads stay where they are.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut cookies = HashSet::new();
+            for file in by_inode.values() {
+                // SAFETY: a valid nsfs fd; only this thread moves.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return None;
+                }
+                cookies.insert(crate::identity::netns_cookie().ok()?);
+            }
+            Some(cookies)
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,14 +513,56 @@ mod tests {
     }
 
     #[test]
-    fn an_open_directory_of_ours_is_closed() {
+    fn a_directory_others_may_write_in_is_refused_and_left_as_it_is() {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tmp("open");
         std::fs::create_dir(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        secure_dir(&dir).unwrap();
-        let mode = std::fs::metadata(&dir).unwrap().mode() & 0o777;
-        assert_eq!(mode, 0o700);
+        for (mode, ok) in [(0o777, false), (0o770, false), (0o755, true), (0o700, true)] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            let got = secure_dir(&dir);
+            assert_eq!(got.is_ok(), ok, "mode {mode:o}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.to_string().contains("is writable by others"), "{e}");
+            }
+            // Never chmodded: it may be shared.
+            assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, mode);
+        }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_shared_sticky_directory_gets_a_directory_of_its_own() {
+        // /tmp: root's, 1777.
+        let tmp_mode = std::fs::metadata("/tmp").unwrap().mode() & 0o7777;
+        if tmp_mode == 0o1777 {
+            assert_eq!(own_dir_in("/tmp".into()), Path::new("/tmp/ratelimit"));
+        }
+        let dir = tmp("plain");
+        std::fs::create_dir(&dir).unwrap();
+        assert_eq!(own_dir_in(dir.clone()), dir);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn temporary_files_are_known_by_interface_and_file() {
+        assert!(is_temp_of(
+            ".eth0.rules.json.4242.tmp",
+            "eth0",
+            "rules.json"
+        ));
+        assert!(is_temp_of(".eth0.mode.7.tmp", "eth0", "mode"));
+        // Another interface's, whose name starts alike.
+        assert!(!is_temp_of(
+            ".eth0.100.rules.json.4242.tmp",
+            "eth0",
+            "rules.json"
+        ));
+        assert!(!is_temp_of(".eth0.rules.json.tmp", "eth0", "rules.json"));
+        assert!(!is_temp_of("eth0.rules.json", "eth0", "rules.json"));
+        assert!(!is_temp_of(
+            ".eth0.rules.json.12x.tmp",
+            "eth0",
+            "rules.json"
+        ));
     }
 }

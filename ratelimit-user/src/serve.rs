@@ -244,13 +244,10 @@ pub fn limit_of(v: &Value) -> Result<Limit> {
                 ));
             }
             // The window is the period as written ("30/min": 30 per minute),
-            // not the reduced fraction ("1/2s").
+            // not the reduced fraction ("1/2s"), and its count is whole.
             let text = m["rate"].as_str().unwrap_or_default();
-            let (count, period) = text.split_once('/').unwrap_or((text, "s"));
-            let window = parse_rate("limit.rate", &format!("1/{period}"))?;
-            let count = parse_rate("limit.rate", &format!("{count}/s"))?;
-            let limit = u128::from(count.tokens) * 1_000_000_000 / u128::from(count.period_ns);
-            let (window, limit) = (Duration::from_nanos(window.period_ns), limit as u64);
+            let (window_ns, limit) = crate::rate::parse_window("limit.rate", text)?;
+            let window = Duration::from_nanos(window_ns);
             if algorithm == "fixed-window" {
                 Limit::fixed_window(window, limit).map_err(field)
             } else {

@@ -8,6 +8,7 @@
 pub mod check;
 pub mod frames;
 pub mod generator;
+pub mod hold;
 pub mod net;
 pub mod redis;
 pub mod testrun;
@@ -310,15 +311,51 @@ impl Daemon {
     }
 }
 
-/// A temporary directory removed on drop.
+/// A temporary directory removed on drop: under the system's temp
+/// directory, mode 0755 whatever the umask, so a test that runs a command as
+/// `nobody` can hand it what it writes there.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     /// Creates one.
     pub fn new(tag: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
         let p = std::env::temp_dir().join(format!("ratelimit-test-{tag}-{}", unique_tag()));
         std::fs::create_dir_all(&p).expect("creating temp dir");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod temp dir");
         Self(p)
+    }
+}
+
+/// The `ratelimit` binary where any user may run it, for the tests that run
+/// it as `nobody`: the build's binary lives in the checkout, which may be in
+/// a directory only its owner can enter (a clone in a home directory of mode
+/// 0700). Linked (copied, across file systems) into a [`TempDir`]; removed
+/// on drop.
+pub struct SharedBin {
+    _dir: TempDir,
+    /// The binary.
+    pub path: PathBuf,
+}
+
+impl SharedBin {
+    /// Links (or copies) [`ratelimit_bin`] into a directory of its own.
+    pub fn new() -> Self {
+        let dir = TempDir::new("bin");
+        let path = dir.0.join("ratelimit");
+        let bin = ratelimit_bin();
+        if std::fs::hard_link(&bin, &path).is_err() {
+            std::fs::copy(&bin, &path)
+                .unwrap_or_else(|e| panic!("copying {} to {}: {e}", bin.display(), path.display()));
+        }
+        Self { _dir: dir, path }
+    }
+}
+
+impl Default for SharedBin {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

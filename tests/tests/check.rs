@@ -7,33 +7,41 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     time::Duration,
 };
 
-use ratelimit_tests::{Daemon, TempDir, check::ip, net::Pair, privileged, ratelimit_bin};
+use ratelimit_tests::{
+    ChildGuard, Daemon, SharedBin, TempDir, check::ip, net::Pair, privileged, ratelimit_bin,
+};
 
 /// `ratelimit check ARGS` as an unprivileged user (`nobody`, when this is
 /// root), with a run directory that does not exist: `check` must need
-/// neither root nor the run directory.
+/// neither root nor the run directory. What it reads must be where `nobody`
+/// can read it (a [`TempDir`]), never in the checkout, and so is the binary
+/// it runs ([`SharedBin`]): the checkout may be closed to others.
 fn check(run: &TempDir, args: &[&str]) -> Output {
     // SAFETY: no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    let bin = SharedBin::new();
     let mut cmd = if root {
         let mut c = Command::new("setpriv");
         c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(ratelimit_bin());
+            .arg(&bin.path);
         c
     } else {
-        Command::new(ratelimit_bin())
+        Command::new(&bin.path)
     };
     let run_dir = run.0.join("no-run-dir");
-    let out = cmd
-        .arg("check")
+    cmd.arg("check")
         .args(args)
         .env("RATELIMIT_RUN_DIR", &run_dir)
-        .output()
-        .expect("running ratelimit check");
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // A check that hangs (on a FIFO, say) is killed after 10 s, and fails.
+    let out = ChildGuard::spawn(cmd, &format!("ratelimit check {}", args.join(" ")))
+        .wait(Duration::from_secs(10));
     assert!(
         !run_dir.exists(),
         "`ratelimit check` created the run directory {}",
@@ -136,9 +144,15 @@ path = "bans.txt"
             "{file}: ok: 2 rules, 1 list (3 entries), default limit 1000/s burst 1000 per /32 (IPv4) /64 (IPv6)"
         )
     );
-    // The shipped example is valid.
+    // The shipped example is valid (a copy: `nobody` may not enter the
+    // checkout).
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ratelimit.toml");
-    let out = check(&dir, &["--config", example.to_str().expect("utf-8")]);
+    let example = write(
+        &dir.0,
+        "example.toml",
+        &std::fs::read_to_string(&example).expect("reading the example"),
+    );
+    let out = check(&dir, &["--config", &example]);
     assert!(
         out.status.success() && text(&out.stdout).contains(": ok: "),
         "the example was refused: {}",
@@ -267,6 +281,52 @@ fn a_list_file_with_bad_lines_is_named_with_its_lines() {
     assert!(
         err.contains(&format!("; {list}:4: \"not-an-address\"")),
         "{err}"
+    );
+}
+
+/// A list path that is a FIFO, a device, or past the cap (a sparse 300 MiB
+/// file), and a config file that is a FIFO: refused at once, naming the path
+/// and what it is (`check` used to hang on the FIFO).
+#[test]
+fn what_is_not_a_regular_file_or_is_too_large_is_refused_at_once() {
+    let dir = TempDir::new("check-fifo");
+    let fifo = dir.0.join("bans.fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    let big = dir.0.join("big.netset");
+    std::fs::File::create(&big)
+        .and_then(|f| f.set_len(300 << 20))
+        .expect("a sparse file");
+    let file = write(
+        &dir.0,
+        "r.toml",
+        "[[list]]\nname = \"fifo\"\naction = \"deny\"\npath = \"bans.fifo\"\n\n[[list]]\nname = \"zero\"\naction = \"deny\"\npath = \"/dev/zero\"\n\n[[list]]\nname = \"big\"\naction = \"deny\"\npath = \"big.netset\"\n",
+    );
+    invalid(
+        &check(&dir, &["--config", &file]),
+        &file,
+        &[
+            format!(
+                "{file}:4: list[0].path: the list {} is a FIFO (named pipe), not a regular file: a list must be a regular file",
+                fifo.display()
+            ),
+            format!(
+                "{file}:9: list[1].path: the list /dev/zero is a character device, not a regular file"
+            ),
+            format!(
+                "{file}:14: list[2].path: the list {} is 300 MiB (314572800 bytes): a list may be at most 256 MiB (268435456 bytes)",
+                big.display()
+            ),
+        ],
+    );
+    let fifo = fifo.to_str().expect("utf-8");
+    invalid(
+        &check(&dir, &["--config", fifo]),
+        fifo,
+        &[format!(
+            "{fifo}: the config file is a FIFO (named pipe), not a regular file: a config file must be a regular file"
+        )],
     );
 }
 

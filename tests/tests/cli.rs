@@ -5,7 +5,7 @@
 
 use std::process::{Command, Output};
 
-use ratelimit_tests::{Daemon, TempDir, net::Pair, privileged, ratelimit_bin};
+use ratelimit_tests::{Daemon, SharedBin, TempDir, net::Pair, privileged, ratelimit_bin};
 use serde_json::Value;
 
 fn code(out: &Output) -> i32 {
@@ -99,12 +99,14 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
     }
     assert!(!pair.rx_has_xdp(), "a refused start attached the program");
 
-    // 5: not root.
+    // 5: not root (the binary where `nobody` may run it: the checkout may
+    // be closed to others).
+    let shared = SharedBin::new();
     let out = pair
         .rx
         .command("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(&bin)
+        .arg(&shared.path)
         .args(["list", "--json", "--iface", &pair.rx_if])
         .env("RATELIMIT_RUN_DIR", &run.0)
         .output()

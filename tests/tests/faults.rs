@@ -15,7 +15,7 @@ use std::{
 };
 
 use ratelimit_tests::{
-    ChildGuard, Daemon, TempDir,
+    ChildGuard, Daemon, SharedBin, TempDir,
     check::ip,
     net::{NetNs, Pair, pin_dirs},
     privileged, ratelimit_bin, unique_tag,
@@ -1058,6 +1058,8 @@ fn a_user_who_is_not_root_is_told_it_is_roots() {
     let pair = Pair::new();
     let run = TempDir::new("nonroot");
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    // Where `nobody` may run it: the checkout may be closed to others.
+    let shared = SharedBin::new();
     for args in [
         vec!["status"],
         vec!["status", "--iface", pair.rx_if.as_str()],
@@ -1067,7 +1069,7 @@ fn a_user_who_is_not_root_is_told_it_is_roots() {
             .rx
             .command("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(ratelimit_bin())
+            .arg(&shared.path)
             .args(&args)
             .env("RATELIMIT_RUN_DIR", &run.0)
             .output()

@@ -31,7 +31,7 @@ use ratelimit_common::{Counter, Event, REASON_COUNT, gcra};
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
-    sync::{mpsc, watch},
+    sync::{mpsc, oneshot, watch},
 };
 use tracing::{error, info, warn};
 
@@ -105,6 +105,14 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const EXPIRE_EVERY: Duration = Duration::from_millis(200);
 /// How stale the tracked-sources gauge may be.
 const TRACKED_MAX_AGE: Duration = Duration::from_secs(10);
+/// How long a reload may take to read and check the config file and its
+/// lists before it is refused (the read is left to finish on its own, its
+/// result unused): under the CLI's wait for an answer, so `ratelimit reload`
+/// says why.
+const RELOAD_READ_TIMEOUT: Duration = Duration::from_secs(25);
+/// Reloads asked for by `ratelimit reload` that may wait behind the one being
+/// read; past it, one is refused (SIGHUPs that wait are one).
+const RELOADS_WAITING_MAX: usize = 8;
 
 pub(super) struct Sample {
     at: Instant,
@@ -120,6 +128,31 @@ struct Baseline {
     swept: u64,
 }
 
+/// A reload asked for: by SIGHUP (nobody waits for its answer) or by
+/// `ratelimit reload` (its connection does).
+struct ReloadAsk {
+    replace: bool,
+    reply: Option<oneshot::Sender<Response>>,
+}
+
+/// The reloads: the config file and its lists are read and checked off the
+/// loop, one reload at a time, so that a slow read holds up no change, stats
+/// or expiry; the result is applied by the loop when it comes, on top of the
+/// live changes as they are then.
+#[derive(Default)]
+struct Reloads {
+    /// The reload being read: its ask, its number, when it started.
+    reading: Option<(ReloadAsk, u64, Instant)>,
+    /// Those asked for since, in order.
+    waiting: std::collections::VecDeque<ReloadAsk>,
+    /// The number of the last read started (a late result of an abandoned
+    /// read is known by its number and dropped).
+    started: u64,
+}
+
+/// What a reload's read gives back: its number and the checked base rules.
+type ReadDone = (u64, Result<RuleSet>);
+
 struct Daemon {
     opts: RunOptions,
     id: Identity,
@@ -134,6 +167,8 @@ struct Daemon {
     interface: InterfaceState,
     /// The fleet sync task's view, when run with --fleet.
     fleet: Option<watch::Receiver<crate::fleet::Status>>,
+    /// Reloads being read and waiting.
+    reloads: Reloads,
 }
 
 /// An exclusive lock on the daemon's identity, released on drop.
@@ -190,6 +225,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     rundir::secure(&id)?;
     rundir::check_files(&id)?;
     let lock = lock(&id)?;
+    rundir::tidy(&id);
     let found = store::load(&id);
     let mut prepared = Enforcer::prepare(&id, &opts.load, opts.reset)?;
     // What a previous daemon's pins enforce: the truth to fall back on (kept
@@ -245,6 +281,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         baseline,
         interface: InterfaceState::Attached,
         fleet: None,
+        reloads: Reloads::default(),
     };
     daemon.save();
     daemon.announce();
@@ -329,22 +366,22 @@ impl Daemon {
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         let mut watch = tokio::time::interval(WATCH_EVERY);
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
+        let (read_tx, mut read_rx) = mpsc::channel::<ReadDone>(4);
         sweep.tick().await;
         tokio::pin!(shutdown);
         loop {
+            let read_deadline = self
+                .reloads
+                .reading
+                .as_ref()
+                .map(|(_, _, at)| tokio::time::Instant::from_std(*at + RELOAD_READ_TIMEOUT));
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
-                _ = hup.recv() => match self.reload(false) {
-                    Ok(()) => {}
-                    // One log line per error of the file, each with its line.
-                    Err(Error::Config(errors)) => {
-                        for line in errors.lines() {
-                            error!("{line}");
-                        }
-                        error!("reload refused: {}; the rules enforced before stay", errors.summary());
-                    }
-                    Err(e) => error!(error = %chain(&e), "reload refused; nothing changed"),
-                },
+                _ = hup.recv() => self.ask_reload(ReloadAsk { replace: false, reply: None }, &read_tx),
+                Some((n, read)) = read_rx.recv() => self.reload_read(n, read, &read_tx),
+                () = tokio::time::sleep_until(read_deadline.unwrap_or_else(tokio::time::Instant::now)), if read_deadline.is_some() => {
+                    self.reload_timed_out(&read_tx);
+                }
                 _ = sample.tick() => self.sample(),
                 _ = sweep.tick() => self.sweep(),
                 _ = watch.tick() => self.watch(),
@@ -354,6 +391,11 @@ impl Daemon {
                 }
                 Some(job) = fleet_rx.recv() => self.fleet_job(job),
                 Some((request, reply)) = jobs.recv() => {
+                    if let crate::control::Request::Reload { replace } = request {
+                        // Read off the loop; answered when it is applied.
+                        self.ask_reload(ReloadAsk { replace, reply: Some(reply) }, &read_tx);
+                        continue;
+                    }
                     let response = match self.handle(request) {
                         Ok(data) => Response::ok(data),
                         Err(e) => Response::refused_for(&e),
@@ -448,7 +490,7 @@ impl Daemon {
     fn announce(&self) {
         let e = &self.enforcer;
         let set = self.rules.effective();
-        println!(
+        say(format_args!(
             "ratelimit: enforcing on {} ({} mode{}): default {}; {} rule(s){}",
             e.id(),
             e.mode(),
@@ -466,48 +508,156 @@ impl Daemon {
             } else {
                 ""
             },
-        );
+        ));
         for (p, a) in &set.rules {
-            println!(
+            say(format_args!(
                 "ratelimit:   {p}: {}",
                 a.text(Some(p.source.addr.is_ipv4()))
-            );
+            ));
         }
         for (name, l) in &set.lists {
-            println!(
+            say(format_args!(
                 "ratelimit:   {} list {name}: {} entries from {}",
                 l.action,
                 l.entries.len(),
                 l.source
-            );
+            ));
         }
     }
 
-    /// Reads the config file again: the new base with the live changes on top
-    /// (or alone, with `replace`). All or nothing.
-    fn reload(&mut self, replace: bool) -> Result<()> {
-        let Some(path) = self.opts.config.clone() else {
-            if replace {
-                let next = Rules::of(self.rules.base.clone());
-                self.apply(next)?;
-                info!("live changes dropped");
-                return Ok(());
+    /// Asks for a reload: started at once when none is being read, else
+    /// after those before it.
+    fn ask_reload(&mut self, ask: ReloadAsk, read_tx: &mpsc::Sender<ReadDone>) {
+        let r = &mut self.reloads;
+        if r.reading.is_some() {
+            if ask.reply.is_none() && r.waiting.iter().any(|w| w.reply.is_none() && !w.replace) {
+                // SIGHUPs that wait together are one.
+                return;
             }
-            warn!("reload without --config: nothing to read");
-            return Err(Error::Refused(
-                "the daemon was started without --config: there is no file to reload".into(),
-            ));
+            if r.waiting.len() >= RELOADS_WAITING_MAX {
+                let e = Error::Refused(format!(
+                    "{} reloads are waiting for the one being read; try again when it is done",
+                    r.waiting.len()
+                ));
+                self.reload_done(ask, Err(e), None);
+                return;
+            }
+            r.waiting.push_back(ask);
+            return;
+        }
+        self.start_reload(ask, read_tx);
+    }
+
+    /// Starts a reload: a daemon started without --config answers at once;
+    /// else its file and lists are read and checked on a thread of their own
+    /// (a file system that hangs holds up that thread alone; a thread, not
+    /// the runtime's blocking pool, whose end the runtime would wait for at
+    /// exit), and [`Daemon::reload_read`] applies what it read.
+    fn start_reload(&mut self, ask: ReloadAsk, read_tx: &mpsc::Sender<ReadDone>) {
+        if self.opts.config.is_none() {
+            let before = self.rules.clone();
+            let done = if ask.replace {
+                let next = Rules::of(self.rules.base.clone());
+                self.apply(next).inspect(|()| info!("live changes dropped"))
+            } else {
+                warn!("reload without --config: nothing to read");
+                Err(Error::Refused(
+                    "the daemon was started without --config: there is no file to reload".into(),
+                ))
+            };
+            self.reload_done(ask, done, Some(&before));
+            return;
+        }
+        self.reloads.started += 1;
+        let n = self.reloads.started;
+        let opts = self.opts.clone();
+        let tx = read_tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("reload".into())
+            .spawn(move || {
+                let read = opts
+                    .given()
+                    .map(|set| set.expect("a config file gives a base"));
+                let _ = tx.blocking_send((n, read));
+            });
+        match spawned {
+            Ok(_) => self.reloads.reading = Some((ask, n, Instant::now())),
+            Err(e) => {
+                let e = Error::Io {
+                    what: "starting a thread to read the config file".into(),
+                    source: e,
+                };
+                self.reload_done(ask, Err(e), None);
+            }
+        }
+    }
+
+    /// A reload's read came back (`n`: its number): the new base with the
+    /// live changes as they are now on top (or alone, with `replace`),
+    /// applied whole or not at all; then the next reload waiting starts.
+    fn reload_read(&mut self, n: u64, read: Result<RuleSet>, read_tx: &mpsc::Sender<ReadDone>) {
+        let Some((ask, _, _)) = self.reloads.reading.take_if(|(_, m, _)| *m == n) else {
+            // The late result of a read given up on.
+            return;
         };
-        let base = self.opts.given()?.expect("a config file gives a base");
-        let live = if replace {
-            store::Overlay::default()
-        } else {
-            self.rules.live.clone()
+        let before = self.rules.clone();
+        let done = read.and_then(|base| {
+            let live = if ask.replace {
+                store::Overlay::default()
+            } else {
+                self.rules.live.clone()
+            };
+            self.apply(Rules { base, live })?;
+            let path = self.opts.config.clone().unwrap_or_default();
+            info!(config = %path.display(), replace = ask.replace, "reloaded");
+            self.announce();
+            Ok(())
+        });
+        self.reload_done(ask, done, Some(&before));
+        if let Some(next) = self.reloads.waiting.pop_front() {
+            self.start_reload(next, read_tx);
+        }
+    }
+
+    /// The reload being read took too long: refused (its read, if it ever
+    /// ends, is dropped).
+    fn reload_timed_out(&mut self, read_tx: &mpsc::Sender<ReadDone>) {
+        let Some((_, n, _)) = &self.reloads.reading else {
+            return;
         };
-        self.apply(Rules { base, live })?;
-        info!(config = %path.display(), replace, "reloaded");
-        self.announce();
-        Ok(())
+        let path = self.opts.config.clone().unwrap_or_default();
+        let e = Error::Refused(format!(
+            "reading {} and its lists took more than {} s (a slow or hung file system?); nothing changed",
+            path.display(),
+            RELOAD_READ_TIMEOUT.as_secs()
+        ));
+        self.reload_read(*n, Err(e), read_tx);
+    }
+
+    /// Says how a reload went: to its client (the rules and what changed
+    /// since `before`), and in the log.
+    fn reload_done(&mut self, ask: ReloadAsk, done: Result<()>, before: Option<&Rules>) {
+        match &done {
+            Ok(()) => {}
+            // One log line per error of the file, each with its line.
+            Err(Error::Config(errors)) => {
+                for line in errors.lines() {
+                    error!("{line}");
+                }
+                error!(
+                    "reload refused: {}; the rules enforced before stay",
+                    errors.summary()
+                );
+            }
+            Err(e) => error!(error = %chain(e), "reload refused; nothing changed"),
+        }
+        if let Some(reply) = ask.reply {
+            let response = match done {
+                Ok(()) => Response::ok(self.reloaded(before.unwrap_or(&self.rules))),
+                Err(e) => Response::refused_for(&e),
+            };
+            let _ = reply.send(response);
+        }
     }
 
     /// The sample rates are computed from (to now): the newest at least
@@ -634,18 +784,26 @@ impl Daemon {
         let id = self.id.clone();
         if keep {
             self.enforcer.keep();
-            println!(
+            say(format_args!(
                 "ratelimit: exiting; the program stays attached to {id} and keeps enforcing (--keep-attached)"
-            );
+            ));
         } else {
             // The saved rules stay: the live changes come back with the next
             // start (see `store`).
             match self.enforcer.detach() {
-                Ok(()) => println!("ratelimit: detached from {id}"),
+                Ok(()) => say(format_args!("ratelimit: detached from {id}")),
                 Err(e) => error!(error = %chain(&e), "detaching failed"),
             }
         }
     }
+}
+
+/// Prints `line` on stdout, for whoever watches the daemon. Written, not
+/// printed: a closed stdout (`ratelimit run … | head -1`) is no reason to
+/// panic or to stop enforcing; the logs (stderr) say the rest.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 fn hostname() -> String {

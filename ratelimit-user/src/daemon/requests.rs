@@ -210,13 +210,9 @@ impl Daemon {
                 r.live.mode = Some(mode);
                 Ok(())
             }),
-            Request::Reload { replace } => {
-                let before = self.rules.clone();
-                self.reload(replace)?;
-                let mut data = self.list();
-                data["changes"] = json!(changes(&before, &self.rules));
-                Ok(data)
-            }
+            Request::Reload { .. } => Err(Error::Refused(
+                "reload is answered by the loop when its file is read, not here".into(),
+            )),
             Request::List { counters } => {
                 let mut data = self.list();
                 if counters {
@@ -254,6 +250,13 @@ impl Daemon {
 
     pub(super) fn list(&self) -> Value {
         list_of(&self.rules)
+    }
+
+    /// A reload's answer: the rules, and what changed since `before`.
+    pub(super) fn reloaded(&self, before: &Rules) -> Value {
+        let mut data = self.list();
+        data["changes"] = json!(changes(before, &self.rules));
+        data
     }
 
     /// States evicted since this daemon started, estimated: states created

@@ -139,6 +139,23 @@ pub enum Request {
     FleetRules,
 }
 
+impl Request {
+    /// Whether it changes what is enforced.
+    pub fn is_change(&self) -> bool {
+        matches!(
+            self,
+            Request::Set { .. }
+                | Request::Allow { .. }
+                | Request::Deny { .. }
+                | Request::Unset { .. }
+                | Request::LoadList { .. }
+                | Request::UnsetList { .. }
+                | Request::Mode { .. }
+                | Request::Reload { .. }
+        )
+    }
+}
+
 /// The daemon's answer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Response {
@@ -337,8 +354,27 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
     (rc == 0).then_some(cred.uid)
 }
 
-/// How long the CLI waits for an answer.
+/// How long the CLI waits for an answer, unless `RATELIMIT_TIMEOUT` (whole
+/// seconds, 1 or more) says otherwise.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn answer_timeout() -> Result<Duration> {
+    match std::env::var("RATELIMIT_TIMEOUT") {
+        Err(_) => Ok(ANSWER_TIMEOUT),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "RATELIMIT_TIMEOUT",
+                    format!("{v:?} is not a number of seconds: give a whole number of 1 or more, like 30"),
+                )
+            }),
+    }
+}
 
 async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<serde_json::Value> {
     let (read, mut write) = stream.into_split();
@@ -354,6 +390,7 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
             ),
         ));
     }
+    let timeout = answer_timeout()?;
     let ctx = || format!("talking to the daemon on {}", path.display());
     write
         .write_all(line.as_bytes())
@@ -362,15 +399,28 @@ async fn exchange(stream: UnixStream, path: &Path, request: &Request) -> Result<
     let mut answer = String::new();
     let mut reader = BufReader::new(read).take(64 << 20);
     let read = reader.read_line(&mut answer);
-    match tokio::time::timeout(ANSWER_TIMEOUT, read).await {
+    // Not a refusal: the daemon may have made the change and not yet
+    // answered (a large list to write), or been killed after it.
+    let outcome = if request.is_change() {
+        "; the change may have been applied: `ratelimit list` shows what is enforced"
+    } else {
+        ""
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(0)) => {
+            return Err(Error::NoAnswer(format!(
+                "the daemon on {} closed the connection without answering{outcome}",
+                path.display()
+            )));
+        }
         Ok(r) => {
             r.map_err(Error::io(ctx()))?;
         }
         Err(_) => {
-            return Err(Error::Refused(format!(
-                "the daemon on {} did not answer within {} s",
+            return Err(Error::NoAnswer(format!(
+                "no answer from the daemon on {} within {} s{outcome}",
                 path.display(),
-                ANSWER_TIMEOUT.as_secs()
+                timeout.as_secs()
             )));
         }
     }

@@ -146,6 +146,10 @@ fn overview(cmd: &clap::Command) -> Vec<u8> {
             "the run directory (default: /run/ratelimit): control sockets, locks, saved rules",
         ),
         (
+            "RATELIMIT_TIMEOUT",
+            "seconds a command waits for the daemon's answer (default: 30); past it the command exits 6, and a change may have been applied",
+        ),
+        (
             "NO_COLOR",
             "when set and not empty, logs and help are never coloured (they are not when standard error is not a terminal either)",
         ),

@@ -119,6 +119,14 @@ pub enum Error {
     /// directory someone else owns, ...). Nothing was changed.
     #[error("{0}")]
     Refused(String),
+    /// The daemon did not answer (in time, or at all): a change may have
+    /// been applied, or not.
+    #[error("{0}")]
+    NoAnswer(String),
+    /// A change the daemon could not save for a restart (a full disk): it
+    /// refused it, and nothing was changed.
+    #[error("the change cannot be saved for a restart ({0}); nothing was changed")]
+    NotSaved(String),
     /// Something does not fit in a map whose size was fixed when it was created.
     #[error(
         "{wanted} {what} do not fit in {capacity}: nothing was changed; to make room, restart the daemon with --reset {option} N (N at least {wanted}); the rules are kept, buckets and counters start over"
@@ -184,18 +192,21 @@ pub enum Kind {
     Refused,
     /// Permission denied: not root.
     Permission,
+    /// The daemon did not answer in time: a change may have been applied.
+    NoAnswer,
     /// Anything else: the kernel, I/O, the runtime.
     Failed,
 }
 
 impl Kind {
     /// Every kind, in the order of its exit code.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Failed,
         Kind::Invalid,
         Kind::NoDaemon,
         Kind::Refused,
         Kind::Permission,
+        Kind::NoAnswer,
     ];
 
     /// The process exit code (0 is success, which is no kind).
@@ -207,6 +218,7 @@ impl Kind {
             Kind::NoDaemon => 3,
             Kind::Refused => 4,
             Kind::Permission => 5,
+            Kind::NoAnswer => 6,
         }
     }
 
@@ -217,6 +229,7 @@ impl Kind {
             Kind::NoDaemon => "no-daemon",
             Kind::Refused => "refused",
             Kind::Permission => "permission",
+            Kind::NoAnswer => "no-answer",
             Kind::Failed => "failed",
         }
     }
@@ -232,6 +245,9 @@ impl Kind {
             }
             Kind::Refused => "the daemon refused the request; nothing was changed",
             Kind::Permission => "permission denied: the control sockets are root's",
+            Kind::NoAnswer => {
+                "the daemon did not answer in time: a change may have been applied (`ratelimit list` tells)"
+            }
             Kind::Failed => "any other failure: the kernel, I/O, the runtime",
         }
     }
@@ -243,8 +259,9 @@ impl Error {
         match self {
             Error::Invalid { .. } | Error::Config(_) => Kind::Invalid,
             Error::NoDaemon { .. } | Error::NoDaemonHere { .. } => Kind::NoDaemon,
-            Error::Refused(_) => Kind::Refused,
+            Error::Refused(_) | Error::NotSaved(_) => Kind::Refused,
             Error::Permission(_) => Kind::Permission,
+            Error::NoAnswer(_) => Kind::NoAnswer,
             Error::UnknownInterface(_)
             | Error::AlreadyRunning { .. }
             | Error::Load(_)

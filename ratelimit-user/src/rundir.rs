@@ -239,6 +239,22 @@ pub fn read(path: &Path) -> Result<Option<String>> {
 /// (created exclusively, never through a link), fsync, rename over `path`, fsync
 /// of the directory. A crash leaves the old file or the new one, never a part.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    stage(path, bytes)?.commit()
+}
+
+/// A file written and flushed under a temporary name beside its path, not
+/// in place yet: [`Staged::commit`] renames it over its path; dropped
+/// uncommitted, it is removed. Whether it can be written at all (a full
+/// disk) is known before anything else is changed.
+pub struct Staged {
+    tmp: PathBuf,
+    path: PathBuf,
+    done: bool,
+}
+
+/// Writes `bytes` to a temporary file beside `path` (created exclusively,
+/// never through a link) and flushes it.
+pub fn stage(path: &Path, bytes: &[u8]) -> Result<Staged> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -248,22 +264,39 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let _ = std::fs::remove_file(&tmp);
     let mut f = open_nofollow(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)
         .map_err(|e| refused_link(&tmp, e))?;
-    let written = f
-        .write_all(bytes)
+    let staged = Staged {
+        tmp,
+        path: path.to_path_buf(),
+        done: false,
+    };
+    f.write_all(bytes)
         .and_then(|()| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::Io {
-            what: format!("writing {}", path.display()),
-            source: e,
-        });
+        .map_err(Error::io(format!("writing {}", path.display())))?;
+    Ok(staged)
+}
+
+impl Staged {
+    /// Puts the file in place (rename, then fsync of the directory).
+    pub fn commit(mut self) -> Result<()> {
+        std::fs::rename(&self.tmp, &self.path)
+            .map_err(Error::io(format!("writing {}", self.path.display())))?;
+        self.done = true;
+        if let Some(dir) = self.path.parent()
+            && let Ok(d) = File::open(dir)
+        {
+            // SAFETY: a valid fd; fsync of a directory makes the rename durable.
+            unsafe { libc::fsync(d.as_raw_fd()) };
+        }
+        Ok(())
     }
-    if let Ok(d) = File::open(dir) {
-        // SAFETY: a valid fd; fsync of a directory makes the rename durable.
-        unsafe { libc::fsync(d.as_raw_fd()) };
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
-    Ok(())
 }
 
 /// Removes `path` if it is there (a link is removed, never followed).
@@ -305,7 +338,10 @@ pub fn remove_stale_temps(id: &Identity) -> Vec<String> {
     let mut removed = Vec::new();
     for entry in dir.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if FILES.iter().any(|s| is_temp_of(&name, &id.iface, s))
+        let list_temp = name
+            .strip_prefix(&format!(".{}.list-", id.iface))
+            .is_some_and(|rest| rest.ends_with(".tmp"));
+        if (list_temp || FILES.iter().any(|s| is_temp_of(&name, &id.iface, s)))
             && std::fs::remove_file(entry.path()).is_ok()
         {
             removed.push(name);
@@ -349,7 +385,7 @@ pub fn sweep() -> Vec<PathBuf> {
 }
 
 /// The names of the files daemons keep in a namespace directory end so.
-const FILE_ENDS: [&str; 5] = [".lock", ".sock", ".rules.json", ".mode", ".tmp"];
+const FILE_ENDS: [&str; 6] = [".lock", ".sock", ".rules.json", ".mode", ".tmp", ".entries"];
 
 /// Removes a namespace directory that is root's, holds only daemons' files
 /// and no lock a daemon holds; whether it did.

@@ -230,3 +230,215 @@ impl Drop for Group {
         unsafe { libc::kill(-self.0, libc::SIGKILL) };
     }
 }
+
+/// A tmpfs of `size` mounted on a fresh directory (mode 0700, root's),
+/// unmounted and removed on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(tag: &str, size: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "ratelimit-tmpfs-{tag}-{}",
+            ratelimit_tests::unique_tag()
+        ));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self(dir)
+    }
+
+    /// Fills it to the last byte; the filler file's path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write as _;
+        let filler = self.0.join("filler");
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![0u8; 4096];
+        // Bounded by the tmpfs's size.
+        while f.write_all(&block).is_ok() {}
+        let one = [0u8; 1];
+        while f.write_all(&one).is_ok() {}
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// (Item 4) A change that cannot be saved (the run directory is full) is
+/// refused, exit 4, nothing changed; once there is room it is saved and
+/// survives the unit's restart (`--keep-attached`, then a start with the
+/// config). Never acknowledged and lost.
+#[test]
+fn a_change_that_cannot_be_saved_is_refused_not_acknowledged_and_lost() {
+    privileged!("a_change_that_cannot_be_saved_is_refused_not_acknowledged_and_lost");
+    let pair = Pair::new();
+    let run = Tmpfs::new("full", "256k");
+    let configs = TempDir::new("full-config");
+    let cfg = write(&configs.0, "rules.toml", "[default]\nrate = \"1000/s\"\n");
+    let start = || {
+        Daemon::start(
+            &pair.rx,
+            &pair.rx_if,
+            &run.0,
+            &["--keep-attached", "--config", &cfg],
+        )
+    };
+    let d = start();
+    let filler = run.fill();
+    let out = d.cli(&["deny", "198.18.51.0/24"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "a change the daemon cannot save must be refused; it said: {stderr} {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("cannot be saved") && stderr.contains("nothing was changed"),
+        "{stderr}"
+    );
+    let source = ip("198.18.51.7");
+    assert!(
+        dropped(&pair, &[source]).is_empty(),
+        "the refused deny is enforced"
+    );
+    assert!(!d.cli_ok(&["list"]).contains("198.18.51.0/24"));
+
+    std::fs::remove_file(&filler).expect("freeing the tmpfs");
+    d.cli_ok(&["deny", "198.18.51.0/24"]);
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let d = start();
+    assert!(
+        d.cli_ok(&["list"]).contains("198.18.51.0/24"),
+        "the saved deny is gone after a restart"
+    );
+    assert_eq!(
+        dropped(&pair, &[source]),
+        [source],
+        "the saved deny is not enforced after a restart"
+    );
+    // Its stale pieces are not left in the run directory either.
+    let leftovers: Vec<String> = walk(&run.0)
+        .into_iter()
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    d.stop(libc::SIGTERM);
+}
+
+/// Every file name under `dir`.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out
+}
+
+/// (Item 11) No answer is not a refusal: a command that times out (the
+/// daemon stopped with SIGSTOP) exits 6 and says the change may have been
+/// applied; once the daemon runs again the change it had queued is there.
+/// Concurrent changes under a large list all answer, and all are applied.
+#[test]
+fn no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer() {
+    privileged!("no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer");
+    let pair = Pair::new();
+    let run = TempDir::new("noanswer");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    d.child.signal(libc::SIGSTOP);
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", d.netns))
+        .arg(ratelimit_bin())
+        .args(["deny", "198.18.52.0/24", "--iface", &d.iface])
+        .env("RATELIMIT_RUN_DIR", &d.run_dir)
+        .env("RATELIMIT_TIMEOUT", "2")
+        .stdin(Stdio::null())
+        .output()
+        .expect("cli");
+    d.child.signal(libc::SIGCONT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "a command without an answer: {stderr}"
+    );
+    assert!(
+        stderr.contains("may have been applied") && !stderr.contains("nothing was changed"),
+        "{stderr}"
+    );
+    let start = Instant::now();
+    while !d.cli_ok(&["list"]).contains("198.18.52.0/24") {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the queued change was never applied"
+        );
+        sleep(Duration::from_millis(50));
+    }
+
+    // A list of 200 000 entries, then 20 changes at once: each answers, and
+    // each is applied.
+    let list = run.0.join("big.list");
+    let text: String = (0..200_000u32)
+        .map(|i| format!("2001:db8:{:x}:{:x}::/64\n", i >> 16, i & 0xffff))
+        .collect();
+    std::fs::write(&list, text).expect("writing the list");
+    d.cli_ok(&[
+        "deny",
+        "--from",
+        list.to_str().expect("utf-8"),
+        "--name",
+        "big",
+    ]);
+    let changes: Vec<_> = (0..20)
+        .map(|i| {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{}", d.netns))
+                .arg(ratelimit_bin())
+                .args(["deny", &format!("198.18.60.{i}/32"), "--iface", &d.iface])
+                .env("RATELIMIT_RUN_DIR", &d.run_dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            ChildGuard::spawn(c, "ratelimit deny")
+        })
+        .collect();
+    for c in changes {
+        let out = c.wait(Duration::from_secs(40));
+        assert!(
+            out.status.success(),
+            "a change under a large list: {:?} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let listed = d.cli_ok(&["list"]);
+    for i in 0..20 {
+        assert!(
+            listed.contains(&format!("198.18.60.{i}/32")),
+            "change {i} is missing"
+        );
+    }
+    d.stop(libc::SIGTERM);
+}

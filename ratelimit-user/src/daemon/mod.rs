@@ -169,6 +169,8 @@ struct Daemon {
     fleet: Option<watch::Receiver<crate::fleet::Status>>,
     /// Reloads being read and waiting.
     reloads: Reloads,
+    /// The list files the saved record names.
+    list_files: store::ListFiles,
 }
 
 /// An exclusive lock on the daemon's identity, released on drop.
@@ -282,6 +284,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         interface: InterfaceState::Attached,
         fleet: None,
         reloads: Reloads::default(),
+        list_files: store::ListFiles::default(),
     };
     daemon.save();
     daemon.announce();
@@ -386,6 +389,13 @@ impl Daemon {
                 _ = sweep.tick() => self.sweep(),
                 _ = watch.tick() => self.watch(),
                 _ = expire.tick() => self.expire(),
+                // Once nothing else waits: the trie the program does not read
+                // catches up with a list change, so the next change is cheap.
+                () = tokio::task::yield_now(), if self.enforcer.maps.unsettled() => {
+                    if let Err(e) = self.enforcer.maps.settle() {
+                        warn!(error = %chain(&e), "bringing the idle rule trie up to date failed; the next change does it");
+                    }
+                }
                 Some(reply) = metrics_rx.recv() => {
                     let _ = reply.send(self.metrics());
                 }
@@ -465,7 +475,11 @@ impl Daemon {
         }
     }
 
-    /// Makes `next` the rules: written whole or not at all, then saved.
+    /// Makes `next` the rules, saved for a restart: written whole or not at
+    /// all. The record is written down to its last rename before the kernel
+    /// is touched, and put in place once the kernel enforces the change: a
+    /// change that cannot be saved (a full disk) is refused with nothing
+    /// changed, so no change is acknowledged that a restart would lose.
     fn apply(&mut self, next: Rules) -> Result<()> {
         let effective = next.effective();
         effective.validate()?;
@@ -475,15 +489,37 @@ impl Daemon {
                 "a fleet-wide rule needs a daemon run with --fleet REDIS_URL (restart it with one)",
             ));
         }
+        let unsaved = |e: Error| Error::NotSaved(chain(&e));
+        let pending = store::stage(&self.id, &next, &mut self.list_files).map_err(unsaved)?;
         self.enforcer.maps.apply(&effective)?;
+        if let Err(e) = pending.commit() {
+            // Back to what the record says (and the kernel enforced).
+            if let Err(back) = self.enforcer.maps.apply(&self.rules.effective()) {
+                error!(error = %chain(&back), "putting the rules back after a failed save failed: the kernel enforces the refused change until the next one");
+            }
+            return Err(unsaved(e));
+        }
         self.rules = next;
-        self.save();
         Ok(())
     }
 
-    fn save(&self) {
-        if let Err(e) = store::save(&self.id, &self.rules) {
-            error!(error = %chain(&e), "could not save the rules for a restart (the kernel enforces them; a restart will read them back from it)");
+    /// Ends what expired: in the kernel even when the record cannot be saved
+    /// (a restart reads the same ends from the old record and ends them too).
+    fn apply_expired(&mut self, next: Rules) -> Result<()> {
+        match self.apply(next.clone()) {
+            Err(Error::NotSaved(why)) => {
+                self.enforcer.maps.apply(&next.effective())?;
+                self.rules = next;
+                warn!(error = %why, "the ended rules could not be saved; the saved record still holds them with their ends, which a restart ends too");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn save(&mut self) {
+        if let Err(e) = store::save(&self.id, &self.rules, &mut self.list_files) {
+            error!(error = %chain(&e), "could not save the rules for a restart (the kernel enforces them; a restart given the same config reads the saved record as it was)");
         }
     }
 

@@ -43,7 +43,7 @@ impl Daemon {
         }
         let mut next = self.rules.clone();
         let ended = next.expire(now);
-        match self.apply(next) {
+        match self.apply_expired(next) {
             Ok(()) => info!(ended = %ended.join(", "), "temporary rules ended"),
             Err(e) => {
                 // Tried again in a minute; until then what was set stays.

@@ -16,7 +16,7 @@
 //! defaults in silence. The record outlives a clean stop (it lives in /run, so
 //! not a reboot): live changes come back with the next start.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
@@ -272,32 +272,106 @@ struct Saved {
     live: RawOverlay,
 }
 
-/// A list as saved: its entries one per line.
+/// A list as saved: its entries one per line in a file of their own beside
+/// the record (`file`, named by their content: written once, when the list
+/// is loaded, not at every change), or in the record itself (`entries`:
+/// records of version 2).
 #[derive(Serialize, Deserialize)]
 struct SavedList {
     name: String,
     action: ListAction,
     source: String,
-    entries: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    entries: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
+    /// Entries in `file`, to tell a file cut short.
+    #[serde(default)]
+    count: usize,
 }
 
 impl SavedList {
-    fn of(name: &str, l: &List) -> Self {
+    fn of(name: &str, l: &List, file: String) -> Self {
         SavedList {
             name: name.to_string(),
             action: l.action,
             source: l.source.clone(),
-            entries: l.text(),
+            entries: None,
+            file: Some(file),
+            count: l.entries.len(),
         }
     }
 
-    fn list(&self) -> std::result::Result<List, String> {
+    /// The list, its entries read from `dir` when they are in a file.
+    fn list(&self, dir: &Path) -> std::result::Result<List, String> {
         crate::lists::check_name("name", &self.name).map_err(|e| format!("{e}"))?;
         let field = format!("list {}", self.name);
-        List::parse(&field, self.action, &self.source, &self.entries)
+        let text = match (&self.entries, &self.file) {
+            (Some(text), _) => text.clone(),
+            (None, Some(file)) if is_list_file_name(file) => {
+                let path = dir.join(file);
+                rundir::read(&path)
+                    .map_err(|e| format!("its list {} cannot be read ({e})", self.name))?
+                    .ok_or_else(|| {
+                        format!(
+                            "its list {}'s file {} is missing",
+                            self.name,
+                            path.display()
+                        )
+                    })?
+            }
+            _ => return Err(format!("its list {} has no entries", self.name)),
+        };
+        let list = List::parse(&field, self.action, &self.source, &text)
             .map(|(l, _)| l)
-            .map_err(|e| format!("its list {} is invalid ({e})", self.name))
+            .map_err(|e| format!("its list {} is invalid ({e})", self.name))?;
+        if self.file.is_some() && list.entries.len() != self.count {
+            return Err(format!(
+                "its list {}'s file holds {} entries, not {} (cut short?)",
+                self.name,
+                list.entries.len(),
+                self.count
+            ));
+        }
+        Ok(list)
     }
+}
+
+/// Whether `name` is a list file's name (`IFACE.list-HASH.entries`), nothing
+/// that leads out of the directory.
+fn is_list_file_name(name: &str) -> bool {
+    name.contains(".list-") && name.ends_with(".entries") && !name.contains('/')
+}
+
+/// The list files already written, by the entries they hold (the same `Arc`
+/// while a list is unchanged): a save writes only the lists it has not.
+#[derive(Default)]
+pub struct ListFiles(Vec<(Arc<[crate::rules::Prefix]>, String)>);
+
+impl ListFiles {
+    /// The file of `l` (entries one per line, named by a hash of them),
+    /// written into `dir` if it is not there yet.
+    fn file_of(&mut self, id: &Identity, dir: &Path, l: &List) -> Result<String> {
+        if let Some((_, name)) = self.0.iter().find(|(e, _)| Arc::ptr_eq(e, &l.entries)) {
+            return Ok(name.clone());
+        }
+        let text = l.text();
+        let name = format!("{}.list-{:016x}.entries", id.iface, fnv1a(text.as_bytes()));
+        let path = dir.join(&name);
+        if !path.exists() {
+            rundir::write_atomic(&path, text.as_bytes())?;
+        }
+        self.0.push((l.entries.clone(), name.clone()));
+        Ok(name)
+    }
+}
+
+/// FNV-1a, 64 bits: a file name for a list's content, the same in every
+/// build.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 #[derive(Serialize, Deserialize)]
@@ -343,24 +417,35 @@ struct RawRestore {
     rule: Option<RawLimit>,
 }
 
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// The saved record of `id`'s daemon.
 pub fn path(id: &Identity) -> std::path::PathBuf {
     rundir::file(id, "rules.json")
 }
 
-/// The saved form of `rules`.
-fn record(rules: &Rules) -> Saved {
-    Saved {
+/// The saved form of `rules`; `file` names (and writes, if need be) each
+/// list's file.
+fn record(rules: &Rules, file: &mut dyn FnMut(&List) -> Result<String>) -> Result<Saved> {
+    let mut list = |n: &str, l: &List| Ok::<_, Error>(SavedList::of(n, l, file(l)?));
+    let base_lists = rules
+        .base
+        .lists
+        .iter()
+        .map(|(n, l)| list(n, l))
+        .collect::<Result<_>>()?;
+    let mut live_lists = Vec::new();
+    for (n, l) in &rules.live.lists {
+        live_lists.push(RawLiveList {
+            name: n.clone(),
+            list: l.as_ref().map(|l| list(n, l)).transpose()?,
+            expires_at_ms: rules.live.expiring_lists.get(n).copied(),
+        });
+    }
+    Ok(Saved {
         version: VERSION,
         base: RawConfig::from(&rules.base),
-        base_lists: rules
-            .base
-            .lists
-            .iter()
-            .map(|(n, l)| SavedList::of(n, l))
-            .collect(),
+        base_lists,
         live: RawOverlay {
             default: rules.live.default.as_ref().map(RawLimit::from),
             rules: rules
@@ -380,24 +465,71 @@ fn record(rules: &Rules) -> Saved {
                 })
                 .collect(),
             mode: rules.live.mode,
-            lists: rules
-                .live
-                .lists
-                .iter()
-                .map(|(n, l)| RawLiveList {
-                    name: n.clone(),
-                    list: l.as_ref().map(|l| SavedList::of(n, l)),
-                    expires_at_ms: rules.live.expiring_lists.get(n).copied(),
-                })
-                .collect(),
+            lists: live_lists,
         },
+    })
+}
+
+/// A save written down to its last step: the record is in place once
+/// [`PendingSave::commit`]ted; dropped, nothing changed.
+pub struct PendingSave {
+    record: rundir::Staged,
+    /// The list files the record names.
+    keep: Vec<String>,
+    dir: std::path::PathBuf,
+    iface: String,
+}
+
+/// Writes everything a save of `rules` needs but the last rename: the files
+/// of lists not saved before, and the record under a temporary name. A full
+/// disk or any other failure is known here, before anything changes.
+pub fn stage(id: &Identity, rules: &Rules, files: &mut ListFiles) -> Result<PendingSave> {
+    let record_path = path(id);
+    let dir = record_path
+        .parent()
+        .expect("the record is in a directory")
+        .to_path_buf();
+    let mut keep = Vec::new();
+    let saved = record(rules, &mut |l| {
+        let name = files.file_of(id, &dir, l)?;
+        keep.push(name.clone());
+        Ok(name)
+    })?;
+    // The cache keeps only the lists this record names.
+    files.0.retain(|(_, name)| keep.contains(name));
+    let json = serde_json::to_vec_pretty(&saved).expect("the record serializes");
+    Ok(PendingSave {
+        record: rundir::stage(&record_path, &json)?,
+        keep,
+        dir,
+        iface: id.iface.clone(),
+    })
+}
+
+impl PendingSave {
+    /// Puts the record in place, then removes the list files it no longer
+    /// names.
+    pub fn commit(self) -> Result<()> {
+        self.record.commit()?;
+        let prefix = format!("{}.list-", self.iface);
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix)
+                    && is_list_file_name(&name)
+                    && !self.keep.contains(&name)
+                {
+                    rundir::remove(&e.path());
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 /// Saves `rules`, whole or not at all.
-pub fn save(id: &Identity, rules: &Rules) -> Result<()> {
-    let json = serde_json::to_vec_pretty(&record(rules)).expect("the record serializes");
-    rundir::write_atomic(&path(id), &json)
+pub fn save(id: &Identity, rules: &Rules, files: &mut ListFiles) -> Result<()> {
+    stage(id, rules, files)?.commit()
 }
 
 /// What was found in the run directory.
@@ -418,13 +550,15 @@ pub fn load(id: &Identity) -> Found {
         Ok(Some(t)) => t,
         Err(e) => return Found::Damaged(format!("{e}")),
     };
-    match parse(&text) {
+    let dir = p.parent().expect("the record is in a directory");
+    match parse(&text, dir) {
         Ok(r) => Found::Rules(Box::new(r)),
         Err(e) => Found::Damaged(e),
     }
 }
 
-fn parse(text: &str) -> std::result::Result<Rules, String> {
+/// Reads a record, its lists' files in `dir`.
+fn parse(text: &str, dir: &Path) -> std::result::Result<Rules, String> {
     if text.trim().is_empty() {
         return Err("it is empty".into());
     }
@@ -447,7 +581,7 @@ fn parse(text: &str) -> std::result::Result<Rules, String> {
         .validate(&RuleSet::default())
         .map_err(|e| format!("its base rules are invalid ({e})"))?;
     for l in &saved.base_lists {
-        base.lists.insert(l.name.clone(), l.list()?);
+        base.lists.insert(l.name.clone(), l.list(dir)?);
     }
     let mut live = Overlay {
         mode: saved.live.mode,
@@ -478,7 +612,7 @@ fn parse(text: &str) -> std::result::Result<Rules, String> {
         }
     }
     for l in &saved.live.lists {
-        let list = l.list.as_ref().map(SavedList::list).transpose()?;
+        let list = l.list.as_ref().map(|l| l.list(dir)).transpose()?;
         live.lists.insert(l.name.clone(), list);
         if let Some(at) = l.expires_at_ms {
             live.expiring_lists.insert(l.name.clone(), at);
@@ -576,6 +710,40 @@ mod tests {
         Selector::parse("cidr", s).unwrap()
     }
 
+    /// A directory for list files, removed on drop.
+    struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        fn new(tag: &str) -> Self {
+            let d = std::env::temp_dir().join(format!("rl-store-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Self(d)
+        }
+
+        /// The record of `rules`, its lists' files written here.
+        fn record(&self, rules: &Rules) -> String {
+            let saved = record(rules, &mut |l| {
+                let text = l.text();
+                let name = format!("t.list-{:016x}.entries", fnv1a(text.as_bytes()));
+                std::fs::write(self.0.join(&name), text).unwrap();
+                Ok(name)
+            })
+            .unwrap();
+            serde_json::to_string(&saved).unwrap()
+        }
+
+        fn parse(&self, text: &str) -> std::result::Result<Rules, String> {
+            parse(text, &self.0)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn live_changes_sit_on_top_of_the_base() {
         let mut base = RuleSet::default();
@@ -606,7 +774,7 @@ mod tests {
                 "base rules are invalid",
             ),
         ] {
-            let e = parse(text).map(|_| ()).unwrap_err();
+            let e = Dir::new("damaged").parse(text).map(|_| ()).unwrap_err();
             assert!(e.contains(why), "{text:?}: {e}");
         }
     }
@@ -621,8 +789,9 @@ mod tests {
             .live
             .rules
             .insert(p("2001:db8::/32"), Some(Action::Deny { dry_run: true }));
-        let text = serde_json::to_string(&record(&rules)).unwrap();
-        assert_eq!(parse(&text).unwrap(), rules);
+        let dir = Dir::new("whole");
+        let text = dir.record(&rules);
+        assert_eq!(dir.parse(&text).unwrap(), rules);
     }
 
     #[test]
@@ -640,8 +809,9 @@ mod tests {
         assert_eq!(rules.expires(&p("198.18.1.0/24")), Some(9_000));
 
         // Read back from the saved record, with times and what they hide.
-        let text = serde_json::to_string(&record(&rules)).unwrap();
-        let mut back = parse(&text).unwrap();
+        let dir = Dir::new("temporary");
+        let text = dir.record(&rules);
+        let mut back = dir.parse(&text).unwrap();
         assert_eq!(back, rules);
 
         assert!(back.expire(6_999).is_empty());
@@ -719,8 +889,9 @@ mod tests {
             "friends".into(),
             Some(list(ListAction::Allow, "198.18.7.7\n")),
         );
-        let text = serde_json::to_string(&record(&rules)).unwrap();
-        let back = parse(&text).unwrap();
+        let dir = Dir::new("lists");
+        let text = dir.record(&rules);
+        let back = dir.parse(&text).unwrap();
         assert_eq!(back, rules);
         let e = back.effective();
         assert_eq!(e.lists["bans"].entries.len(), 2);
@@ -730,7 +901,7 @@ mod tests {
 
         // A base list removed live stays removed.
         rules.live.lists.insert("firehol".into(), None);
-        let back = parse(&serde_json::to_string(&record(&rules)).unwrap()).unwrap();
+        let back = dir.parse(&dir.record(&rules)).unwrap();
         assert!(!back.effective().lists.contains_key("firehol"));
     }
 }

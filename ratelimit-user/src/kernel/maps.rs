@@ -633,6 +633,38 @@ impl Maps {
         Ok(())
     }
 
+    /// Whether the trie the program does not read holds other lists than the
+    /// one it reads (after a list was loaded or removed): [`Maps::settle`]
+    /// then makes the next change cheap.
+    pub fn unsettled(&self) -> bool {
+        let Ok(active) = self.active() else {
+            return false;
+        };
+        match (&self.held[active], &self.held[1 - active]) {
+            (Some(a), Some(i)) => !Arc::ptr_eq(&a.lists, &i.lists),
+            (Some(_), None) => true,
+            _ => false,
+        }
+    }
+
+    /// Writes the entries of the trie the program reads into the other one
+    /// (which the program does not read: nothing it enforces changes), so
+    /// that the next change writes only its rules' entries there instead of
+    /// a whole list's. Called by the daemon when idle after a list changed.
+    pub fn settle(&mut self) -> Result<()> {
+        let active = self.active()?;
+        let Some(state) = &self.held[active] else {
+            return Ok(());
+        };
+        let lists = state.lists.clone();
+        let rules: Vec<(Prefix, u32)> = state
+            .rules
+            .iter()
+            .map(|((bits, key), v)| (Prefix::from_lpm(*bits, *key), *v))
+            .collect();
+        self.fill_idle_trie(1 - active, lists, &rules)
+    }
+
     /// List entries at most: the trie's entries past the rules'.
     fn list_capacity(&self) -> usize {
         self.tries[0]

@@ -10,6 +10,7 @@ pub mod frames;
 pub mod generator;
 pub mod net;
 pub mod redis;
+pub mod serve;
 pub mod testrun;
 
 use std::{

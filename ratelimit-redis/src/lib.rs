@@ -18,6 +18,16 @@
 //! The interval-refill bucket, the sliding log and the rolling quota stay
 //! in-process: their state is a log or a schedule, not a few integers.
 //!
+//! A call that fails took nothing: every script call carries a deadline on
+//! Redis's clock ([`DEADLINE`] after it is sent, see [`clock`]) and changes
+//! nothing when Redis reaches it later (after a stall, say), and the client
+//! waits [`RESPONSE_TIMEOUT`] for the answer, so the answer of a call that ran
+//! in time has the difference to come back. Only an answer lost or delayed
+//! by more than that after Redis decided leaves a decision the caller did not
+//! see. The errors say why a call failed: Redis refused it (out of memory, a
+//! read-only replica, ...), could not be reached, did not answer in time, or
+//! reached the call after its deadline.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), ratelimit_redis::Error> {
 //! use std::time::Duration;
@@ -32,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod clock;
 mod lease;
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -53,18 +64,103 @@ const EXACT_MAX: u64 = 1 << 52;
 /// Largest burst or window limit: that of the in-process algorithms.
 const COUNT_MAX: u64 = 1 << 31;
 
-/// What can go wrong.
+/// What can go wrong. Whatever the error, a call that fails took nothing (see
+/// the crate's documentation for the one exception: an answer lost after
+/// Redis decided).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A parameter of a limit is out of range.
     #[error("{0}")]
     Param(ParamError),
-    /// Redis could not be reached or answered an error.
+    /// Redis answered with an error: it refused the call (out of memory, a
+    /// read-only replica, writes stopped, not permitted, ...). Nothing changed.
+    #[error("redis refused: {}", refusal(.0))]
+    Refused(#[source] redis::RedisError),
+    /// Redis could not be reached: the connection was refused, broken, or
+    /// could not be made.
+    #[error("redis unreachable: {0}")]
+    Unreachable(#[source] redis::RedisError),
+    /// Redis did not answer within [`RESPONSE_TIMEOUT`]. If it runs the call
+    /// later, the call is past its deadline and changes nothing.
+    #[error(
+        "redis timed out: no answer within {} ms (a call it runs later is past its deadline and takes nothing)",
+        RESPONSE_TIMEOUT.as_millis()
+    )]
+    TimedOut(#[source] redis::RedisError),
+    /// Redis reached the call after its deadline ([`DEADLINE`] after it was
+    /// sent) and changed nothing.
+    #[error(
+        "redis too slow: it reached the call {} ms after its {} ms deadline and took nothing",
+        late.as_millis(),
+        DEADLINE.as_millis()
+    )]
+    Late {
+        /// How long after the deadline.
+        late: Duration,
+    },
+    /// Any other failure of the client library (an answer it could not read).
     #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(#[source] redis::RedisError),
     /// A URL that is not `redis://`, `rediss://` or `redis+cluster://`.
     #[error("{0}")]
     Url(String),
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        use redis::ErrorKind;
+        if e.is_timeout() {
+            Self::TimedOut(e)
+        } else if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) {
+            Self::Refused(e)
+        } else if e.is_io_error()
+            || e.is_connection_refusal()
+            || e.is_connection_dropped()
+            || matches!(
+                e.kind(),
+                ErrorKind::ClusterConnectionNotFound | ErrorKind::AuthenticationFailed
+            )
+        {
+            Self::Unreachable(e)
+        } else {
+            Self::Redis(e)
+        }
+    }
+}
+
+impl Error {
+    /// Whether Redis answered with an error (as opposed to not answering).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Refused(_))
+    }
+}
+
+/// What a refusal means, in words, then Redis's own: `out of memory (OOM
+/// command not allowed when used memory > 'maxmemory'.)`.
+fn refusal(e: &redis::RedisError) -> String {
+    let code = e.code().unwrap_or_default();
+    let what = match code {
+        "OOM" => "out of memory",
+        "READONLY" => "it is a read-only replica",
+        "MISCONF" => "writes are stopped (it cannot save to disk)",
+        "NOPERM" => "not permitted by its ACL",
+        "NOAUTH" | "WRONGPASS" => "not authenticated",
+        "BUSY" => "busy running a script",
+        "LOADING" => "still loading its data",
+        "CLUSTERDOWN" => "the cluster is down",
+        "MASTERDOWN" => "its master is down",
+        "TRYAGAIN" => "the key is being moved",
+        _ => "an error",
+    };
+    match e.detail() {
+        // Scripts' errors end with where in the script; that is ours, not
+        // the caller's business.
+        Some(detail) => {
+            let detail = detail.split(" script: ").next().unwrap_or(detail);
+            format!("{what} ({code} {detail})")
+        }
+        None => format!("{what} ({code})"),
+    }
 }
 
 impl From<ParamError> for Error {
@@ -246,6 +342,7 @@ impl fmt::Display for Limit {
 pub struct Store {
     conn: Conn,
     script: Arc<Script>,
+    clock: Arc<clock::Clock>,
 }
 
 #[derive(Clone)]
@@ -256,6 +353,11 @@ enum Conn {
 
 /// How long one call to Redis may take before it fails (and is counted).
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A script call that Redis reaches later than this after it was sent changes
+/// nothing (it answers [`Error::Late`]). Shorter than [`RESPONSE_TIMEOUT`]: the
+/// answer of a call decided in time has the difference to come back.
+pub const DEADLINE: Duration = Duration::from_millis(200);
 
 impl Store {
     /// Connects to `url`: `redis://HOST:PORT[/DB]` (or `rediss://`) for one
@@ -294,10 +396,41 @@ impl Store {
                 "{url}: not a Redis URL; write redis://HOST:PORT, redis+unix:///PATH or redis+cluster://HOST:PORT,HOST:PORT"
             )));
         };
-        Ok(Self {
+        let store = Self {
             conn,
             script: Arc::new(Script::new(include_str!("limit.lua"))),
-        })
+            clock: Arc::default(),
+        };
+        // Redis's clock, for the first call's deadline; if Redis does not
+        // answer now, the first call asks.
+        let _ = store.time().await;
+        Ok(store)
+    }
+
+    /// Redis's `TIME`, µs since the epoch; samples the clock's offset.
+    async fn time(&self) -> Result<u64, Error> {
+        let cmd = redis::cmd("TIME");
+        let (s, us): (u64, u64) = match &self.conn {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await?,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await?,
+        };
+        let now = s * 1_000_000 + us;
+        self.clock.sample(now, self.clock.now_us());
+        Ok(now)
+    }
+
+    /// The deadline of a call sent now, on Redis's clock.
+    async fn deadline(&self) -> Result<u64, Error> {
+        if let Some(d) = self.clock.deadline(DEADLINE) {
+            return Ok(d);
+        }
+        let sent = self.clock.now_us();
+        self.time().await?;
+        // Counted from before the TIME call: never later than meant.
+        let spent = Duration::from_micros((self.clock.now_us() - sent).max(0) as u64);
+        self.clock
+            .deadline(DEADLINE.saturating_sub(spent))
+            .ok_or(Error::Late { late: spent })
     }
 
     /// Runs the script once: `op` on `key` (the full Redis key) for `amount`.
@@ -330,6 +463,7 @@ impl Store {
             Some(l) => l.args()?,
             None => ("stored", 0, 0, 0),
         };
+        let deadline = self.deadline().await?;
         let mut call = self.script.prepare_invoke();
         call.key(key)
             .arg(op.name())
@@ -337,11 +471,29 @@ impl Store {
             .arg(x)
             .arg(y)
             .arg(z)
-            .arg(amount.min(EXACT_MAX));
-        Ok(match &self.conn {
+            .arg(amount.min(EXACT_MAX))
+            .arg(deadline);
+        let r: (i64, i64, i64, i64, i64) = match &self.conn {
             Conn::Single(c) => call.invoke_async(&mut c.clone()).await?,
             Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await?,
-        })
+        };
+        self.clock.sample(r.4.max(0) as u64, self.clock.now_us());
+        if r.0 == LATE {
+            return Err(Error::Late {
+                late: Duration::from_micros(r.3.max(0) as u64),
+            });
+        }
+        Ok(r)
+    }
+
+    /// Whether Redis takes decisions now: runs the script as a decision does,
+    /// with a write (a short-lived key `{prefix}healthz`, which no key of
+    /// [`Store::key`] can be), so that a Redis that answers but refuses writes
+    /// (out of memory, a read-only replica) fails it as it fails decisions.
+    pub async fn probe(&self, prefix: &str) -> Result<(), Error> {
+        self.invoke(Op::Probe, &format!("{prefix}healthz"), None, 1)
+            .await
+            .map(|_| ())
     }
 
     /// `PING`: whether Redis answers, for health checks.
@@ -468,7 +620,11 @@ enum Op {
     Refund,
     Charge,
     Report,
+    Probe,
 }
+
+/// The script's first answer for a call reached after its deadline.
+const LATE: i64 = -1;
 
 impl Op {
     fn name(self) -> &'static str {
@@ -478,6 +634,7 @@ impl Op {
             Op::Refund => "refund",
             Op::Charge => "charge",
             Op::Report => "report",
+            Op::Probe => "probe",
         }
     }
 }

@@ -13,6 +13,12 @@
 --            where one token is p units and the whole bucket b*p units.
 --   fixed, sliding: l (limit), w (window, microseconds), unused
 -- ARGV[6]  amount (whole units, >= 1)
+-- ARGV[7]  deadline, microseconds on the server's clock (0: none): a call
+--          reached later changes nothing and returns {-1, 0, 0, late_us, now_us}
+--          (the client gave up on it, or is about to)
+--
+-- "probe" (health checks): writes KEYS[1] for a minute, as a decision would
+-- write its key, so that it fails when decisions fail.
 --
 -- The state is a hash: a (algorithm), and
 --   gcra:    s p b, t (microseconds of the last write), d (debt at t, in
@@ -39,6 +45,16 @@ local amount = tonumber(ARGV[6])
 
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+
+local deadline = tonumber(ARGV[7] or '0') or 0
+if deadline > 0 and now > deadline then
+  return {-1, 0, 0, now - deadline, now}
+end
+
+if op == 'probe' then
+  redis.call('SET', key, now, 'PX', 60000)
+  return {1, 0, 0, 0, now}
+end
 
 local function int(v)
   return string.format('%.0f', v)

@@ -155,6 +155,77 @@ pub struct ServeArgs {
     /// Prefix of the Redis keys (each key is PREFIX{KEY}).
     #[arg(long, default_value = "ratelimit:")]
     pub prefix: String,
+    /// Client connections open at once; past it the one idle longest is
+    /// closed for a new one, and when all are busy a new one is answered 503
+    /// [default: 1024, or the open-file limit minus 96 if lower].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<String>,
+    /// How long a request's headers may take to arrive, from the connection's
+    /// opening (or a later request's first byte).
+    #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_HEADER_TIMEOUT)]
+    pub header_timeout: String,
+    /// How long a keep-alive connection may wait for its next request.
+    #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_IDLE_TIMEOUT)]
+    pub idle_timeout: String,
+    /// How long a request's body may take to arrive, from its headers
+    /// (answered 408 past it).
+    #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_BODY_TIMEOUT)]
+    pub body_timeout: String,
+    /// Largest request body, like 16KiB or 65536 (bytes); answered 413 past
+    /// it.
+    #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_BODY)]
+    pub max_body: String,
+}
+
+impl ServeArgs {
+    /// The validated options: each flag's error names it and its forms.
+    pub fn options(&self) -> Result<crate::serve::Options> {
+        use crate::serve::{DEFAULT_PORT, MAX_MAX_BODY, MAX_TIMEOUT, Options};
+        let timeout = |flag: &str, s: &str| -> Result<Duration> {
+            let d = Duration::from_nanos(parse_duration(flag, s)?);
+            if d < Duration::from_millis(1) || d > MAX_TIMEOUT {
+                return Err(Error::invalid(
+                    flag,
+                    format!("{s:?} is out of range; write 1ms to 1h, like 500ms, 5s or 2min"),
+                ));
+            }
+            Ok(d)
+        };
+        let max_connections = match &self.max_connections {
+            None => None,
+            Some(s) => match s.trim().parse::<usize>() {
+                Ok(n) if (1..=1_000_000).contains(&n) => Some(n),
+                _ => {
+                    return Err(Error::invalid(
+                        "--max-connections",
+                        format!(
+                            "{s:?} is not a number of connections from 1 to 1000000, like 1024"
+                        ),
+                    ));
+                }
+            },
+        };
+        let max_body = crate::rate::parse_size("--max-body", &self.max_body)?;
+        if max_body == 0 || max_body > MAX_MAX_BODY as u64 {
+            return Err(Error::invalid(
+                "--max-body",
+                format!(
+                    "{:?} is out of range; write 1 byte to 1MiB, like 16KiB or 65536",
+                    self.max_body
+                ),
+            ));
+        }
+        Ok(Options {
+            listen: crate::listen::listen_addr("--listen", &self.listen, DEFAULT_PORT)?,
+            redis: self.redis.clone(),
+            prefix: self.prefix.clone(),
+            max_connections,
+            header_timeout: timeout("--header-timeout", &self.header_timeout)?,
+            idle_timeout: timeout("--idle-timeout", &self.idle_timeout)?,
+            body_timeout: timeout("--body-timeout", &self.body_timeout)?,
+            max_body: max_body as usize,
+        })
+    }
 }
 
 /// `ratelimit run`.
@@ -793,7 +864,7 @@ async fn run_command(command: Command) -> Result<()> {
             let opts = args.options()?;
             daemon::run(opts, shutdown_signal()).await
         }
-        Command::Serve(args) => crate::serve::serve(&args.listen, &args.redis, &args.prefix).await,
+        Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
         Command::Check(a) => {
             if !crate::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
                 // The report is printed; 2 is invalid input's exit status.

@@ -316,15 +316,21 @@ mod tests {
                 4,
                 "refused",
             ),
+            (Error::NotSaved("no space left".into()), 4, "refused"),
             (Error::Permission("not root".into()), 5, "permission"),
+            (
+                Error::NoAnswer("no answer within 30 s".into()),
+                6,
+                "no-answer",
+            ),
             (Error::UnknownInterface("eth9".into()), 1, "failed"),
             (io(), 1, "failed"),
         ];
         for (e, code, name) in cases {
             assert_eq!((e.exit_code(), e.kind().name()), (code, name), "{e}");
         }
-        // Codes 1 to 5, each once: a script can tell every kind apart.
+        // Codes 1 to 6, each once: a script can tell every kind apart.
         let codes: Vec<u8> = Kind::ALL.iter().map(|k| k.exit_code()).collect();
-        assert_eq!(codes, [1, 2, 3, 4, 5]);
+        assert_eq!(codes, [1, 2, 3, 4, 5, 6]);
     }
 }

@@ -95,7 +95,8 @@ Examples:
 pub const SERVE: &str = "\
 Examples:
   ratelimit serve --redis redis://127.0.0.1:6379
-  ratelimit serve --redis redis+cluster://198.18.0.10:7000,198.18.0.11:7000 --listen :9478";
+  ratelimit serve --redis redis+cluster://198.18.0.10:7000,198.18.0.11:7000 --listen :9478
+  ratelimit serve --redis redis://127.0.0.1:6379 --max-connections 4096 --idle-timeout 10s";
 
 /// `ratelimit check`.
 pub const CHECK: &str = "\

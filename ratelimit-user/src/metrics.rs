@@ -3,19 +3,37 @@
 //! encodes a snapshot the daemon's loop takes on each scrape.
 //!
 //! What a flood of idle or slow clients can cost is bounded: at most
-//! [`MAX_CONNECTIONS`] are open at a time (past it, the oldest that has not
-//! sent its request is closed for the newcomer: see [`crate::slots`]), one
-//! request per connection, whose headers must arrive within [`HEADER_TIMEOUT`];
-//! a connection lives at most [`CONNECTION_LIFETIME`], an accept error backs
-//! off before the next accept, and a repeated error is logged once per
-//! [`LOG_EVERY`] with the count of the ones not logged.
+//! [`MAX_CONNECTIONS`] are open at a time (past it, the one idle longest is
+//! closed for the newcomer: one that has not sent its request, or whose
+//! reader does not take its answer; see [`crate::slots`]), one request per
+//! connection, whose headers must arrive within [`HEADER_TIMEOUT`] and whose
+//! answer must be taken within [`WRITE_TIMEOUT`] (else the connection is
+//! reset); a connection lives at most [`CONNECTION_LIFETIME`], an accept
+//! error backs off before the next accept, and a repeated error is logged
+//! once per [`LOG_EVERY`] with the count of the ones not logged.
+//!
+//! Memory too: scrapes within [`FRESH`] of each other share one rendering of
+//! the exposition (megabytes with thousands of rules), answers hold it without
+//! copies, and at most [`MAX_RENDERINGS`] are alive at once: past that, the
+//! newest is served again, whatever its age, until slow answers let go.
 
 use std::{
-    sync::Arc,
+    os::fd::AsRawFd as _,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    body::Bytes,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
@@ -31,7 +49,7 @@ use tokio::{
 
 use crate::{
     kernel::Attached,
-    slots::{AcceptBackoff, Slots},
+    slots::{AcceptBackoff, ResetOnClose, Slot, Slots},
 };
 
 /// The port the `--metrics` examples use (Prometheus' registry of exporter
@@ -45,6 +63,15 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// A repeated error is logged at most this often.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
+/// How long a scrape's answer may take to be written: a reader slower than
+/// this (5 MB at 500 kB/s) is cut off, its connection reset so that the
+/// kernel frees what it still held for it.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Scrapes this close together share one rendering (and one snapshot).
+pub const FRESH: Duration = Duration::from_secs(1);
+/// Renderings alive at once: the newest, and older ones still held by answers
+/// being written. Past it, the newest is served again whatever its age.
+pub const MAX_RENDERINGS: usize = 4;
 
 /// What one scrape reports.
 #[derive(Clone, Debug)]
@@ -248,9 +275,15 @@ impl Collector for Snapshot {
 
 /// Renders the exposition text (OpenMetrics).
 pub fn render(s: &Snapshot) -> String {
+    render_with(s, 0)
+}
+
+/// Renders into a string of `capacity` to begin with (the last rendering's
+/// length: a growing string would hold up to twice the text).
+fn render_with(s: &Snapshot, capacity: usize) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(s.clone()));
-    let mut out = String::new();
+    let mut out = String::with_capacity(capacity);
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .expect("writing to a String cannot fail");
     out
@@ -259,24 +292,76 @@ pub fn render(s: &Snapshot) -> String {
 /// A request for a snapshot, answered by the daemon's loop.
 pub type SnapshotRequest = oneshot::Sender<Snapshot>;
 
-async fn scrape(State(tx): State<mpsc::Sender<SnapshotRequest>>) -> impl IntoResponse {
-    let (reply, answer) = oneshot::channel();
-    let snapshot = match tx.send(reply).await {
-        Ok(()) => tokio::time::timeout(Duration::from_secs(5), answer).await,
-        Err(_) => {
-            return (axum::http::StatusCode::SERVICE_UNAVAILABLE, String::new()).into_response();
+/// What the scrapes share.
+struct Exposer {
+    snapshots: mpsc::Sender<SnapshotRequest>,
+    /// The newest rendering and when it was made; locked while one is made,
+    /// so that scrapes arriving meanwhile wait for it rather than make theirs.
+    latest: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
+    /// Renderings alive (held by `latest` or by answers being written).
+    live: Arc<AtomicUsize>,
+}
+
+/// One rendering's text, counted alive until its last holder lets go.
+struct Rendering {
+    text: Vec<u8>,
+    live: Arc<AtomicUsize>,
+}
+
+impl AsRef<[u8]> for Rendering {
+    fn as_ref(&self) -> &[u8] {
+        &self.text
+    }
+}
+
+impl Drop for Rendering {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Exposer {
+    /// The exposition to answer with: the newest rendering if it is fresh (or
+    /// if [`MAX_RENDERINGS`] are alive), else a new one.
+    async fn exposition(&self) -> Option<Bytes> {
+        let mut latest = self.latest.lock().await;
+        if let Some((at, text)) = &*latest
+            && (at.elapsed() < FRESH || self.live.load(Ordering::Relaxed) >= MAX_RENDERINGS)
+        {
+            return Some(text.clone());
         }
-    };
-    match snapshot {
-        Ok(Ok(s)) => (
+        let (reply, answer) = oneshot::channel();
+        self.snapshots.send(reply).await.ok()?;
+        let snapshot = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .ok()?
+            .ok()?;
+        let capacity = latest.as_ref().map_or(0, |(_, t)| t.len() + t.len() / 8);
+        // Megabytes of text with thousands of rules: off the async threads.
+        let text = tokio::task::spawn_blocking(move || render_with(&snapshot, capacity))
+            .await
+            .ok()?;
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let text = Bytes::from_owner(Rendering {
+            text: text.into_bytes(),
+            live: self.live.clone(),
+        });
+        *latest = Some((Instant::now(), text.clone()));
+        Some(text)
+    }
+}
+
+async fn scrape(State(exposer): State<Arc<Exposer>>) -> Response {
+    match exposer.exposition().await {
+        Some(text) => (
             [(
                 header::CONTENT_TYPE,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
-            render(&s),
+            text,
         )
             .into_response(),
-        _ => (axum::http::StatusCode::SERVICE_UNAVAILABLE, String::new()).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, String::new()).into_response(),
     }
 }
 
@@ -315,9 +400,14 @@ impl QuietLog {
 
 /// Serves `/metrics` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, snapshots: mpsc::Sender<SnapshotRequest>) {
+    let exposer = Arc::new(Exposer {
+        snapshots,
+        latest: tokio::sync::Mutex::new(None),
+        live: Arc::default(),
+    });
     let app = Router::new()
         .route("/metrics", get(scrape))
-        .with_state(snapshots);
+        .with_state(exposer);
     let slots = Slots::new(MAX_CONNECTIONS);
     let mut backoff = AcceptBackoff::default();
     loop {
@@ -325,24 +415,9 @@ pub async fn serve(listener: TcpListener, snapshots: mpsc::Sender<SnapshotReques
             Ok((stream, _)) => {
                 backoff.accepted();
                 let app = app.clone();
-                slots.spawn(move |slot| async move {
-                    // The slot turns busy when the request's headers are in.
-                    let slot = Arc::new(slot);
-                    let service = tower::service_fn(move |req| {
-                        slot.busy();
-                        let mut app = app.clone();
-                        async move { tower::Service::call(&mut app, req).await }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HEADER_TIMEOUT)
-                        .keep_alive(false)
-                        .serve_connection(
-                            TokioIo::new(stream),
-                            hyper_util::service::TowerToHyperService::new(service),
-                        );
-                    let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
-                });
+                // Full: every connection is working on a scrape; this one is
+                // dropped (closed).
+                let _ = slots.spawn(move |slot| connection(stream, slot, app));
             }
             Err(e) => {
                 backoff
@@ -350,5 +425,60 @@ pub async fn serve(listener: TcpListener, snapshots: mpsc::Sender<SnapshotReques
                     .await
             }
         }
+    }
+}
+
+/// One scrape: its headers within [`HEADER_TIMEOUT`], its answer taken within
+/// [`WRITE_TIMEOUT`]; its slot idle again (so that it may be closed for a
+/// newcomer) once the answer is made.
+async fn connection(stream: tokio::net::TcpStream, slot: Slot, app: Router) {
+    let fd = stream.as_raw_fd();
+    let slot = Arc::new(slot);
+    let (answered, is_answered) = oneshot::channel::<()>();
+    let answered = Arc::new(Mutex::new(Some(answered)));
+    let service = tower::service_fn(move |req| {
+        slot.busy();
+        let mut app = app.clone();
+        let slot = slot.clone();
+        let answered = answered.clone();
+        async move {
+            let response = tower::Service::call(&mut app, req).await;
+            slot.idle();
+            let tx = answered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(tx) = tx {
+                let _ = tx.send(());
+            }
+            response
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(
+            TokioIo::new(stream),
+            hyper_util::service::TowerToHyperService::new(service),
+        );
+    tokio::pin!(conn);
+    // Reset if cut off here, or closed for room (the task aborted).
+    let mut reset = ResetOnClose::new(fd);
+    let cut_off = async {
+        match is_answered.await {
+            Ok(()) => tokio::time::sleep(WRITE_TIMEOUT).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    let done = tokio::time::timeout(CONNECTION_LIFETIME, async {
+        tokio::select! {
+            _ = &mut conn => true,
+            () = cut_off => false,
+        }
+    })
+    .await;
+    if matches!(done, Ok(true)) {
+        reset.disarm();
     }
 }

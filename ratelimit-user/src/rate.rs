@@ -313,6 +313,35 @@ pub fn parse_duration(field: &str, s: &str) -> Result<u64> {
     Ok(ns)
 }
 
+/// Forms accepted for a size, for error messages.
+pub const SIZE_FORMS: &str =
+    "a number of bytes like 65536, or with a unit like 16KiB, 1MiB or 64kB";
+
+/// Parses a size in bytes (`65536`, `16KiB`, `1MiB`, `64kB`, `100B`).
+pub fn parse_size(field: &str, s: &str) -> Result<u64> {
+    let bad = |why: &str| {
+        Error::invalid(
+            field,
+            format!("invalid size {s:?}: {why}; expected {SIZE_FORMS}"),
+        )
+    };
+    let (number, suffix) = split_number(s.trim());
+    let (mantissa, scale) = parse_decimal(number).ok_or_else(|| bad("not a number"))?;
+    let mul: u64 = match suffix {
+        "" => 1,
+        _ => match amount_suffix(suffix) {
+            Some((mul, 1, Unit::Bytes)) => mul,
+            _ => return Err(bad("unknown unit")),
+        },
+    };
+    let bytes = u128::from(mantissa) * u128::from(mul);
+    let den = u128::from(10u64.pow(scale));
+    if bytes % den != 0 {
+        return Err(bad("not a whole number of bytes"));
+    }
+    u64::try_from(bytes / den).map_err(|_| bad("too large"))
+}
+
 /// Parses a burst for a rate counting `unit`. `field` names the option in errors.
 pub fn parse_burst(field: &str, s: &str, unit: Unit) -> Result<u64> {
     let bad = |why: &str| {
@@ -455,6 +484,23 @@ mod tests {
         assert_eq!(w("18446744073G/s").1, 18_446_744_073_000_000_000);
         assert!(e("10MB/s").contains("not bytes"));
         assert!(e("5/fortnight").contains("unknown period"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("--max-body", "65536").unwrap(), 65_536);
+        assert_eq!(parse_size("--max-body", "16KiB").unwrap(), 16_384);
+        assert_eq!(parse_size("--max-body", "1.5KiB").unwrap(), 1_536);
+        assert_eq!(parse_size("--max-body", "64kB").unwrap(), 64_000);
+        for bad in ["", "big", "16Kib", "1.5", "10/s", "1kbit"] {
+            match parse_size("--max-body", bad) {
+                Err(Error::Invalid { field, message }) => {
+                    assert_eq!(field, "--max-body");
+                    assert!(message.contains("16KiB"), "{bad:?}: {message}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

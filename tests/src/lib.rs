@@ -11,6 +11,7 @@ pub mod generator;
 pub mod hold;
 pub mod net;
 pub mod redis;
+pub mod serve;
 pub mod testrun;
 
 use std::{

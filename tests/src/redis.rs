@@ -153,6 +153,59 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Stops the process (SIGSTOP) without closing its connections: a stall.
+    /// Commands sent meanwhile wait in its sockets and run on [`Self::resume`].
+    pub fn pause(&self) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: a pid we own.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
+
+    /// Lets a paused process run again (SIGCONT) and waits until it answers.
+    pub fn resume(&self) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: a pid we own.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        let start = Instant::now();
+        while !matches!(command(self.port, "PING"), Ok(r) if r.starts_with("+PONG")) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server on port {} did not answer within 10 s of SIGCONT",
+                self.port
+            );
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Fills memory up to `maxmemory` (set 2 MB above what is used now, with
+    /// `noeviction`): from now on every write is refused with OOM. Returns the
+    /// refusal Redis gave.
+    pub fn fill_to_maxmemory(&self) -> String {
+        let info = self.cmd("INFO memory");
+        let used: u64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no used_memory in INFO: {info}"));
+        assert!(
+            self.cmd("CONFIG SET maxmemory-policy noeviction")
+                .starts_with("+OK")
+        );
+        let max = used + (2 << 20);
+        assert!(
+            self.cmd(&format!("CONFIG SET maxmemory {max}"))
+                .starts_with("+OK")
+        );
+        // 256 KiB values: at most about 8 of them fit.
+        for i in 0..64 {
+            let r = self.cmd(&format!("SETRANGE fill:{i} 262143 x"));
+            if r.starts_with("-OOM") {
+                return r;
+            }
+        }
+        panic!("Redis took 16 MB past a maxmemory {max} bytes with noeviction")
+    }
+
     /// Runs one inline command, e.g. `SCRIPT FLUSH`.
     pub fn cmd(&self, cmd: &str) -> String {
         command(self.port, cmd).unwrap_or_else(|e| panic!("redis {cmd}: {e}"))

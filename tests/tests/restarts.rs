@@ -16,7 +16,7 @@ use std::{
 use ratelimit_tests::{
     ChildGuard, Daemon, TempDir,
     check::ip,
-    net::{NetNs, Pair, pin_dirs},
+    net::{Pair, pin_dirs},
     privileged, ratelimit_bin,
 };
 

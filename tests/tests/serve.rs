@@ -2,75 +2,18 @@
 //! real `redis-server`. No root needed.
 
 use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
-    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use ratelimit_tests::{ChildGuard, ratelimit_bin, redis::RedisServer};
-use serde_json::{Value, json};
-
-/// One HTTP/1.1 request; (status, body).
-fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    Ok((status, body))
-}
-
-fn post(port: u16, path: &str, body: Value) -> (u16, Value) {
-    let (status, text) = http(port, "POST", path, &body.to_string()).expect("http");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}")),
-    )
-}
-
-struct Service {
-    _child: ChildGuard,
-    port: u16,
-}
+use ratelimit_tests::{
+    redis::RedisServer,
+    serve::{Service, exchange, http, post},
+};
+use serde_json::json;
 
 fn serve(redis: &RedisServer) -> Service {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let mut cmd = Command::new(ratelimit_bin());
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis"])
-        .arg(redis.url())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let child = ChildGuard::spawn(cmd, "ratelimit serve");
-    let start = Instant::now();
-    while !matches!(http(port, "GET", "/healthz", ""), Ok((200, _))) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "ratelimit serve did not answer /healthz within 10 s"
-        );
-        sleep(Duration::from_millis(50));
-    }
-    Service {
-        _child: child,
-        port,
-    }
+    Service::start(redis, &[])
 }
 
 #[test]
@@ -197,7 +140,13 @@ fn redis_down_is_a_503_and_its_return_is_served_again() {
     redis.stop();
     let (status, r) = post(s.port, "/v1/acquire", body.clone());
     assert_eq!(status, 503, "{r}");
-    assert!(r["error"].as_str().unwrap().contains("redis"), "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("redis unreachable: "),
+        "{r}"
+    );
     redis.restart();
     let start = Instant::now();
     while post(s.port, "/v1/acquire", body.clone()).0 != 200 {
@@ -206,5 +155,205 @@ fn redis_down_is_a_503_and_its_return_is_served_again() {
             "not back within 5 s"
         );
         sleep(Duration::from_millis(100));
+    }
+}
+
+/// (Issue 23, item 9) A Redis stall: acquires answered 503 while Redis was
+/// stopped ran anyway once it resumed, and took 20 tokens. A call Redis
+/// reaches after its deadline now takes nothing: the next caller gets the
+/// whole burst.
+#[test]
+fn acquires_answered_503_during_a_redis_stall_take_no_tokens() {
+    let redis = RedisServer::start();
+    let s = serve(&redis);
+    // 20 an hour: nothing refills during the test.
+    let limit = json!({"rate": "20/hour", "burst": 20});
+    // The script loaded, Redis's clock known.
+    let (status, r) = s.post(
+        "/v1/acquire",
+        json!({"key": "warm", "amount": 1, "limit": limit}),
+    );
+    assert_eq!(status, 200, "{r}");
+
+    redis.pause();
+    let port = s.port;
+    let asked = Instant::now();
+    let answers: Vec<(u16, serde_json::Value, Duration)> = (0..20)
+        .map(|_| {
+            let limit = limit.clone();
+            std::thread::spawn(move || {
+                let sent = Instant::now();
+                let (status, r) = post(
+                    port,
+                    "/v1/acquire",
+                    json!({"key": "stalled", "amount": 1, "limit": limit}),
+                );
+                (status, r, sent.elapsed())
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().expect("client"))
+        .collect();
+    let stalled_for = asked.elapsed();
+    // Redis runs the 20 queued calls now, each past its deadline.
+    redis.resume();
+    for (status, r, took) in &answers {
+        assert_eq!(*status, 503, "an acquire during the stall: {r}");
+        assert!(
+            *took < Duration::from_secs(2),
+            "a 503 took {took:?} during the stall"
+        );
+    }
+    assert!(stalled_for < Duration::from_secs(5), "{stalled_for:?}");
+    let state = redis.cmd("EXISTS ratelimit:{stalled}");
+    assert_eq!(
+        state.trim(),
+        ":0",
+        "the calls given up wrote the key once Redis resumed"
+    );
+    let (status, r) = s.post(
+        "/v1/acquire",
+        json!({"key": "stalled", "amount": 20, "limit": limit}),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        (r["allowed"].as_bool(), r["granted"].as_u64()),
+        (Some(true), Some(20)),
+        "20 answers of 503 took tokens: {r}"
+    );
+    for (_, r, _) in &answers {
+        let error = r["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with("redis timed out"),
+            "the cause should be named: {r}"
+        );
+    }
+    // The late calls are counted as such, not as successes.
+    assert!(
+        s.metric("ratelimit_serve_redis_errors_total{cause=\"timeout\"}")
+            .unwrap_or(0.0)
+            >= 20.0,
+        "{}",
+        http(port, "GET", "/metrics", "").expect("metrics").1
+    );
+}
+
+/// (Issue 23, item 9) Redis at maxmemory with noeviction: every acquire was
+/// 503 "redis unavailable: OOM" while /healthz said 200 and redis_up 1. Now
+/// the cause is named, health and the gauge say Redis does not take
+/// decisions, and both come back when it does.
+#[test]
+fn redis_out_of_memory_is_named_and_unhealthy() {
+    let redis = RedisServer::start();
+    let s = serve(&redis);
+    let limit = json!({"rate": "100/s", "burst": 100});
+    let (status, r) = s.post("/v1/acquire", json!({"key": "a", "limit": limit}));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(s.metric("ratelimit_serve_redis_up"), Some(1.0));
+
+    let refusal = redis.fill_to_maxmemory();
+    assert!(refusal.starts_with("-OOM"), "{refusal}");
+    let (status, r) = s.post("/v1/acquire", json!({"key": "b", "limit": limit}));
+    assert_eq!(status, 503, "{r}");
+    let (health, body) = http(s.port, "GET", "/healthz", "").expect("healthz");
+    assert_eq!(health, 503, "/healthz while Redis refuses writes: {body}");
+    assert_eq!(s.metric("ratelimit_serve_redis_up"), Some(0.0));
+    let error = r["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("redis refused: out of memory (OOM "),
+        "the cause should be named: {r}"
+    );
+    assert!(
+        body.contains("redis refused: out of memory"),
+        "/healthz: {body}"
+    );
+    assert!(
+        s.metric("ratelimit_serve_redis_errors_total{cause=\"refused\"}")
+            .unwrap_or(0.0)
+            >= 2.0
+    );
+
+    // Room again: healthy again.
+    assert!(redis.cmd("CONFIG SET maxmemory 0").starts_with("+OK"));
+    let (status, body) = http(s.port, "GET", "/healthz", "").expect("healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert_eq!(s.metric("ratelimit_serve_redis_up"), Some(1.0));
+    let (status, r) = s.post("/v1/acquire", json!({"key": "b", "limit": limit}));
+    assert_eq!((status, r["allowed"].as_bool()), (200, Some(true)), "{r}");
+}
+
+/// (Issue 23, item 13) A body over the limit was answered with a plain-text
+/// 413; now with the JSON error naming the field, whether its length is
+/// declared or it comes in chunks, and at the limit `--max-body` sets.
+#[test]
+fn a_body_over_the_limit_is_answered_413_in_json() {
+    let redis = RedisServer::start();
+    let s = serve(&redis);
+    let big = format!(
+        "{{\"key\": \"{}\", \"limit\": {{\"rate\": \"1/s\"}}}}",
+        "k".repeat(16 * 1024)
+    );
+    let a = exchange(
+        s.port,
+        ratelimit_tests::serve::request("POST", "/v1/acquire", &big).as_bytes(),
+    )
+    .expect("http");
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(
+        a.json(),
+        json!({"error": "body: larger than 16384 bytes", "field": "body"})
+    );
+    assert_eq!(a.header("content-type"), Some("application/json"));
+    // Chunked: no length to refuse it by, refused as it comes.
+    let chunk = "x".repeat(8 * 1024);
+    let mut raw = String::from(
+        "POST /v1/refill HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    );
+    for _ in 0..3 {
+        raw.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
+    }
+    raw.push_str("0\r\n\r\n");
+    let a = exchange(s.port, raw.as_bytes()).expect("http");
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(a.json()["field"], "body", "{a:?}");
+
+    let small = Service::start(&redis, &["--max-body", "100"]);
+    let body = json!({"key": "k", "limit": {"rate": "1/s"}}).to_string();
+    assert!(body.len() < 100);
+    let (status, r) = small.post("/v1/acquire", serde_json::from_str(&body).unwrap());
+    assert_eq!(status, 200, "{r}");
+    let padded = format!("{body:<101}");
+    let (status, text) = http(small.port, "POST", "/v1/acquire", &padded).expect("http");
+    assert_eq!(status, 413, "{text}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).expect("JSON"),
+        json!({"error": "body: larger than 100 bytes", "field": "body"})
+    );
+}
+
+/// Bad values of the new flags are refused before anything starts, naming
+/// the flag and what it takes.
+#[test]
+fn bad_limits_are_refused_naming_the_flag() {
+    for (flag, value, says) in [
+        ("--max-connections", "0", "from 1 to 1000000"),
+        ("--max-connections", "lots", "like 1024"),
+        ("--header-timeout", "0s", "500ms"),
+        ("--idle-timeout", "soon", "500ms"),
+        ("--body-timeout", "2h", "1ms to 1h"),
+        ("--max-body", "2MiB", "1 byte to 1MiB"),
+        ("--max-body", "16Kb", "16KiB"),
+    ] {
+        let out = std::process::Command::new(ratelimit_tests::ratelimit_bin())
+            .args(["serve", "--redis", "redis://127.0.0.1:1", flag, value])
+            .output()
+            .expect("running ratelimit serve");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(&format!("{flag}: ")) && err.contains(says),
+            "{flag} {value}: {err}"
+        );
     }
 }

@@ -198,29 +198,9 @@ fn lock(id: &Identity) -> Result<Lock> {
     Ok(Lock { _file: file, path })
 }
 
-/// Raises the soft limit on open files to the hard one (at most 65 536): the
-/// connection caps keep the daemon far below either, but a soft limit of 1 024
-/// (systemd's default) leaves less room than it need.
-fn raise_nofile() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid out pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return;
-    }
-    let want = lim.rlim_max.min(65_536);
-    if lim.rlim_cur < want {
-        lim.rlim_cur = want;
-        // SAFETY: a valid rlimit; failure leaves the limit as it was.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
-    }
-}
-
 /// Runs the daemon on `opts.iface` until `shutdown` completes.
 pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
-    raise_nofile();
+    crate::slots::raise_nofile();
     let id = Identity::here(&opts.iface)?;
     // Everything the user gave is checked before anything else is touched.
     let given = opts.given()?;

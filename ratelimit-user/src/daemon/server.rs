@@ -48,7 +48,8 @@ pub async fn serve(listener: UnixListener, jobs: mpsc::Sender<Job>) {
                 backoff.accepted();
                 let jobs = jobs.clone();
                 let long = long.clone();
-                slots.spawn(move |slot| async move {
+                // Full: every connection is busy; this one is dropped (closed).
+                let _ = slots.spawn(move |slot| async move {
                     connection(stream, slot, &jobs, &long).await;
                 });
             }

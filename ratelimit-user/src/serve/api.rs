@@ -1,15 +1,11 @@
-//! `ratelimit serve`: seed 002's throttling service over HTTP and JSON, for
-//! programs not written in Rust. Stateless: every decision is one atomic script
-//! in Redis ([`ratelimit_redis`]), so any number of replicas behind any load
-//! balancer share every limit.
+//! The service's HTTP interface: the routes, what each request may hold and
+//! how each is answered, and the service's own metrics. Called by
+//! [`super::conn`] for each request; calls Redis through [`Store`].
 //!
-//! - `POST /v1/acquire {"key", "amount", "limit": {"rate", "burst", "algorithm"}}`
-//!   → `{"allowed", "granted", "retry_after_ms", "remaining"}`
-//! - `POST /v1/refill {"key", "amount", "limit"?}` → `{"refunded", "remaining"}`
-//! - `GET /metrics` (OpenMetrics), `GET /healthz`
-//!
-//! A bad request is answered 400 with `{"error", "field"}`; Redis unreachable,
-//! 503 with `{"error"}` (the caller decides whether to fail open or closed).
+//! A request's body is read here, within the body timeout and up to the body
+//! limit (413 with the JSON error past it); a bad request is answered 400
+//! naming the field; a Redis failure 503 naming its cause, and a 503 took
+//! nothing (see [`ratelimit_redis::DEADLINE`]).
 
 use std::{
     sync::Arc,
@@ -18,12 +14,13 @@ use std::{
 
 use axum::{
     Json, Router,
-    body::Bytes,
-    extract::{DefaultBodyLimit, State},
-    http::{StatusCode, header},
+    body::{Body, Bytes},
+    extract::State,
+    http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
+use http_body_util::BodyExt as _;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -32,6 +29,7 @@ use prometheus_client::{
 use ratelimit_redis::{Limit, Store};
 use serde_json::{Value, json};
 
+use super::conn::ConnMetrics;
 use crate::{
     error::{Error, Result},
     rate::{Unit, parse_rate},
@@ -39,37 +37,42 @@ use crate::{
 
 /// Longest key accepted, bytes.
 pub const MAX_KEY: usize = 512;
-/// Largest request body, bytes.
-pub const MAX_BODY: usize = 16 * 1024;
-/// The port `--listen` defaults to (on 127.0.0.1).
-pub const DEFAULT_PORT: u16 = 9478;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
     outcome: &'static str,
 }
 
-struct Metrics {
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Cause {
+    cause: &'static str,
+}
+
+/// The service's metrics (`GET /metrics`).
+pub(super) struct Metrics {
     registry: Registry,
     decisions: Family<Outcome, Counter>,
     refunds: Counter,
     redis_latency: Histogram,
     redis_up: Gauge,
+    redis_errors: Family<Cause, Counter>,
+    /// The connections' own.
+    pub conn: ConnMetrics,
 }
 
 impl Metrics {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let mut registry = Registry::default();
         let decisions = Family::<Outcome, Counter>::default();
         registry.register(
             "ratelimit_serve_decisions",
-            "Acquire requests by outcome: allowed (all granted), partial (some), denied (none), bad_request, redis_error.",
+            "Acquire requests by outcome: allowed (all granted), partial (some), denied (none), bad_request, redis_error",
             decisions.clone(),
         );
         let refunds = Counter::default();
         registry.register(
             "ratelimit_serve_refunded_units",
-            "Units given back through /v1/refill.",
+            "Units given back through /v1/refill",
             refunds.clone(),
         );
         // 50 µs to about 0.8 s.
@@ -78,33 +81,164 @@ impl Metrics {
         );
         registry.register(
             "ratelimit_serve_redis_seconds",
-            "Time one Redis call took, seconds.",
+            "Time one Redis call took, seconds",
             redis_latency.clone(),
         );
         let redis_up = Gauge::default();
         registry.register(
             "ratelimit_serve_redis_up",
-            "1 if the last Redis call succeeded, 0 if it failed.",
+            "1 while Redis takes decisions (the last call that had to write succeeded), 0 since a call failed: unreachable, timed out, or refused (out of memory, read-only, ...)",
             redis_up.clone(),
         );
+        let redis_errors = Family::<Cause, Counter>::default();
+        registry.register(
+            "ratelimit_serve_redis_errors",
+            "Failed Redis calls by cause: refused (Redis answered an error, such as out of memory), unreachable, timeout, late (reached after its deadline: took nothing), other",
+            redis_errors.clone(),
+        );
+        let conn = ConnMetrics::new(&mut registry);
         Self {
             registry,
             decisions,
             refunds,
             redis_latency,
             redis_up,
+            redis_errors,
+            conn,
         }
     }
 
     fn count(&self, outcome: &'static str) {
         self.decisions.get_or_create(&Outcome { outcome }).inc();
     }
+
+    /// A Redis call failed.
+    fn failed(&self, e: &ratelimit_redis::Error) {
+        use ratelimit_redis::Error as E;
+        let cause = match e {
+            E::Refused(_) => "refused",
+            E::Unreachable(_) => "unreachable",
+            E::TimedOut(_) => "timeout",
+            E::Late { .. } => "late",
+            _ => "other",
+        };
+        self.redis_errors.get_or_create(&Cause { cause }).inc();
+        self.redis_up.set(0);
+    }
+
+    /// A Redis call that wrote succeeded: Redis takes decisions.
+    fn wrote(&self) {
+        self.redis_up.set(1);
+    }
 }
 
-struct App {
-    store: Store,
-    prefix: String,
-    metrics: Metrics,
+/// What the handlers share.
+pub(super) struct App {
+    pub store: Store,
+    pub prefix: String,
+    pub metrics: Metrics,
+    /// Largest request body, bytes.
+    pub max_body: usize,
+    /// How long a request's body may take to arrive, from its headers.
+    pub body_timeout: Duration,
+}
+
+/// The routes.
+pub(super) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/acquire", post(acquire))
+        .route("/v1/refill", post(refill))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(app)
+}
+
+/// A JSON error: `{"error": …}`, with `"field"` when one is named.
+fn error(status: StatusCode, message: String, field: Option<&str>) -> Response {
+    let body = match field {
+        Some(f) => json!({ "error": message, "field": f }),
+        None => json!({ "error": message }),
+    };
+    (status, Json(body)).into_response()
+}
+
+/// Answered before the request is read to its end: the connection closes.
+fn closing(mut r: Response) -> Response {
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// The answer when every connection is busy with a request (the cap is
+/// `cap`): 503, and come back in a second.
+pub(super) fn overloaded(cap: usize) -> Response {
+    let mut r = closing(error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "overloaded: all {cap} connections are busy with requests (--max-connections); try again shortly"
+        ),
+        None,
+    ));
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+fn too_large(max: usize) -> Response {
+    closing(error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("body: larger than {max} bytes"),
+        Some("body"),
+    ))
+}
+
+/// The body, read within the body timeout and up to the body limit.
+async fn read_body(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> std::result::Result<Bytes, Response> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > app.max_body as u64) {
+        return Err(too_large(app.max_body));
+    }
+    let read = async {
+        let mut body = body;
+        let mut out = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                closing(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("body: could not be read: {e}"),
+                    Some("body"),
+                ))
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if out.len() + data.len() > app.max_body {
+                    return Err(too_large(app.max_body));
+                }
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(Bytes::from(out))
+    };
+    match tokio::time::timeout(app.body_timeout, read).await {
+        Ok(r) => r,
+        Err(_) => {
+            app.metrics.conn.timed_out("body");
+            Err(closing(error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "body: not complete within {} (--body-timeout)",
+                    super::human(app.body_timeout)
+                ),
+                Some("body"),
+            )))
+        }
+    }
 }
 
 /// A 400 naming the field.
@@ -113,19 +247,25 @@ fn bad(e: Error) -> Response {
         Error::Invalid { field, message } => (field.clone(), message.clone()),
         other => (String::new(), other.to_string()),
     };
-    (
+    error(
         StatusCode::BAD_REQUEST,
-        Json(json!({ "error": format!("{field}: {message}"), "field": field })),
+        format!("{field}: {message}"),
+        Some(&field),
     )
-        .into_response()
 }
 
-fn unavailable(e: &ratelimit_redis::Error) -> Response {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({ "error": format!("redis unavailable: {e}") })),
-    )
-        .into_response()
+/// A Redis failure: 503 naming its cause ("redis refused: out of memory
+/// (OOM …)", "redis unreachable: …", "redis timed out: …"), counted.
+fn redis_failed(app: &App, e: &ratelimit_redis::Error) -> Response {
+    app.metrics.failed(e);
+    if let ratelimit_redis::Error::Param(p) = e {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit: {}", p.accepted),
+            Some("limit"),
+        );
+    }
+    error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
 }
 
 fn parse_body(body: &Bytes) -> Result<serde_json::Map<String, Value>> {
@@ -274,11 +414,17 @@ async fn timed<T>(
     app.metrics
         .redis_latency
         .observe(start.elapsed().as_secs_f64());
-    app.metrics.redis_up.set(i64::from(r.is_ok()));
     r
 }
 
-async fn acquire(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_body(&app, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => {
+            app.metrics.count("bad_request");
+            return r;
+        }
+    };
     let parsed = parse_body(&body).and_then(|m| {
         only(&m, "", &["key", "amount", "limit"])?;
         let key = key_of(&m)?;
@@ -301,6 +447,11 @@ async fn acquire(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let redis_key = Store::key(&app.prefix, &key);
     match timed(&app, app.store.acquire(&redis_key, &limit, amount)).await {
         Ok(r) => {
+            // A denial writes nothing: it says nothing of whether Redis would
+            // take a write.
+            if r.granted > 0 {
+                app.metrics.wrote();
+            }
             app.metrics.count(if r.allowed {
                 "allowed"
             } else if r.granted > 0 {
@@ -318,12 +469,16 @@ async fn acquire(State(app): State<Arc<App>>, body: Bytes) -> Response {
         }
         Err(e) => {
             app.metrics.count("redis_error");
-            unavailable(&e)
+            redis_failed(&app, &e)
         }
     }
 }
 
-async fn refill(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn refill(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_body(&app, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let parsed = parse_body(&body).and_then(|m| {
         only(&m, "", &["key", "amount", "limit"])?;
         let key = key_of(&m)?;
@@ -338,10 +493,11 @@ async fn refill(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let redis_key = Store::key(&app.prefix, &key);
     match timed(&app, app.store.refund(&redis_key, limit.as_ref(), amount)).await {
         Ok(r) => {
+            app.metrics.wrote();
             app.metrics.refunds.inc_by(r.granted);
             Json(json!({ "refunded": r.granted, "remaining": r.remaining })).into_response()
         }
-        Err(e) => unavailable(&e),
+        Err(e) => redis_failed(&app, &e),
     }
 }
 
@@ -360,49 +516,24 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
-async fn healthz(State(app): State<Arc<App>>) -> Response {
-    match timed(&app, app.store.ping()).await {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(e) => unavailable(&e),
+/// Whether decisions succeed: the decision script run with a write (see
+/// [`Store::probe`]), so that a Redis that answers but refuses writes counts
+/// as failing, as it fails decisions. Recorded in the metrics.
+pub(super) async fn check(app: &App) -> std::result::Result<(), ratelimit_redis::Error> {
+    let r = timed(app, app.store.probe(&app.prefix)).await;
+    match &r {
+        Ok(()) => app.metrics.wrote(),
+        Err(e) => app.metrics.failed(e),
     }
+    r
 }
 
-/// Runs the service until SIGINT or SIGTERM.
-pub async fn serve(listen: &str, redis_url: &str, prefix: &str) -> Result<()> {
-    let addr = crate::listen::listen_addr("--listen", listen, DEFAULT_PORT)?;
-    let store = Store::connect(redis_url)
-        .await
-        .map_err(|e| Error::invalid("--redis", e.to_string()))?;
-    if let Err(e) = store.ping().await {
-        tracing::warn!(error = %e, "redis does not answer yet; requests get 503 until it does");
+/// 200 `ok` while decisions succeed ([`check`]), else 503 naming the cause.
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    match check(&app).await {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None),
     }
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::invalid("--listen", format!("cannot listen on {addr}: {e}")))?;
-    let app = Arc::new(App {
-        store,
-        prefix: prefix.to_string(),
-        metrics: Metrics::new(),
-    });
-    let router = Router::new()
-        .route("/v1/acquire", post(acquire))
-        .route("/v1/refill", post(refill))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(app);
-    tracing::info!(%addr, redis = %redis_url, prefix, "serving /v1/acquire and /v1/refill");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-        })
-        .await
-        .map_err(|e| Error::invalid("--listen", e.to_string()))
 }
 
 #[cfg(test)]

@@ -1,0 +1,467 @@
+//! The service's connections: accepted, bounded, and handed to hyper, which
+//! calls the router of [`super::api`] for each request.
+//!
+//! What a flood of idle or slow clients can cost is bounded:
+//! - at most [`Limits::max_connections`] are open ([`crate::slots`]); past
+//!   it, the one idle longest (it has not sent a request, or waits between
+//!   two) is closed for the newcomer, and when every one is busy with a
+//!   request the newcomer is answered 503 at once (at most [`OVERFLOW`] such
+//!   answers at a time; past that it is closed unanswered). Either is logged
+//!   once per [`LOG_EVERY`](crate::metrics::LOG_EVERY), with the count since;
+//! - a request's headers must arrive within [`Limits::header_timeout`] (from
+//!   the connection's opening, or from the first byte of a later request),
+//!   and be at most [`MAX_HEAD`] bytes; a keep-alive connection waits at most
+//!   [`Limits::idle_timeout`] for its next request; the body's own timeout
+//!   and limit are the handlers' (see [`super::api`]);
+//! - on shutdown, requests in flight have [`SHUTDOWN_GRACE`] to finish.
+
+use std::{
+    convert::Infallible,
+    io,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use axum::Router;
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    server::graceful::{GracefulShutdown, Watcher},
+    service::TowerToHyperService,
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{Notify, Semaphore},
+    time::Instant,
+};
+
+use crate::{
+    metrics::QuietLog,
+    slots::{AcceptBackoff, Admission, Slot, Slots},
+};
+
+/// The largest request head (request line and headers), bytes; hyper
+/// answers 431 past it. Also what a connection buffers of its input.
+pub const MAX_HEAD: usize = 16 * 1024;
+/// Connections answered 503 at once when every connection is busy.
+pub const OVERFLOW: usize = 32;
+/// How long such a connection may take to send its request's headers.
+pub const OVERFLOW_WAIT: Duration = Duration::from_secs(1);
+/// Sockets of connections closed for room, not let go yet, that may be held
+/// beside the cap before accepting waits.
+pub const CLOSING: usize = 16;
+/// How long a stopping service lets requests in flight finish.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The bounds of the connections.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// How long a request's headers may take to arrive.
+    pub header_timeout: Duration,
+    /// How long a keep-alive connection may wait for its next request.
+    pub idle_timeout: Duration,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct How {
+    how: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Phase {
+    phase: &'static str,
+}
+
+/// The connections' metrics.
+#[derive(Clone)]
+pub struct ConnMetrics {
+    open: Gauge,
+    shed: Family<How, Counter>,
+    timeouts: Family<Phase, Counter>,
+}
+
+impl ConnMetrics {
+    /// Registers them in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let open = Gauge::default();
+        registry.register(
+            "ratelimit_serve_connections",
+            "Client connections open",
+            open.clone(),
+        );
+        let shed = Family::<How, Counter>::default();
+        registry.register(
+            "ratelimit_serve_connections_shed",
+            "Connections shed at the cap: closed_idle (the one idle longest, closed for a newcomer), refused (a newcomer answered 503 or closed: every connection was busy)",
+            shed.clone(),
+        );
+        let timeouts = Family::<Phase, Counter>::default();
+        registry.register(
+            "ratelimit_serve_timeouts",
+            "Connections closed by a timeout: header (headers too slow), idle (no next request), body (body too slow, answered 408)",
+            timeouts.clone(),
+        );
+        Self {
+            open,
+            shed,
+            timeouts,
+        }
+    }
+
+    /// A connection was closed by the timeout of `phase`.
+    pub fn timed_out(&self, phase: &'static str) {
+        self.timeouts.get_or_create(&Phase { phase }).inc();
+    }
+
+    fn shed(&self, how: &'static str) {
+        self.shed.get_or_create(&How { how }).inc();
+    }
+}
+
+/// Accepts connections on `listener` until `shutdown`, then lets requests in
+/// flight finish (for at most [`SHUTDOWN_GRACE`]).
+pub async fn run(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    metrics: ConnMetrics,
+    shutdown: impl Future<Output = ()>,
+) {
+    let slots = Slots::new(limits.max_connections);
+    let overflow = Arc::new(Semaphore::new(OVERFLOW));
+    let graceful = GracefulShutdown::new();
+    let mut backoff = AcceptBackoff::default();
+    let (mut made_room, mut refused) = (QuietLog::new(), QuietLog::new());
+    tokio::pin!(shutdown);
+    loop {
+        // Sockets of connections closed for room are let go a moment later:
+        // no accept until they are, so that the descriptors suffice.
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = slots.room(limits.max_connections + CLOSING) => {}
+        }
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    backoff
+                        .failed("serve: accepting a connection failed; backing off", &e)
+                        .await;
+                    continue;
+                }
+            },
+        };
+        backoff.accepted();
+        let _ = stream.set_nodelay(true);
+        let (router, metrics2, watcher) = (router.clone(), metrics.clone(), graceful.watcher());
+        let admission = slots.spawn_with(stream, move |slot, stream| {
+            connection(stream, slot, router, limits, metrics2, watcher)
+        });
+        match admission {
+            Admission::Admitted => {}
+            Admission::MadeRoom => {
+                metrics.shed("closed_idle");
+                made_room.warn(
+                    "serve: connection cap reached; closing the connection idle longest for each new one",
+                    &format_args!("{} connections open (--max-connections)", limits.max_connections),
+                );
+            }
+            Admission::Full(stream) => {
+                metrics.shed("refused");
+                refused.warn(
+                    "serve: overloaded: every connection is busy with a request; new ones are answered 503",
+                    &format_args!("{} connections busy (--max-connections)", limits.max_connections),
+                );
+                // Answered 503 if few are being answered so, else closed.
+                if let Ok(permit) = overflow.clone().try_acquire_owned() {
+                    let cap = limits.max_connections;
+                    tokio::spawn(async move {
+                        let _permit = permit;
+                        overloaded(stream, cap).await;
+                    });
+                }
+            }
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
+}
+
+/// Serves one connection until it closes or a timeout closes it.
+async fn connection(
+    stream: TcpStream,
+    slot: Slot,
+    router: Router,
+    limits: Limits,
+    metrics: ConnMetrics,
+    watcher: Watcher,
+) {
+    metrics.open.inc();
+    let _open = Decrement(metrics.open.clone());
+    let activity = Arc::new(Activity::new());
+    let slot = Arc::new(slot);
+    let service = {
+        let activity = activity.clone();
+        tower::service_fn(move |req| {
+            slot.busy();
+            activity.request();
+            let mut router = router.clone();
+            let (slot, activity) = (slot.clone(), activity.clone());
+            async move {
+                let response = tower::Service::call(&mut router, req).await;
+                activity.answered();
+                slot.idle();
+                response
+            }
+        })
+    };
+    let io = TokioIo::new(Watched {
+        stream,
+        activity: activity.clone(),
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        // The header and idle timeouts are the watchdog's: hyper's header
+        // timer would also run between requests.
+        .header_read_timeout(None)
+        .max_buf_size(MAX_HEAD)
+        .serve_connection(io, TowerToHyperService::new(service));
+    tokio::select! {
+        _ = watcher.watch(conn) => {}
+        phase = activity.watchdog(limits) => metrics.timed_out(phase),
+    }
+}
+
+/// Answers a connection that found every slot busy: 503, then closed.
+async fn overloaded(stream: TcpStream, cap: usize) {
+    let service = hyper::service::service_fn(move |_req| async move {
+        Ok::<_, Infallible>(super::api::overloaded(cap))
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(OVERFLOW_WAIT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(OVERFLOW_WAIT * 2, conn).await;
+}
+
+struct Decrement(Gauge);
+
+impl Drop for Decrement {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Where a connection is, for its timeouts.
+struct State {
+    /// A request's headers are in and its answer is not made yet.
+    handling: bool,
+    /// Requests answered.
+    answered: u64,
+    /// Since when it waits for a request (its opening, or the last answer).
+    waiting_since: Instant,
+    /// The first byte read since then.
+    first_byte: Option<Instant>,
+}
+
+/// A connection's activity, told by its reads and its service; watched by
+/// [`Activity::watchdog`].
+struct Activity {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                handling: false,
+                answered: 0,
+                waiting_since: Instant::now(),
+                first_byte: None,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Bytes came in.
+    fn read(&self) {
+        let first = self.with(|s| {
+            let first = !s.handling && s.first_byte.is_none();
+            if first {
+                s.first_byte = Some(Instant::now());
+            }
+            first
+        });
+        if first {
+            self.changed.notify_one();
+        }
+    }
+
+    /// A request's headers are in.
+    fn request(&self) {
+        self.with(|s| {
+            s.handling = true;
+            s.first_byte = None;
+        });
+        self.changed.notify_one();
+    }
+
+    /// Its answer is made.
+    fn answered(&self) {
+        self.with(|s| {
+            s.handling = false;
+            s.answered += 1;
+            s.waiting_since = Instant::now();
+            s.first_byte = None;
+        });
+        self.changed.notify_one();
+    }
+
+    /// Completes when the connection is past a timeout, naming which.
+    async fn watchdog(&self, limits: Limits) -> &'static str {
+        loop {
+            // Made before the state is read: a change after it is not missed.
+            let changed = self.changed.notified();
+            let due = self.with(|s| {
+                if s.handling {
+                    None
+                } else if let Some(first) = s.first_byte {
+                    Some((first + limits.header_timeout, "header"))
+                } else if s.answered == 0 {
+                    Some((s.waiting_since + limits.header_timeout, "header"))
+                } else {
+                    Some((s.waiting_since + limits.idle_timeout, "idle"))
+                }
+            });
+            match due {
+                None => changed.await,
+                Some((at, phase)) => {
+                    if Instant::now() >= at {
+                        return phase;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = changed => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A connection's stream that tells its [`Activity`] of what it reads.
+struct Watched {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.read();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_connections: 1,
+        header_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(30),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn each_phase_has_its_timeout() {
+        // Silent from the start: the header timeout.
+        let a = Activity::new();
+        let start = tokio::time::Instant::now();
+        assert_eq!(a.watchdog(LIMITS).await, "header");
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+
+        // Answered, then silent: the idle timeout, from the answer.
+        let a = Arc::new(Activity::new());
+        a.request();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let start = tokio::time::Instant::now();
+        let watch = tokio::spawn({
+            let a = a.clone();
+            async move { a.watchdog(LIMITS).await }
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        a.answered();
+        assert_eq!(watch.await.unwrap(), "idle");
+        assert_eq!(start.elapsed(), Duration::from_secs(32));
+
+        // Idle for 20 s, then a byte of a request: its headers have the
+        // header timeout from that byte.
+        let a = Arc::new(Activity::new());
+        a.request();
+        a.answered();
+        let start = tokio::time::Instant::now();
+        let watch = tokio::spawn({
+            let a = a.clone();
+            async move { a.watchdog(LIMITS).await }
+        });
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        a.read();
+        assert_eq!(watch.await.unwrap(), "header");
+        assert_eq!(start.elapsed(), Duration::from_secs(25));
+    }
+}

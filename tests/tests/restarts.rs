@@ -442,3 +442,47 @@ fn no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer() {
     }
     d.stop(libc::SIGTERM);
 }
+
+/// (Item 12) The pin directory removed under a running `--keep-attached`
+/// daemon: `status` still says attached (it asks the link, not its pin), the
+/// daemon pins everything again within seconds, and a SIGKILL afterwards
+/// leaves the program enforcing, for the next start to adopt.
+#[test]
+fn pins_removed_under_a_running_daemon_are_pinned_again() {
+    privileged!("pins_removed_under_a_running_daemon_are_pinned_again");
+    let pair = Pair::new();
+    let run = TempDir::new("unpinned");
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--keep-attached"]);
+    let denied = ip("198.18.53.1");
+    d.cli_ok(&["deny", "198.18.53.1/32"]);
+    let dirs = pin_dirs(&pair.rx_if);
+    assert_eq!(dirs.len(), 1);
+    std::fs::remove_dir_all(&dirs[0]).expect("rm -r of the pin directory");
+    let status = d.json(&["status"]);
+    assert_eq!(status["interface"], "attached", "{status}");
+    let start = Instant::now();
+    while !(dirs[0].join("link").exists() && dirs[0].join("RL_CONFIG").exists()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the daemon did not pin again: {}",
+            d.output()
+        );
+        sleep(Duration::from_millis(100));
+    }
+    sleep(Duration::from_millis(1500));
+    let status = d.json(&["status"]);
+    assert_eq!(status["interface"], "attached", "{status}");
+    assert!(d.output().contains("pinned again"), "{}", d.output());
+
+    d.stop(libc::SIGKILL);
+    assert!(pair.rx_has_xdp(), "the SIGKILL took the program");
+    assert_eq!(
+        dropped(&pair, &[denied]),
+        [denied],
+        "the deny went with the SIGKILL"
+    );
+    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let status = d.json(&["status"]);
+    assert_eq!(status["took_over_link"], true, "{status}");
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+}

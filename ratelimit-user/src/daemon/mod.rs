@@ -171,6 +171,8 @@ struct Daemon {
     reloads: Reloads,
     /// The list files the saved record names.
     list_files: store::ListFiles,
+    /// Pinning again what was removed failed (said once).
+    pins_failing: bool,
 }
 
 /// An exclusive lock on the daemon's identity, released on drop.
@@ -265,6 +267,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         fleet: None,
         reloads: Reloads::default(),
         list_files: store::ListFiles::default(),
+        pins_failing: false,
     };
     daemon.save();
     daemon.announce();
@@ -731,6 +734,19 @@ impl Daemon {
     /// once, and in `status`); when one of that name comes back, the program is
     /// attached to it again with its rules and buckets.
     fn watch(&mut self) {
+        match self.enforcer.check_pins() {
+            Ok(false) => self.pins_failing = false,
+            Ok(true) => {
+                self.pins_failing = false;
+                warn!(iface = %self.id, pins = %self.enforcer.pin_dir().display(), "the pins were removed under the daemon: pinned again from its own handles (a restart adopts them, --keep-attached keeps them)");
+            }
+            Err(e) => {
+                if !self.pins_failing {
+                    error!(iface = %self.id, error = %chain(&e), "the pins were removed under the daemon and pinning them again failed (tried every second): a restart will not adopt this program, and an exit detaches it");
+                }
+                self.pins_failing = true;
+            }
+        }
         let now = self.enforcer.check_interface();
         match (self.interface, now) {
             (_, InterfaceState::Recreated) => match self.enforcer.reattach() {

@@ -55,6 +55,9 @@ pub struct Enforcer {
     mode: Attached,
     /// Present while the link is pinned; `None` once released.
     link: Option<PinnedLink>,
+    /// The link's id: the truth about what is attached is asked of it, not
+    /// of its pin (which someone may remove).
+    link_id: u32,
     /// Keeps the program's fd (and so the maps' fds) open.
     ebpf: Ebpf,
     /// Reads the program's aya-log records (see [`crate::logs`]).
@@ -95,23 +98,16 @@ fn ifindex(iface: &str) -> u32 {
 
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 
-/// The interface index of the XDP link pinned at `path` (0 once its interface
-/// is gone), or `None` if there is no such link.
-fn pinned_link_ifindex(path: &Path) -> Option<u32> {
+/// The link pinned at `path`, or `None` if there is no such link.
+fn open_pinned(path: &Path) -> Option<OwnedFd> {
     #[repr(C)]
     #[derive(Default)]
     struct ObjAttr {
         pathname: u64,
         bpf_fd: u32,
         file_flags: u32,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
     }
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut attr = ObjAttr {
@@ -127,11 +123,45 @@ fn pinned_link_ifindex(path: &Path) -> Option<u32> {
             std::mem::size_of::<ObjAttr>(),
         )
     };
-    if fd < 0 {
-        return None;
-    }
     // SAFETY: a fresh fd we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The link of id `id`, or `None` if it is gone.
+fn open_link(id: u32) -> Option<OwnedFd> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct IdAttr {
+        link_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut attr = IdAttr {
+        link_id: id,
+        ..Default::default()
+    };
+    // SAFETY: a valid bpf_attr prefix, outliving the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_GET_FD_BY_ID,
+            &mut attr as *mut IdAttr,
+            std::mem::size_of::<IdAttr>(),
+        )
+    };
+    // SAFETY: a fresh fd we own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// An XDP link's id and interface index (0 once its interface is gone).
+fn link_info(fd: &OwnedFd) -> Option<(u32, u32)> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
     // struct bpf_link_info: type, id, prog_id, then (8-aligned) the union whose
     // xdp member starts with the ifindex.
     let mut info = [0u8; 64];
@@ -140,7 +170,7 @@ fn pinned_link_ifindex(path: &Path) -> Option<u32> {
         info_len: info.len() as u32,
         info: info.as_mut_ptr() as u64,
     };
-    // SAFETY: as above; the buffer is `info_len` bytes.
+    // SAFETY: a valid bpf_attr prefix; the buffer is `info_len` bytes.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -149,10 +179,52 @@ fn pinned_link_ifindex(path: &Path) -> Option<u32> {
             std::mem::size_of::<InfoAttr>(),
         )
     };
-    if rc != 0 {
-        return None;
+    (rc == 0).then(|| {
+        (
+            u32::from_ne_bytes([info[4], info[5], info[6], info[7]]),
+            u32::from_ne_bytes([info[16], info[17], info[18], info[19]]),
+        )
+    })
+}
+
+/// The interface index of the XDP link pinned at `path` (0 once its interface
+/// is gone), or `None` if there is no such link.
+fn pinned_link_ifindex(path: &Path) -> Option<u32> {
+    open_pinned(path)
+        .and_then(|fd| link_info(&fd))
+        .map(|(_, i)| i)
+}
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+
+/// Pins the object of `fd` at `path`.
+fn obj_pin(fd: &OwnedFd, path: &Path) -> std::io::Result<()> {
+    #[repr(C)]
+    struct ObjAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
     }
-    Some(u32::from_ne_bytes([info[16], info[17], info[18], info[19]]))
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let mut attr = ObjAttr {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: fd.as_raw_fd() as u32,
+        file_flags: 0,
+    };
+    // SAFETY: a valid bpf_attr prefix and C string, outliving the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_PIN,
+            &mut attr as *mut ObjAttr,
+            std::mem::size_of::<ObjAttr>(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 impl Enforcer {
@@ -330,7 +402,8 @@ impl Prepared {
             took_over_link: self.live_link,
             id: self.id,
             mode,
-            link: Some(link),
+            link_id: link.1,
+            link: Some(link.0),
             ebpf: self.ebpf,
             logger: self.logger,
             maps: self.maps,
@@ -367,10 +440,13 @@ impl Enforcer {
         identity::pin_dir(&self.root.shown, &self.id)
     }
 
-    /// Whether the program is still attached to the interface of its name.
+    /// Whether the program is still attached to the interface of its name,
+    /// asked of the link itself.
     pub fn check_interface(&self) -> InterfaceState {
         let now = ifindex(&self.id.iface);
-        let linked = pinned_link_ifindex(&self.dir.join(LINK_PIN)).unwrap_or(0);
+        let linked = open_link(self.link_id)
+            .and_then(|fd| link_info(&fd))
+            .map_or(0, |(_, i)| i);
         if now == 0 {
             InterfaceState::Gone
         } else if now != self.ifindex || linked != now {
@@ -378,6 +454,45 @@ impl Enforcer {
         } else {
             InterfaceState::Attached
         }
+    }
+
+    /// Pins again what was removed from under the daemon (say, an
+    /// operator's `rm -r` of its pin directory): the link and every map, from
+    /// the daemon's own handles, so that a restart still adopts them and a
+    /// `--keep-attached` exit still leaves them enforcing. Whether anything
+    /// had to be pinned again.
+    pub fn check_pins(&mut self) -> Result<bool> {
+        if self.link.is_none() {
+            return Ok(false);
+        }
+        let link_path = self.dir.join(LINK_PIN);
+        let link_ok = open_pinned(&link_path)
+            .and_then(|fd| link_info(&fd))
+            .is_some_and(|(id, _)| id == self.link_id);
+        let maps_ok = common::PINNED_MAPS
+            .iter()
+            .all(|m| self.dir.join(m).exists());
+        if link_ok && maps_ok {
+            return Ok(false);
+        }
+        let shown = self.pin_dir();
+        fs::create_dir_all(&self.dir)
+            .map_err(Error::io(format!("creating {}", shown.display())))?;
+        if !link_ok {
+            let fd = open_link(self.link_id).ok_or_else(|| Error::Io {
+                what: format!("opening the XDP link {} to pin it again", self.link_id),
+                source: std::io::Error::last_os_error(),
+            })?;
+            let _ = fs::remove_file(&link_path);
+            obj_pin(&fd, &link_path).map_err(Error::io(format!(
+                "pinning the XDP link again at {}",
+                shown.join(LINK_PIN).display()
+            )))?;
+        }
+        if !maps_ok {
+            self.maps.pin(&self.dir)?;
+        }
+        Ok(true)
     }
 
     /// Attaches the program anew to the interface of its name (it was deleted
@@ -399,7 +514,9 @@ impl Enforcer {
             let _ = old.unpin();
         }
         let _ = fs::remove_file(&link_path);
-        self.link = Some(pin_link(link, &link_path)?);
+        let (pinned, id) = pin_link(link, &link_path)?;
+        self.link = Some(pinned);
+        self.link_id = id;
         self.mode = mode;
         self.ifindex = ifindex(&self.id.iface);
         write_mode(&self.id, mode);
@@ -437,15 +554,24 @@ fn read_mode(id: &Identity) -> Attached {
         .unwrap_or(Attached::Native)
 }
 
-fn pin_link(link: XdpLink, path: &Path) -> Result<PinnedLink> {
+/// Pins `link` at `path`; the pinned link and its id.
+fn pin_link(link: XdpLink, path: &Path) -> Result<(PinnedLink, u32)> {
     let fd_link = FdLink::try_from(link).map_err(|source| Error::Link {
         path: path.to_path_buf(),
         source,
     })?;
-    fd_link.pin(path).map_err(|source| Error::Pin {
+    let id = fd_link
+        .info()
+        .map_err(|source| Error::Link {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .id();
+    let pinned = fd_link.pin(path).map_err(|source| Error::Pin {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    Ok((pinned, id))
 }
 
 fn attach(

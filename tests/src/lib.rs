@@ -281,13 +281,20 @@ impl Daemon {
 
     /// Runs a CLI command against this daemon (`--iface` is added).
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        self.cli_command(args)
+            .output()
+            .expect("running the ratelimit CLI")
+    }
+
+    /// The CLI command [`Daemon::cli`] runs, not started.
+    pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{}", self.netns))
             .arg(ratelimit_bin())
             .args(args)
             .args(["--iface", &self.iface])
             .env("RATELIMIT_RUN_DIR", &self.run_dir);
-        cmd.output().expect("running the ratelimit CLI")
+        cmd
     }
 
     /// Runs a CLI command that must succeed; returns its stdout.

@@ -106,6 +106,21 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
     let mut tagged = Udp::new(ip("198.18.7.2"), ip("198.18.0.2"));
     tagged.vlans = vec![(TPID_8021Q, 100)];
     let frame_vlan = tagged.build();
+    // The deeper parse (issue 23): more tags, extension headers, fragments.
+    let mut deep = Udp::new(ip("198.18.7.3"), ip("198.18.0.2"));
+    deep.vlans = vec![(TPID_8021Q, 0); 8];
+    let frame_8_tags = deep.build();
+    let mut chained = Udp::new(ip("2001:db8:7::2"), ip("2001:db8::2"));
+    chained.ipv6_ext = vec![(0, 0), (60, 0), (60, 0)];
+    let frame_ext = chained.build();
+    let mut fragmented = Udp::new(ip("198.18.7.4"), ip("198.18.0.2"));
+    fragmented.payload = 64;
+    let [frame_fragment, _] = fragmented.fragments(40);
+    let tiny = Udp {
+        tcp: Some(ratelimit_tests::frames::tcp::SYN),
+        ..Udp::new(ip("198.18.7.5"), ip("198.18.0.2"))
+    };
+    let [frame_tiny, _] = tiny.fragments(8);
     // A dropped frame to a local port in the ephemeral range pays a socket
     // lookup (is it one of the host's own connections?).
     let mut ephemeral = Udp::new(ip("198.18.7.1"), ip("198.18.0.2"));
@@ -156,6 +171,30 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
             within.prog_fd(),
             &frame_vlan,
             XDP_PASS,
+        ),
+        (
+            "ratelimit, 8 VLAN tags IPv4, known source, within limit",
+            within.prog_fd(),
+            &frame_8_tags,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv6 behind 3 extension headers, known source, within limit",
+            within.prog_fd(),
+            &frame_ext,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4 first fragment (whole header), known source, within limit",
+            within.prog_fd(),
+            &frame_fragment,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4 tiny first fragment (8 bytes of TCP): dropped",
+            within.prog_fd(),
+            &frame_tiny,
+            XDP_DROP,
         ),
         (
             "ratelimit, IPv4, known source, over limit (dropped)",

@@ -97,6 +97,7 @@ fn main() {
     }
     if opts.runs("set") {
         set::set_to_enforced(&opts, &mut report);
+        set::change_under_a_large_list(&opts, &mut report);
     }
     if opts.runs("serve") {
         serve::serve_latency(&opts, &mut report);

@@ -331,7 +331,7 @@ fn damaged_saved_rules_keep_what_the_kernel_enforces_and_say_so() {
         let again = std::fs::read_to_string(&rec).expect("record");
         let v: serde_json::Value = serde_json::from_str(&again)
             .unwrap_or_else(|e| panic!("{what}: the record was not written again ({e}): {again}"));
-        assert_eq!(v["version"], 2, "{what}: {again}");
+        assert_eq!(v["version"], 3, "{what}: {again}");
         d.stop(libc::SIGKILL);
     }
 

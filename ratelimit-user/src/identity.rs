@@ -214,8 +214,12 @@ fn lasting_bpffs(mount: bool) -> Result<Option<BpfRoot>> {
 
 /// The nearest ancestor process in another mount namespace than this one,
 /// or `None` when this one is the lasting namespace: no ancestor it can see
-/// is elsewhere (the chain ends at PID 1, or at a process whose namespace it
-/// may not read).
+/// is elsewhere (the chain ends at PID 1 in this namespace, or at a process
+/// whose namespace it may not read). A process whose parent is gone (started
+/// in the background from a shell that exited) reaches PID 1; where PID 1's
+/// namespace cannot be read (a PID 1 with capabilities this process lacks),
+/// kthreadd's (PID 2) stands for it: the kernel's threads live in the init
+/// mount namespace.
 fn lasting_ancestor() -> Option<u32> {
     let mine = mount_ns("self")?;
     let mut pid = std::os::unix::process::parent_id();
@@ -225,6 +229,9 @@ fn lasting_ancestor() -> Option<u32> {
             return None;
         }
         match mount_ns(&pid.to_string()) {
+            None if pid == 1 => {
+                return mount_ns("2").filter(|ns| *ns != mine).map(|_| 2);
+            }
             None => return None,
             Some(ns) if ns != mine => return Some(pid),
             Some(_) if pid == 1 => return None,

@@ -430,7 +430,7 @@ fn is_locked(path: &Path) -> bool {
 /// (a process ptrace may not see) and that shares it with no process whose
 /// namespace can be (its `/proc/PID/net`, which anybody may look at, tells
 /// which namespace it shares).
-fn live_netns_cookies() -> Option<std::collections::HashSet<u64>> {
+pub(crate) fn live_netns_cookies() -> Option<std::collections::HashSet<u64>> {
     use std::collections::{HashMap, HashSet};
     // One open file per namespace (by inode); the /proc/PID/net of the
     // threads seen in one, and of those whose namespace could not be opened.

@@ -221,12 +221,12 @@ fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
 }
 
 /// A process group (xtask and the daemon it started), killed on drop so a
-/// failing test leaves no daemon behind.
+/// failing test leaves no daemon behind; a negative number is one process.
 struct Group(i32);
 
 impl Drop for Group {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on a group the test made.
+        // SAFETY: kill(2) on a group (or process) the test made.
         unsafe { libc::kill(-self.0, libc::SIGKILL) };
     }
 }
@@ -485,4 +485,98 @@ fn pins_removed_under_a_running_daemon_are_pinned_again() {
     let status = d.json(&["status"]);
     assert_eq!(status["took_over_link"], true, "{status}");
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+}
+
+/// The pins of a namespace deleted under a `--keep-attached` program (its
+/// interface went with it, its maps hold kernel memory) are removed when a
+/// daemon starts, in any namespace.
+#[test]
+fn pins_of_a_deleted_namespace_are_removed_at_the_next_start() {
+    privileged!("pins_of_a_deleted_namespace_are_removed_at_the_next_start");
+    let a = Pair::new();
+    let run = TempDir::new("stale-pins");
+    let d = Daemon::start(&a.rx, &a.rx_if, &run.0, &["--keep-attached"]);
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let dirs = pin_dirs(&a.rx_if);
+    assert_eq!(dirs.len(), 1, "--keep-attached left no pins");
+    let out = Command::new("ip")
+        .args(["netns", "del", &a.rx.name])
+        .output()
+        .expect("ip netns del");
+    assert!(out.status.success());
+    let b = Pair::new();
+    let d = Daemon::start(&b.rx, &b.rx_if, &run.0, &[]);
+    assert!(
+        !dirs[0].exists(),
+        "the pins of a deleted namespace are still there: {}",
+        d.output()
+    );
+    assert!(d.output().contains("removed the pins"), "{}", d.output());
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+}
+
+/// (Item 5) A daemon started in the background under `ip netns exec` from a
+/// shell that is gone at once (its parent is then PID 1, which this process
+/// may not be able to look at): its pins still land in the system's bpffs,
+/// and `--keep-attached` keeps enforcing after it exits.
+#[test]
+fn a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it() {
+    privileged!("a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it");
+    let pair = Pair::new();
+    let run = TempDir::new("orphan");
+    let log = run.0.join("daemon.log");
+    let script = format!(
+        "{} run --iface {} --keep-attached >{} 2>&1 &",
+        ratelimit_bin().display(),
+        pair.rx_if,
+        log.display()
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &pair.rx.name, "sh", "-c", &script])
+        .env("RATELIMIT_RUN_DIR", &run.0)
+        .output()
+        .expect("starting in the background");
+    assert!(out.status.success());
+    let cli = |args: &[&str]| {
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", pair.rx.name))
+            .arg(ratelimit_bin())
+            .args(args)
+            .args(["--iface", &pair.rx_if])
+            .env("RATELIMIT_RUN_DIR", &run.0)
+            .output()
+            .expect("cli")
+    };
+    let start = Instant::now();
+    let pid = loop {
+        let out = cli(&["status", "--json"]);
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            && let Some(pid) = v["pid"].as_i64()
+        {
+            break pid as i32;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the background daemon did not answer: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        sleep(Duration::from_millis(100));
+    };
+    let kill = Group(-pid);
+    assert_eq!(
+        pin_dirs(&pair.rx_if).len(),
+        1,
+        "no pins in the system's bpffs: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // SAFETY: kill(2) on the daemon's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    sleep(Duration::from_secs(1));
+    drop(kill);
+    assert!(pair.rx_has_xdp(), "--keep-attached said it keeps enforcing");
+    assert_eq!(
+        pin_dirs(&pair.rx_if).len(),
+        1,
+        "the pins went with the daemon"
+    );
 }

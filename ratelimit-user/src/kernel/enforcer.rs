@@ -601,6 +601,45 @@ fn attach(
     }
 }
 
+/// Removes the pins of network namespaces that are gone (`ns<cookie>` under
+/// this layout's directory): their interfaces went with them, so nothing
+/// they hold enforces anything, while their maps hold kernel memory (a
+/// `--keep-attached` daemon's, or a killed one's). Nothing is removed when
+/// the live namespaces cannot all be known. Returns the removed directories.
+pub fn sweep_stale_pins() -> Vec<PathBuf> {
+    let Ok(Some(root)) = identity::find_bpffs() else {
+        return Vec::new();
+    };
+    let layout = root.path.join("ratelimit").join(identity::PIN_LAYOUT);
+    let Ok(entries) = fs::read_dir(&layout) else {
+        return Vec::new();
+    };
+    let dirs: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let cookie = name.to_str()?.strip_prefix("ns")?.parse::<u64>().ok()?;
+            Some((cookie, e.path()))
+        })
+        .collect();
+    if dirs.is_empty() {
+        return Vec::new();
+    }
+    let Some(live) = rundir::live_netns_cookies() else {
+        return Vec::new();
+    };
+    dirs.into_iter()
+        .filter(|(cookie, _)| !live.contains(cookie))
+        .filter(|(_, dir)| fs::remove_dir_all(dir).is_ok())
+        .map(|(cookie, _)| {
+            root.shown
+                .join("ratelimit")
+                .join(identity::PIN_LAYOUT)
+                .join(format!("ns{cookie}"))
+        })
+        .collect()
+}
+
 /// Removes a pin directory and everything in it, and its namespace's directory
 /// if that is left empty.
 pub fn remove_pins(dir: &Path) -> Result<()> {

@@ -14,7 +14,7 @@ use ratelimit_common::{
     MAP_STATE_V4,
 };
 
-pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins};
+pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins, sweep_stale_pins};
 pub use maps::Maps;
 
 /// The name of the link's pin in a daemon's pin directory.

@@ -358,10 +358,24 @@ pub fn remove_stale_temps(id: &Identity) -> Vec<String> {
 /// known (not root enough to enter them, a process whose namespace cannot be
 /// read).
 pub fn sweep() -> Vec<PathBuf> {
-    let root = run_root();
-    let Ok(entries) = std::fs::read_dir(&root) else {
+    let Some((dirs, live)) = gone_namespaces(&run_root()) else {
         return Vec::new();
     };
+    dirs.into_iter()
+        .filter(|(cookie, _)| !live.contains(cookie))
+        .filter_map(|(_, dir)| remove_ns_dir(&dir).then_some(dir))
+        .collect()
+}
+
+/// The cookies of the network namespaces alive.
+pub(crate) type LiveCookies = std::collections::HashSet<u64>;
+
+/// The `ns<cookie>` directories under `root` (a run directory, a pin
+/// layout's directory), with their cookies, and the cookies of the network
+/// namespaces alive: `None` when there are no such directories or the live
+/// namespaces cannot all be known (then nothing may be removed).
+pub(crate) fn gone_namespaces(root: &Path) -> Option<(Vec<(u64, PathBuf)>, LiveCookies)> {
+    let entries = std::fs::read_dir(root).ok()?;
     // Listed before the live namespaces are looked up: a directory listed
     // belongs to a namespace made before, which is found if it is alive.
     let dirs: Vec<(u64, PathBuf)> = entries
@@ -373,15 +387,9 @@ pub fn sweep() -> Vec<PathBuf> {
         })
         .collect();
     if dirs.is_empty() {
-        return Vec::new();
+        return None;
     }
-    let Some(live) = live_netns_cookies() else {
-        return Vec::new();
-    };
-    dirs.into_iter()
-        .filter(|(cookie, _)| !live.contains(cookie))
-        .filter_map(|(_, dir)| remove_ns_dir(&dir).then_some(dir))
-        .collect()
+    Some((dirs, live_netns_cookies()?))
 }
 
 /// The names of the files daemons keep in a namespace directory end so.
@@ -430,7 +438,7 @@ fn is_locked(path: &Path) -> bool {
 /// (a process ptrace may not see) and that shares it with no process whose
 /// namespace can be (its `/proc/PID/net`, which anybody may look at, tells
 /// which namespace it shares).
-pub(crate) fn live_netns_cookies() -> Option<std::collections::HashSet<u64>> {
+fn live_netns_cookies() -> Option<std::collections::HashSet<u64>> {
     use std::collections::{HashMap, HashSet};
     // One open file per namespace (by inode); the /proc/PID/net of the
     // threads seen in one, and of those whose namespace could not be opened.

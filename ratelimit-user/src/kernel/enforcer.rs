@@ -611,21 +611,7 @@ pub fn sweep_stale_pins() -> Vec<PathBuf> {
         return Vec::new();
     };
     let layout = root.path.join("ratelimit").join(identity::PIN_LAYOUT);
-    let Ok(entries) = fs::read_dir(&layout) else {
-        return Vec::new();
-    };
-    let dirs: Vec<(u64, PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name();
-            let cookie = name.to_str()?.strip_prefix("ns")?.parse::<u64>().ok()?;
-            Some((cookie, e.path()))
-        })
-        .collect();
-    if dirs.is_empty() {
-        return Vec::new();
-    }
-    let Some(live) = rundir::live_netns_cookies() else {
+    let Some((dirs, live)) = rundir::gone_namespaces(&layout) else {
         return Vec::new();
     };
     dirs.into_iter()

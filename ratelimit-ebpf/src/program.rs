@@ -1726,7 +1726,7 @@ pub extern "C" fn rl_vlan(ctx: *mut xdp_md) -> u32 {
 fn too_short(proto: u8, offset: u16, l4_len: usize) -> bool {
     match proto {
         IPPROTO_TCP => (offset == 0 && l4_len < TCP_MIN_HEADER) || offset == 1,
-        IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6 => offset == 0 && l4_len < 8,
+        IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6 => offset == 0 && l4_len < SHORT_L4_HEADER,
         _ => false,
     }
 }
@@ -1792,7 +1792,7 @@ fn walk(ctx: &XdpContext, l3: usize) -> Result<Chain, Malformed> {
         } else {
             CHAIN_CUT_SHORT
         };
-        if offset + 8 > end {
+        if offset + IPV6_EXT_MIN > end {
             return Ok(chain(next, offset, cut));
         }
         let Ok(ext) = ptr_at::<[u8; 4]>(ctx, offset) else {
@@ -1821,7 +1821,7 @@ fn walk(ctx: &XdpContext, l3: usize) -> Result<Chain, Malformed> {
                     return Ok(chain(ext[0], offset, status));
                 }
                 first_fragment = word & IPV6_MORE_FRAGMENTS != 0;
-                offset += 8;
+                offset += IPV6_EXT_MIN;
             }
         }
         next = ext[0];
@@ -1946,6 +1946,14 @@ const L4_NONE: u8 = 2;
 const L4_FRAGMENT: u8 = 3;
 /// The shortest TCP header: flags and ports are all within it.
 const TCP_MIN_HEADER: usize = 20;
+/// The UDP header, and ICMP's (type, code, checksum and the rest word): a
+/// first fragment shorter than this cannot be one of theirs.
+const SHORT_L4_HEADER: usize = 8;
+/// The transport header's first word, read at once: TCP's and UDP's ports,
+/// ICMP's type, code and checksum.
+const L4_WORD: usize = 4;
+/// The shortest IPv6 extension header (and the fragment header's length).
+const IPV6_EXT_MIN: usize = 8;
 const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -2088,10 +2096,10 @@ fn transport(ctx: &XdpContext, l3: usize, out: &mut Flow) -> Result<(), Malforme
     if next == IPPROTO_ICMP || next == IPPROTO_ICMPV6 {
         // Type, code and checksum: read as one, for a one-byte read at a
         // variable offset is checked in a form the verifier cannot follow.
-        if offset + 4 > end {
+        if offset + L4_WORD > end {
             return Ok(());
         }
-        let icmp: *const [u8; 4] = ptr_at(ctx, offset)?;
+        let icmp: *const [u8; L4_WORD] = ptr_at(ctx, offset)?;
         // SAFETY: ptr_at checked the bounds.
         out.icmp_type = unsafe { (*icmp)[0] };
         out.status = L4_HEADER;
@@ -2100,10 +2108,10 @@ fn transport(ctx: &XdpContext, l3: usize, out: &mut Flow) -> Result<(), Malforme
     if next != IPPROTO_TCP && next != IPPROTO_UDP {
         return Ok(());
     }
-    if offset + 4 > end {
+    if offset + L4_WORD > end {
         return Ok(());
     }
-    let ports: *const [u8; 4] = ptr_at(ctx, offset)?;
+    let ports: *const [u8; L4_WORD] = ptr_at(ctx, offset)?;
     // SAFETY: ptr_at checked the bounds.
     let ports = unsafe { *ports };
     out.sport = u16::from_ne_bytes([ports[0], ports[1]]);

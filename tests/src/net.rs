@@ -237,8 +237,14 @@ impl Drop for Pair {
         for iface in [&self.rx_if, &self.tx_if] {
             for dir in pin_dirs(iface) {
                 let _ = std::fs::remove_dir_all(&dir);
-                if let Some(ns) = dir.parent() {
-                    let _ = std::fs::remove_dir(ns);
+                // Its namespace's, layout's and ratelimit's directories, each
+                // while empty.
+                let mut at = dir.parent();
+                for _ in 0..3 {
+                    match at {
+                        Some(p) if std::fs::remove_dir(p).is_ok() => at = p.parent(),
+                        _ => break,
+                    }
                 }
             }
         }
@@ -297,6 +303,27 @@ pub fn packet_socket(ifname: &str) -> i32 {
         assert_eq!(rc, 0, "bind AF_PACKET: {}", std::io::Error::last_os_error());
         fd
     }
+}
+
+/// A [`packet_socket`] whose reads give up after 50 ms, so that a reader
+/// looks at its stop flag often.
+fn listening_socket(ifname: &str) -> i32 {
+    let fd = packet_socket(ifname);
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 50_000,
+    };
+    // SAFETY: a valid option and size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        );
+    }
+    fd
 }
 
 /// One stream of identical frames at a fixed rate.
@@ -445,20 +472,9 @@ impl Receiver {
         let s = stop.clone();
         let handle = std::thread::spawn(move || {
             NetNs { name }.enter_and_forget();
-            let fd = packet_socket(&ifname);
-            let tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 50_000,
-            };
+            let fd = listening_socket(&ifname);
             // SAFETY: valid option and size.
             unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&tv as *const libc::timeval).cast(),
-                    std::mem::size_of::<libc::timeval>() as u32,
-                );
                 let big: i32 = 16 << 20;
                 libc::setsockopt(
                     fd,
@@ -716,21 +732,7 @@ impl Capture {
         let s = stop.clone();
         let handle = std::thread::spawn(move || {
             NetNs { name }.enter_and_forget();
-            let fd = packet_socket(&ifname);
-            let tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 50_000,
-            };
-            // SAFETY: valid option and size.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&tv as *const libc::timeval).cast(),
-                    std::mem::size_of::<libc::timeval>() as u32,
-                );
-            }
+            let fd = listening_socket(&ifname);
             let _ = ready_tx.send(());
             let mut frames = Vec::new();
             let mut buf = vec![0u8; 4096];

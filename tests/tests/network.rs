@@ -57,6 +57,10 @@ fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
         sent[0].frames
     );
 
+    let pins = d.json(&["status"])["pins"]
+        .as_str()
+        .expect("status names the pins")
+        .to_string();
     d.child.signal(libc::SIGINT);
     let out = d.child.wait(Duration::from_secs(10));
     assert!(
@@ -72,6 +76,15 @@ fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
     assert!(
         ratelimit_tests::net::pin_dirs(&pair.rx_if).is_empty(),
         "pins left behind after SIGINT"
+    );
+    // Nor the namespace's directory above them, left empty.
+    let ns_dir = std::path::Path::new(&pins)
+        .parent()
+        .expect("a namespace directory");
+    assert!(
+        !ns_dir.exists(),
+        "{} left behind after SIGINT",
+        ns_dir.display()
     );
 }
 

@@ -368,11 +368,8 @@ fn no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer() {
     let run = TempDir::new("noanswer");
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
     d.child.signal(libc::SIGSTOP);
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", d.netns))
-        .arg(ratelimit_bin())
-        .args(["deny", "198.18.52.0/24", "--iface", &d.iface])
-        .env("RATELIMIT_RUN_DIR", &d.run_dir)
+    let out = d
+        .cli_command(&["deny", "198.18.52.0/24"])
         .env("RATELIMIT_TIMEOUT", "2")
         .stdin(Stdio::null())
         .output()
@@ -413,12 +410,8 @@ fn no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer() {
     ]);
     let changes: Vec<_> = (0..20)
         .map(|i| {
-            let mut c = Command::new("nsenter");
-            c.arg(format!("--net=/run/netns/{}", d.netns))
-                .arg(ratelimit_bin())
-                .args(["deny", &format!("198.18.60.{i}/32"), "--iface", &d.iface])
-                .env("RATELIMIT_RUN_DIR", &d.run_dir)
-                .stdin(Stdio::null())
+            let mut c = d.cli_command(&["deny", &format!("198.18.60.{i}/32")]);
+            c.stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             ChildGuard::spawn(c, "ratelimit deny")

@@ -312,10 +312,21 @@ impl Drop for EmptyDirGuard {
     fn drop(&mut self) {
         if let Some(dir) = &self.0
             && fs::remove_dir(dir).is_ok()
-            && let Some(parent) = dir.parent()
         {
-            // Fails while another interface of the namespace has pins.
-            let _ = fs::remove_dir(parent);
+            remove_empty_parents(dir);
+        }
+    }
+}
+
+/// Removes the directories above a pin directory that are left empty: its
+/// namespace's, its layout's and `ratelimit/` itself (each fails while
+/// anything else is pinned in it, and nothing above `ratelimit/` is touched).
+fn remove_empty_parents(dir: &Path) {
+    let mut at = dir.parent();
+    for _ in 0..3 {
+        match at {
+            Some(p) if fs::remove_dir(p).is_ok() => at = p.parent(),
+            _ => return,
         }
     }
 }
@@ -631,10 +642,7 @@ pub fn sweep_stale_pins() -> Vec<PathBuf> {
 pub fn remove_pins(dir: &Path) -> Result<()> {
     match fs::remove_dir_all(dir) {
         Ok(()) => {
-            if let Some(parent) = dir.parent() {
-                // Fails while another interface of the namespace has pins.
-                let _ = fs::remove_dir(parent);
-            }
+            remove_empty_parents(dir);
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -366,6 +366,22 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
 /// walks fewer paths).
 #[inline(always)]
 pub fn admit(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> bool {
+    admit_keeping(state, params, now_ns, cost, 0)
+}
+
+/// As [`admit`], but admits only if `keep` ticks of the bucket (`keep ÷
+/// interval` units) are still in it afterwards: a bucket with a reserve that
+/// this frame may not touch. `keep` is at most `params.tau`; 0 is [`admit`].
+/// A refusal writes only what [`admit`] would (a converted or capped debt),
+/// never a debt bounded by the reserve: the bucket itself is not shrunk.
+#[inline(always)]
+pub fn admit_keeping(
+    state: &mut State,
+    params: &Params,
+    now_ns: u64,
+    cost: u64,
+    keep: u64,
+) -> bool {
     if params.capacity == 0 || cost > params.capacity {
         return false;
     }
@@ -373,9 +389,9 @@ pub fn admit(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> bool
     let generation = params.generation & GENERATION_MASK;
     let (ahead, rewrite) = owed_by(state.tat, now_t, params);
     // cost ≤ capacity, so cost × interval ≤ tau ≤ TAU_MAX: no overflow, and
-    // ahead + that ≤ 2·TAU_MAX < 2^62.
+    // ahead + that ≤ 2·TAU_MAX < 2^62; keep ≤ tau too.
     let after = ahead + cost * params.interval;
-    if after <= params.tau {
+    if after + keep <= params.tau {
         state.tat = stored(now_t.wrapping_add(after), generation);
         true
     } else {
@@ -874,5 +890,33 @@ mod tests {
             assert!(decide(&mut t, &p, now, 1).allowed, "idle {idle_days} days");
             assert!(decide(&mut t, &p, now, 1).allowed, "idle {idle_days} days");
         }
+    }
+
+    /// A bucket of 10 with 4 kept: a frame that may not touch the reserve
+    /// gets 6 from a full bucket, then only what the refill brings above the
+    /// reserve; one that may gets the rest; nothing ever beyond the bucket.
+    #[test]
+    fn a_reserve_is_left_to_the_frames_that_may_use_it() {
+        let p = params(10, 10);
+        let keep = 4 * p.interval;
+        let mut s = State::full(0, &p);
+        let young = |s: &mut State, t: u64| admit_keeping(s, &p, t * MS, 1, keep);
+        let old = |s: &mut State, t: u64| admit(s, &p, t * MS, 1);
+        assert_eq!((0..6).filter(|_| young(&mut s, 0)).count(), 6);
+        let before = s;
+        assert!(
+            !young(&mut s, 0),
+            "the 7th young frame would eat the reserve"
+        );
+        assert_eq!(s, before, "a refusal at the reserve writes nothing");
+        assert_eq!((0..10).filter(|_| old(&mut s, 0)).count(), 4);
+        // 10 ms refill one token: it goes to the reserve first.
+        assert!(!young(&mut s, 10));
+        assert!(old(&mut s, 10));
+        // 50 ms: 5 tokens back, 4 refill the reserve, 1 above it.
+        assert!(young(&mut s, 60));
+        assert!(!young(&mut s, 60));
+        assert_eq!((0..10).filter(|_| old(&mut s, 60)).count(), 4);
+        assert!(!old(&mut s, 60));
     }
 }

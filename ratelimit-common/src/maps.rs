@@ -25,12 +25,12 @@ pub const MAP_RULES_B: &str = "RL_RULES_B";
 /// it, so the program never reads a half-written rule. Twice the rule capacity
 /// plus two entries, so that every rule can change at once.
 pub const MAP_RULE_TABLE: &str = "RL_RULE_TABLE";
-/// `LruHash<FlowKey, gcra::State>`: one bucket per (rule, masked IPv6 source)
+/// `LruHash<FlowKey, SourceState>`: one bucket per (rule, masked IPv6 source)
 /// under a gcra rule. Written by the program.
 pub const MAP_STATE: &str = "RL_STATE";
-/// `LruHash<FlowKeyV4, gcra::State>`: one bucket per (rule, masked IPv4 source)
-/// under a gcra rule: an 8-byte key hashes faster and takes 80 bytes of kernel
-/// memory per source instead of 96. Written by the program.
+/// `LruHash<FlowKeyV4, SourceState>`: one bucket per (rule, masked IPv4 source)
+/// under a gcra rule: an 8-byte key hashes faster and takes 88 bytes of kernel
+/// memory per source instead of 104. Written by the program.
 pub const MAP_STATE_V4: &str = "RL_STATE4";
 /// `PerCpuArray<Counter>` indexed by [`Reason`]. Written by the program.
 pub const MAP_STATS: &str = "RL_STATS";
@@ -97,11 +97,14 @@ pub enum RuleCounter {
     NewSourceDropped = 5,
     /// Would have been dropped, passed under dry run.
     WouldDrop = 6,
+    /// Dropped at the aggregate's reserve: a new or young source
+    /// ([`Reason::AggregateYoung`]).
+    AggregateYoungDropped = 7,
 }
 
 impl RuleCounter {
     /// Every slot in use, in index order.
-    pub const ALL: [RuleCounter; 7] = [
+    pub const ALL: [RuleCounter; 8] = [
         RuleCounter::Passed,
         RuleCounter::Dropped,
         RuleCounter::Level2Dropped,
@@ -109,6 +112,7 @@ impl RuleCounter {
         RuleCounter::AggregateDropped,
         RuleCounter::NewSourceDropped,
         RuleCounter::WouldDrop,
+        RuleCounter::AggregateYoungDropped,
     ];
 
     /// The slot a rule's frame counted under `reason` (dry run applied) goes to.
@@ -123,6 +127,7 @@ impl RuleCounter {
             Reason::Level2Limited => RuleCounter::Level2Dropped,
             Reason::Level3Limited => RuleCounter::Level3Dropped,
             Reason::AggregateLimited => RuleCounter::AggregateDropped,
+            Reason::AggregateYoung => RuleCounter::AggregateYoungDropped,
             Reason::NewSourceLimited => RuleCounter::NewSourceDropped,
             Reason::WouldDrop => RuleCounter::WouldDrop,
             _ => RuleCounter::Passed,
@@ -139,6 +144,7 @@ impl RuleCounter {
             RuleCounter::AggregateDropped => "aggregate_dropped",
             RuleCounter::NewSourceDropped => "new_source_dropped",
             RuleCounter::WouldDrop => "would_drop",
+            RuleCounter::AggregateYoungDropped => "aggregate_young_dropped",
         }
     }
 }
@@ -665,11 +671,15 @@ pub struct Rule {
     /// The aggregate level, if [`rule_flags::AGGREGATE`]: every frame under the
     /// rule together. State in [`RuleState::aggregate`].
     pub aggregate: gcra::Params,
+    /// The aggregate's reserve, ticks of [`Rule::aggregate`] (reserved units
+    /// × its interval, below its `tau`): what only established sources may
+    /// take ([`RuleState::episode`]); 0 for one bucket shared alike.
+    pub aggregate_reserve: u64,
     /// Key levels beyond the rule's own, if [`rule_flags::LEVELS`]: in order,
     /// those [`KeyLevel::is_on`] first.
     pub levels: [KeyLevel; MAX_KEY_LEVELS - 1],
 }
-const _: () = assert!(core::mem::size_of::<Rule>() == 336);
+const _: () = assert!(core::mem::size_of::<Rule>() == 344);
 
 impl Rule {
     /// The rule as it is in normal mode (see [`action::NOT_ALLOWED`]).
@@ -701,8 +711,20 @@ impl Rule {
 }
 
 /// Value of [`MAP_RULE_STATE`]: the buckets one rule's sources share, each a
-/// [`gcra::State`] word updated with compare-and-swap. A zeroed value is two full
-/// buckets. One cache line per rule, so two busy rules never share one.
+/// [`gcra::State`] word updated with compare-and-swap, and the aggregate's
+/// pressure episodes. A zeroed value is two full buckets and no episode. One
+/// cache line per rule, so two busy rules never share one.
+///
+/// **Established and young sources.** Under a rule whose aggregate has a
+/// reserve ([`Rule::aggregate_reserve`]), an *episode* of pressure begins when
+/// the aggregate refuses a frame after [`EPISODE_QUIET_NS`] without a refusal,
+/// and lasts until that long passes without one. During an episode, a source
+/// whose state was created before the episode began is *established*: it may
+/// take the aggregate's last units, its reserve. A source without state, or
+/// whose state was created during the episode, is *young*: it is admitted at
+/// the aggregate only while the reserve stays whole after it. Outside an
+/// episode every source with a state is established. The aggregate itself is
+/// one bucket whatever the class: it never admits more than its rate and burst.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RuleState {
@@ -710,10 +732,38 @@ pub struct RuleState {
     pub new_sources: u64,
     /// The aggregate level's state.
     pub aggregate: u64,
+    /// When the current (or last) episode began (the program's clock, ns);
+    /// 0 before the first.
+    pub episode: u64,
+    /// The last refusal at the aggregate, to within [`REFUSAL_MARK_NS`]; 0
+    /// before the first.
+    pub refused_at: u64,
     /// Zero.
-    pub _pad: [u64; 6],
+    pub _pad: [u64; 4],
 }
 const _: () = assert!(core::mem::size_of::<RuleState>() == 64);
+
+/// How long an aggregate must refuse nothing for its episode of pressure to
+/// end ([`RuleState`]): a flood that pauses for less comes back to the same
+/// episode, so the sources it created stay young.
+pub const EPISODE_QUIET_NS: u64 = 60_000_000_000;
+
+/// [`RuleState::refused_at`] is written at most once in this long per CPU,
+/// so a flood's refusals do not bounce its cache line between CPUs.
+pub const REFUSAL_MARK_NS: u64 = 1_000_000;
+
+/// Value of [`MAP_STATE`] and [`MAP_STATE_V4`]: a key's GCRA state (the only
+/// word written with compare-and-swap) and when the key got it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SourceState {
+    /// The bucket.
+    pub gcra: gcra::State,
+    /// When the key got its state (the program's clock, ns): see [`RuleState`]
+    /// on established and young sources.
+    pub born: u64,
+}
+const _: () = assert!(core::mem::size_of::<SourceState>() == 16);
 
 /// Value of [`MAP_GLOBAL`].
 #[repr(C)]
@@ -798,6 +848,8 @@ pub const WIDE_WORDS: usize = 66;
 pub struct WideState {
     /// 0 free, 1 held.
     pub lock: u64,
+    /// When the key got its state (see [`SourceState::born`]).
+    pub born: u64,
     /// The algorithm's `State`, from the first byte.
     pub body: [u64; WIDE_WORDS],
 }
@@ -811,6 +863,7 @@ impl Default for WideState {
     fn default() -> Self {
         Self {
             lock: 0,
+            born: 0,
             body: [0; WIDE_WORDS],
         }
     }
@@ -1023,10 +1076,15 @@ pub enum Reason {
     /// 8 bytes, which could rewrite the flags of the one before (RFC 1858,
     /// RFC 3128): dropped by the `unjudged` policy.
     TinyFragment = 17,
+    /// From a new or young source, refused by its rule's aggregate because
+    /// what is left of it is the reserve for established sources
+    /// ([`RuleState`]): dropped. [`Reason::AggregateLimited`] is the
+    /// aggregate refusing whatever the class.
+    AggregateYoung = 18,
 }
 
 /// Number of [`Reason`]s: the size of [`MAP_STATS`].
-pub const REASON_COUNT: u32 = 18;
+pub const REASON_COUNT: u32 = 19;
 
 /// 802.1Q and 802.1ad tags the program walks before the IP header: as many as
 /// any real network stacks (the kernel strips every tag it meets, VID 0 ones
@@ -1059,6 +1117,7 @@ impl Reason {
         Reason::Level3Limited,
         Reason::Unjudged,
         Reason::TinyFragment,
+        Reason::AggregateYoung,
     ];
 
     /// Stable name, used in stats output and metric labels.
@@ -1082,6 +1141,7 @@ impl Reason {
             Reason::Level3Limited => "level3_limited",
             Reason::Unjudged => "unjudged",
             Reason::TinyFragment => "tiny_fragment",
+            Reason::AggregateYoung => "aggregate_young",
         }
     }
 
@@ -1094,6 +1154,7 @@ impl Reason {
                 | Reason::Contended
                 | Reason::NewSourceLimited
                 | Reason::AggregateLimited
+                | Reason::AggregateYoung
                 | Reason::NotAllowed
                 | Reason::Level2Limited
                 | Reason::Level3Limited
@@ -1125,6 +1186,7 @@ mod pod {
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for crate::gcra::State {}
     unsafe impl aya::Pod for super::WideState {}
+    unsafe impl aya::Pod for super::SourceState {}
     unsafe impl aya::Pod for super::RuleState {}
     unsafe impl aya::Pod for super::GlobalState {}
     unsafe impl aya::Pod for super::MatchGroup {}

@@ -70,13 +70,13 @@ use network_types::{
 use ratelimit_common::{
     CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
-    DROPS_CAPACITY, DropKey, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
-    GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES, MAX_EXT_HEADERS, MAX_MATCHES,
-    MAX_VLAN_TAGS, MatchEntry, MatchGroup, NO_RULE, REASON_COUNT, RULE_COUNTERS, Reason, Rule,
-    RuleAddr, RuleCounter, RuleState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action,
-    addr_of, algorithm, config_flags, doorkeeper, family, fixed_window, gcra, interval,
-    level_flags, match_fields, rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log,
-    sliding_window,
+    DROPS_CAPACITY, DropKey, EPISODE_QUIET_NS, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY,
+    FlowKey, FlowKeyV4, GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES,
+    MAX_EXT_HEADERS, MAX_MATCHES, MAX_VLAN_TAGS, MatchEntry, MatchGroup, NO_RULE, REASON_COUNT,
+    REFUSAL_MARK_NS, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter, RuleState, SourceState,
+    V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action, addr_of, algorithm, config_flags,
+    doorkeeper, family, fixed_window, gcra, interval, level_flags, match_fields, rolling_quota,
+    rule_addr, rule_flags, rule_table_len, sliding_log, sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -96,11 +96,11 @@ static RL_RULE_TABLE: Array<Rule> =
 static RL_GROUPS: Array<MatchGroup> = Array::with_max_entries(2 * GROUPS_CAPACITY, 0);
 
 #[map(name = "RL_STATE")]
-static RL_STATE: LruHashMap<FlowKey, gcra::State> =
+static RL_STATE: LruHashMap<FlowKey, SourceState> =
     LruHashMap::with_max_entries(DEFAULT_STATE_V6_CAPACITY, 0);
 
 #[map(name = "RL_STATE4")]
-static RL_STATE4: LruHashMap<FlowKeyV4, gcra::State> =
+static RL_STATE4: LruHashMap<FlowKeyV4, SourceState> =
     LruHashMap::with_max_entries(DEFAULT_STATE_CAPACITY, 0);
 
 #[map(name = "RL_STATS")]
@@ -320,7 +320,12 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
         return Ok(Outcome::of(Reason::Passed));
     };
     let mut reason = match rule.action {
-        action::LIMIT => limit(ctx, l3, rule, family, &source, len, config),
+        action::LIMIT => reason_of(rl_limit(
+            ctx.ctx,
+            l3 as u64,
+            u64::from(family) | (len << 16),
+            rule.index,
+        )),
         action::DENY => Reason::Denied,
         action::ALLOW => Reason::Allowed,
         // Allowlist-only mode: the daemon marks every other rule so.
@@ -464,6 +469,38 @@ impl Target {
     }
 }
 
+/// A frame under the limit rule at `index` in the rule table, whose IP header
+/// starts at `l3`; `packed` holds the family rules see (bits 0-7) and the
+/// frame's length (from bit 16). Answers the [`Reason`].
+///
+/// A global function, as [`rl_host_connection`]: the parse's paths (VLAN
+/// tags, families, extension headers, fragments) each reach the limit with
+/// registers of their own, and inlined the verifier walked the whole limit
+/// again for each; here it walks it once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_limit(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32) -> u32 {
+    let (Some(rule), Some(config)) = (RL_RULE_TABLE.get(index), RL_CONFIG.get(0)) else {
+        return Reason::Passed as u32;
+    };
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    let xdp = XdpContext::new(ctx);
+    let Ok(source) = source_at(&xdp, l3) else {
+        return Reason::Passed as u32;
+    };
+    limit(
+        &xdp,
+        l3,
+        rule,
+        (packed & 0xff) as u8,
+        &source,
+        packed >> 16,
+        config,
+    ) as u32
+}
+
 /// Applies a limit rule to the frame from `source`.
 #[inline(always)]
 fn limit(
@@ -489,13 +526,16 @@ fn limit(
     };
     let agg = aggregate(rule, shared, len);
     if agg.is_some() && !peek(agg.word, agg.params, now, agg.cost) {
-        // Refused at the aggregate whatever the source's own level says: no
-        // need to find its state. Under a flood that fills the aggregate, this
-        // is the whole cost of a frame.
+        // Refused at the aggregate whatever the source's own level and class
+        // say: no need to find its state. Under a flood that empties even the
+        // reserve, this is the whole cost of a frame.
+        mark_refusal(rule, shared, now);
         return Reason::AggregateLimited;
     }
     let mut target = Target::done(Reason::Passed, rule);
     let mut tracked = false;
+    // A source without a state, or one promoted now, is young.
+    let mut born = u64::MAX;
     if rule.algorithm == algorithm::GCRA {
         let state = if fam == family::V4 {
             state_v4(&key)
@@ -505,18 +545,44 @@ fn limit(
         if !state.is_null() {
             target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
             tracked = true;
+            // SAFETY: a map value valid for this run; written once, at its
+            // creation.
+            born = unsafe { read_volatile(&raw const (*state).born) };
         }
     } else if RL_WIDE.get_ptr_mut(key).is_some() {
         target = Target::wide(rule);
         tracked = true;
     }
     if !tracked {
-        target = untracked(&key, &masked, fam, rule, config, now, cost);
+        let found = rl_untracked(
+            ctx.ctx,
+            l3 as u64,
+            u64::from(fam) | (len << 16),
+            rule.index,
+            now,
+        );
+        target = match found {
+            UNTRACKED_PROMOTED => {
+                let state = if fam == family::V4 {
+                    state_v4(&key)
+                } else {
+                    state_v6(&key)
+                };
+                if state.is_null() {
+                    Target::done(Reason::StateFailed, rule)
+                } else {
+                    Target::gcra(Level::own(state.cast::<u64>(), rule, cost))
+                }
+            }
+            UNTRACKED_PROMOTED_WIDE => Target::wide(rule),
+            UNTRACKED_BUDGET => new_source_level(rule),
+            r => Target::done(reason_of(r), rule),
+        };
     }
     let reason = match target.kind {
         Kind::Gcra => two_levels(
             target.level,
-            &shared_levels(ctx, l3, rule, fam, len, now),
+            &shared_levels(ctx, l3, rule, fam, len, now, young(rule, shared, born, now)),
             now,
         ),
         // The wide algorithms count packets (the daemon sets BYTES for gcra only).
@@ -588,7 +654,7 @@ fn mask_source(mask_v4: u32, mask_v6: &Words, fam: u8, source: &Words) -> Words 
 /// and the verifier, which inlines a lookup only when its call site always
 /// sees the same map, then leaves both to the slower generic helper.
 #[inline(never)]
-fn state_v4(key: &FlowKey) -> *mut gcra::State {
+fn state_v4(key: &FlowKey) -> *mut SourceState {
     match RL_STATE4.get_ptr_mut(key.v4()) {
         Some(p) => p,
         None => core::ptr::null_mut(),
@@ -597,7 +663,7 @@ fn state_v4(key: &FlowKey) -> *mut gcra::State {
 
 /// The state of an IPv6 key, or null. See [`state_v4`].
 #[inline(never)]
-fn state_v6(key: &FlowKey) -> *mut gcra::State {
+fn state_v6(key: &FlowKey) -> *mut SourceState {
     match RL_STATE.get_ptr_mut(*key) {
         Some(p) => p,
         None => core::ptr::null_mut(),
@@ -730,15 +796,17 @@ enum Taken {
     Contended,
 }
 
-/// Takes `cost` units from the GCRA bucket at `word` if it has them.
+/// Takes `cost` units from the GCRA bucket at `word` if it has them, and
+/// `keep` ticks more (a reserve the frame may not touch; see
+/// [`gcra::admit_keeping`]).
 #[inline(always)]
-fn take(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) -> Taken {
+fn take(word: *mut u64, params: &gcra::Params, now: u64, cost: u64, keep: u64) -> Taken {
     // SAFETY: as in `two_levels`.
     let mut seen = unsafe { read_volatile(word) };
     let mut taken = Taken::Contended;
     for _ in 0..CAS_RETRIES {
         let mut next = gcra::State { tat: seen };
-        let allowed = gcra::admit(&mut next, params, now, cost);
+        let allowed = gcra::admit_keeping(&mut next, params, now, cost, keep);
         let (found, swapped) = if next.tat == seen {
             (seen, true)
         } else {
@@ -792,10 +860,16 @@ struct Levels {
 fn reason_of(r: u32) -> Reason {
     if r == Reason::Passed as u32 {
         Reason::Passed
+    } else if r == Reason::NewSource as u32 {
+        Reason::NewSource
+    } else if r == Reason::NewSourceLimited as u32 {
+        Reason::NewSourceLimited
     } else if r == Reason::Limited as u32 {
         Reason::Limited
     } else if r == Reason::AggregateLimited as u32 {
         Reason::AggregateLimited
+    } else if r == Reason::AggregateYoung as u32 {
+        Reason::AggregateYoung
     } else if r == Reason::Level2Limited as u32 {
         Reason::Level2Limited
     } else if r == Reason::Level3Limited as u32 {
@@ -833,14 +907,23 @@ pub extern "C" fn rl_wide(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, no
     }
 }
 
-/// The shared levels of `rule` for this frame.
+/// The shared levels of `rule` for this frame, from a young source or not
+/// (see [`young`]).
 #[inline(always)]
-fn shared_levels(ctx: &XdpContext, l3: usize, rule: &Rule, fam: u8, len: u64, now: u64) -> Levels {
+fn shared_levels(
+    ctx: &XdpContext,
+    l3: usize,
+    rule: &Rule,
+    fam: u8,
+    len: u64,
+    now: u64,
+    young: bool,
+) -> Levels {
     Levels {
         on: rule.flags & (rule_flags::LEVELS | rule_flags::AGGREGATE) != 0,
         ctx: ctx.ctx,
         l3: l3 as u64,
-        packed: u64::from(fam) | (len << 16),
+        packed: u64::from(fam) | (len << 16) | if young { LEVELS_YOUNG } else { 0 },
         index: rule.index,
         now,
     }
@@ -850,6 +933,8 @@ fn shared_levels(ctx: &XdpContext, l3: usize, rule: &Rule, fam: u8, len: u64, no
 const LEVELS_TAKE: u64 = 0;
 /// [`rl_levels`]: give each level its unit back.
 const LEVELS_GIVE_BACK: u64 = 1 << 8;
+/// [`rl_levels`]: the frame is from a young source ([`young`]).
+const LEVELS_YOUNG: u64 = 1 << 11;
 
 impl Levels {
     /// Takes the frame's units at every level, or at none: the reason it was
@@ -959,9 +1044,15 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
     let giving = packed & LEVELS_GIVE_BACK != 0;
     let n = (packed >> LEVEL_SHIFT) & 3;
     let len = packed >> 16;
+    let young = packed & LEVELS_YOUNG != 0;
     let (word, params, cost, refused) = if n == 0 {
         let agg = aggregate(rule, rule_state(rule), len);
-        (agg.word, agg.params, agg.cost, Reason::AggregateLimited)
+        let refused = if young {
+            Reason::AggregateYoung
+        } else {
+            Reason::AggregateLimited
+        };
+        (agg.word, agg.params, agg.cost, refused)
     } else {
         let (lv, refused) = if n == 1 {
             (&rule.levels[0], Reason::Level2Limited)
@@ -990,10 +1081,68 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
         give_back(word, params, now, cost);
         return passed;
     }
-    match take(word, params, now, cost) {
+    let keep = if n == 0 && young {
+        rule.aggregate_reserve
+    } else {
+        0
+    };
+    match take(word, params, now, cost, keep) {
         Taken::Yes => passed,
-        Taken::No => refused as u32,
+        Taken::No => {
+            if n == 0 {
+                mark_refusal(rule, rule_state(rule), now);
+            }
+            refused as u32
+        }
         Taken::Contended => Reason::Contended as u32,
+    }
+}
+
+/// Whether a frame from a source whose state was created at `born`
+/// (`u64::MAX` for none yet) is young at `rule`'s aggregate: a source without
+/// a state, or, during an episode of pressure, one that got its state after
+/// the episode began ([`RuleState`]).
+#[inline(always)]
+fn young(rule: &Rule, shared: *mut RuleState, born: u64, now: u64) -> bool {
+    if rule.aggregate_reserve == 0 || shared.is_null() {
+        return false;
+    }
+    if born == u64::MAX {
+        return true;
+    }
+    // SAFETY: fields of a map value valid for this run; a torn view of two
+    // words written apart only moves one frame between classes.
+    let (episode, last) = unsafe {
+        (
+            read_volatile(&raw const (*shared).episode),
+            read_volatile(&raw const (*shared).refused_at),
+        )
+    };
+    episode != 0
+        && born >= episode
+        && now.saturating_sub(last) <= EPISODE_QUIET_NS + REFUSAL_MARK_NS
+}
+
+/// Notes a refusal at `rule`'s aggregate: it begins an episode of pressure
+/// after a quiet one ([`RuleState`]). Written at most once per
+/// [`REFUSAL_MARK_NS`], so that a flood's refusals read the line, not bounce it.
+#[inline(always)]
+fn mark_refusal(rule: &Rule, shared: *mut RuleState, now: u64) {
+    if rule.aggregate_reserve == 0 || shared.is_null() {
+        return;
+    }
+    // SAFETY: fields of a map value valid for this run; CPUs racing here all
+    // write about the same time.
+    unsafe {
+        let last = read_volatile(&raw const (*shared).refused_at);
+        let since = now.saturating_sub(last);
+        if last != 0 && since < REFUSAL_MARK_NS {
+            return;
+        }
+        if last == 0 || since > EPISODE_QUIET_NS {
+            core::ptr::write_volatile(&raw mut (*shared).episode, now);
+        }
+        core::ptr::write_volatile(&raw mut (*shared).refused_at, now);
     }
 }
 
@@ -1016,20 +1165,38 @@ fn level_state(
     create: bool,
 ) -> *mut u64 {
     let key = FlowKey::of(&level_masked(lv, fam, source), KeyLevel::key_id(rule_id, n));
-    let v4 = fam == family::V4;
-    let found = if v4 { state_v4(&key) } else { state_v6(&key) };
-    if !found.is_null() || !create {
-        return found.cast();
-    }
-    // Another CPU creating it at the same moment wins; this one then takes
-    // from the winner's state.
-    let fresh = gcra::State::full(now, &lv.params);
-    if v4 {
-        let _ = RL_STATE4.insert(key.v4(), fresh, u64::from(BPF_NOEXIST));
-        state_v4(&key).cast()
+    // Looked up here, not through `state_v4` and `state_v6`: their frames
+    // would make the deepest chain of calls (the program, `rl_limit`,
+    // `rl_levels`, `rl_level`) too deep for the verifier's 512-byte stack.
+    let fresh = SourceState {
+        gcra: gcra::State::full(now, &lv.params),
+        born: now,
+    };
+    let found = if fam == family::V4 {
+        let key = key.v4();
+        match RL_STATE4.get_ptr_mut(key) {
+            Some(p) => Some(p),
+            // Another CPU creating it at the same moment wins; this one then
+            // takes from the winner's state.
+            None if create => {
+                let _ = RL_STATE4.insert(key, fresh, u64::from(BPF_NOEXIST));
+                RL_STATE4.get_ptr_mut(key)
+            }
+            None => None,
+        }
     } else {
-        let _ = RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST));
-        state_v6(&key).cast()
+        match RL_STATE.get_ptr_mut(key) {
+            Some(p) => Some(p),
+            None if create => {
+                let _ = RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST));
+                RL_STATE.get_ptr_mut(key)
+            }
+            None => None,
+        }
+    };
+    match found {
+        Some(p) => p.cast(),
+        None => core::ptr::null_mut(),
     }
 }
 
@@ -1067,6 +1234,77 @@ fn event(event: Event) {
         // SAFETY: a per-CPU slot, written only by this CPU.
         unsafe { *n += 1 };
     }
+}
+
+/// [`rl_untracked`]: the key got a gcra state now (the frame is judged
+/// against it).
+const UNTRACKED_PROMOTED: u32 = 0x100;
+/// [`rl_untracked`]: the key got a wide state now.
+const UNTRACKED_PROMOTED_WIDE: u32 = 0x101;
+/// [`rl_untracked`]: the frame is judged by the new-source budget.
+const UNTRACKED_BUDGET: u32 = 0x102;
+
+/// A frame from a key without state under the limit rule at `index` ([`untracked`];
+/// arguments as for [`rl_levels`]): answers [`UNTRACKED_PROMOTED`],
+/// [`UNTRACKED_PROMOTED_WIDE`], [`UNTRACKED_BUDGET`], or the [`Reason`] of a
+/// verdict already made.
+///
+/// A global function: the doorkeeper's retries and the promotion into six
+/// algorithms' states are verified once, apart from the limit's paths.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_untracked(
+    ctx: *mut xdp_md,
+    l3: u64,
+    packed: u64,
+    index: u32,
+    now: u64,
+) -> u32 {
+    let (Some(rule), Some(config)) = (RL_RULE_TABLE.get(index), RL_CONFIG.get(0)) else {
+        return Reason::Passed as u32;
+    };
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    let fam = (packed & 0xff) as u8;
+    let Ok(source) = source_at(&XdpContext::new(ctx), l3) else {
+        return Reason::Passed as u32;
+    };
+    let masked = masked(rule, fam, &source);
+    let key = FlowKey::of(&masked, rule.id);
+    let cost = if rule.flags & rule_flags::BYTES != 0 {
+        packed >> 16
+    } else {
+        1
+    };
+    let target = untracked(&key, &masked, fam, rule, config, now, cost);
+    match target.kind {
+        // Its own bucket (the budget passes as `NewSource`).
+        Kind::Gcra if target.level.pass == Reason::Passed => UNTRACKED_PROMOTED,
+        Kind::Gcra => UNTRACKED_BUDGET,
+        Kind::Wide => UNTRACKED_PROMOTED_WIDE,
+        Kind::Done => target.reason as u32,
+    }
+}
+
+/// The new-source budget of `rule` as a frame's own level (no own level when
+/// the rule's new sources are unlimited: the aggregate alone judges them).
+#[inline(always)]
+fn new_source_level(rule: &'static Rule) -> Target {
+    let shared = rule_state(rule);
+    let word = if rule.flags & rule_flags::NEW_SOURCES_UNLIMITED != 0 || shared.is_null() {
+        core::ptr::null_mut()
+    } else {
+        // SAFETY: a field of a map value valid for this run.
+        unsafe { &raw mut (*shared).new_sources }
+    };
+    Target::gcra(Level {
+        word,
+        params: &rule.new_sources,
+        cost: 1,
+        pass: Reason::NewSource,
+        deny: Reason::NewSourceLimited,
+    })
 }
 
 /// A frame from a key with no state: the doorkeeper decides whether it earns
@@ -1222,8 +1460,9 @@ fn promote(
 ) -> Target {
     if rule.algorithm == algorithm::GCRA {
         let params = rule.gcra_params();
-        let mut fresh = gcra::State::full(now, params);
-        gcra::charge(&mut fresh, params, now, admitted);
+        let mut gcra = gcra::State::full(now, params);
+        gcra::charge(&mut gcra, params, now, admitted);
+        let fresh = SourceState { gcra, born: now };
         // Errors as plain numbers: see `Aggregate` on values with payloads.
         let code = |r: Result<(), i32>| match r {
             Ok(()) => 0,
@@ -1257,6 +1496,8 @@ fn promote(
         // SAFETY: this CPU's own map value, zeroed.
         unsafe { charge_wide(fresh, rule, now, admitted) };
     }
+    // SAFETY: as above.
+    unsafe { (*fresh).born = now };
     // By reference: the value must not be copied onto the 512-byte stack.
     // SAFETY: a valid map value of the same type, read by the helper.
     #[allow(clippy::needless_borrows_for_generic_args)]
@@ -1385,11 +1626,21 @@ fn limit_wide(wide: *mut WideState, rule: &'static Rule, len: u64, now: u64) -> 
             Reason::Limited
         };
         if reason == Reason::Passed {
-            let agg = aggregate(rule, rule_state(rule), len);
+            let shared = rule_state(rule);
+            let agg = aggregate(rule, shared, len);
             if agg.is_some() {
-                reason = match take(agg.word, agg.params, now, agg.cost) {
+                let young = young(rule, shared, read_volatile(&raw const (*wide).born), now);
+                let keep = if young { rule.aggregate_reserve } else { 0 };
+                reason = match take(agg.word, agg.params, now, agg.cost, keep) {
                     Taken::Yes => Reason::Passed,
-                    Taken::No => Reason::AggregateLimited,
+                    Taken::No => {
+                        mark_refusal(rule, shared, now);
+                        if young {
+                            Reason::AggregateYoung
+                        } else {
+                            Reason::AggregateLimited
+                        }
+                    }
                     Taken::Contended => Reason::Contended,
                 };
                 if reason != Reason::Passed {

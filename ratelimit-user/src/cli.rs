@@ -408,6 +408,11 @@ pub struct SetArgs {
     /// Burst of the aggregate level [default: one second's worth].
     #[arg(long, requires = "aggregate")]
     pub aggregate_burst: Option<String>,
+    /// The part of the aggregate's burst only sources established before a
+    /// flood may take: a count, or a share like 50% [default: 50%]; 0 for one
+    /// bucket shared alike.
+    #[arg(long, requires = "aggregate")]
+    pub aggregate_reserve: Option<String>,
     /// The limit holds across the fleet: every daemon run with --fleet keeps
     /// each key in step through Redis (gcra only).
     #[arg(long)]
@@ -914,6 +919,7 @@ async fn run_command(command: Command) -> Result<()> {
                 new_sources_burst: args.new_sources_burst.clone().map(RawBurst::Text),
                 aggregate: args.aggregate.clone(),
                 aggregate_burst: args.aggregate_burst.clone().map(RawBurst::Text),
+                aggregate_reserve: args.aggregate_reserve.clone().map(RawBurst::Text),
                 fleet: args.fleet.then_some(true),
                 host_connections: args.host_connections,
                 levels,

@@ -155,6 +155,11 @@ pub struct RawLimit {
     /// Burst of the aggregate level.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aggregate_burst: Option<RawBurst>,
+    /// The part of the aggregate's burst only established sources may take:
+    /// a count (`5000`) or a share (`"50%"`, the default); 0 for one bucket
+    /// shared alike.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregate_reserve: Option<RawBurst>,
     /// The limit holds across the fleet (every daemon run with `--fleet`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<bool>,
@@ -318,6 +323,7 @@ impl RawLimit {
                 || self.new_sources_burst.is_some()
                 || self.aggregate.is_some()
                 || self.aggregate_burst.is_some()
+                || self.aggregate_reserve.is_some()
                 || self.fleet.is_some()
                 || self.host_connections.is_some()
                 || self.levels.is_some()
@@ -377,6 +383,7 @@ impl RawLimit {
                     dry_run: self.dry_run.unwrap_or(false),
                     new_sources: self.new_sources(field)?,
                     aggregate: self.aggregate(field)?,
+                    aggregate_reserve: self.aggregate_reserve(field)?,
                     fleet: self.fleet.unwrap_or(false),
                     host_connections: self.host_connections.unwrap_or_default(),
                     levels: self.levels(field, family_v4, (per_v4, per_v6))?,
@@ -500,6 +507,36 @@ impl RawLimit {
             )),
             (Some(rate), burst) => Ok(Some(shared(&name, rate, burst.as_ref())?)),
         }
+    }
+
+    fn aggregate_reserve(&self, field: &str) -> Result<Option<u64>> {
+        let name = format!("{field}.aggregate-reserve");
+        let Some(raw) = &self.aggregate_reserve else {
+            return Ok(None);
+        };
+        let Some(aggregate) = self.aggregate(field)? else {
+            return Err(Error::invalid(
+                name,
+                "a reserve is part of an aggregate: give the aggregate too, like aggregate = \"100k/s\"",
+            ));
+        };
+        let form = "a count of the aggregate's units below its burst (like 5000), or a share of its burst (like \"50%\"); 0 for one bucket shared alike";
+        let units = match raw {
+            RawBurst::Count(n) => *n,
+            RawBurst::Text(t) => {
+                let t = t.trim();
+                if let Some(p) = t.strip_suffix('%') {
+                    match p.trim().parse::<u64>() {
+                        Ok(p) if p < 100 => aggregate.burst * p / 100,
+                        _ => return Err(Error::invalid(name, format!("{t:?}: expected {form}"))),
+                    }
+                } else {
+                    t.parse::<u64>()
+                        .map_err(|_| Error::invalid(&name, format!("{t:?}: expected {form}")))?
+                }
+            }
+        };
+        Ok(Some(units))
     }
 
     fn rate_and_burst(
@@ -644,6 +681,7 @@ impl From<&Action> for RawLimit {
                 if let Some(a) = l.aggregate {
                     raw.aggregate = Some(a.rate.exact());
                     raw.aggregate_burst = Some(RawBurst::Count(a.burst));
+                    raw.aggregate_reserve = l.aggregate_reserve.map(RawBurst::Count);
                 }
                 let levels: Vec<RawLevel> = l
                     .levels
@@ -1045,6 +1083,39 @@ mod tests {
             (l.burst, l.per_v4, l.dry_run, l.rate.unit),
             (1_000_000, 24, true, Unit::Bytes)
         );
+    }
+
+    #[test]
+    fn an_aggregate_reserve_is_a_count_or_a_share_below_its_burst() {
+        let reserve = |extra: &str| {
+            parse(&format!(
+                "[default]\nrate = \"100/s\"\naggregate = \"10k/s\"\naggregate-burst = 2000\n{extra}"
+            ))
+            .map(|set| match set.default {
+                Action::Limit(l) => l.aggregate_reserve,
+                _ => panic!("not a limit"),
+            })
+        };
+        assert_eq!(reserve("").unwrap(), None, "the default: half the burst");
+        assert_eq!(reserve("aggregate-reserve = 500").unwrap(), Some(500));
+        assert_eq!(reserve("aggregate-reserve = \"25%\"").unwrap(), Some(500));
+        assert_eq!(reserve("aggregate-reserve = 0").unwrap(), Some(0));
+        for bad in ["2000", "\"100%\"", "\"lots\"", "\"-1\""] {
+            let e = reserve(&format!("aggregate-reserve = {bad}")).unwrap_err();
+            assert!(
+                e.to_string().contains("aggregate-reserve"),
+                "{bad}: the error names the field: {e}"
+            );
+        }
+        let e = parse("[default]\nrate = \"100/s\"\naggregate-reserve = 10\n").unwrap_err();
+        assert!(e.to_string().contains("give the aggregate too"), "{e}");
+        // Round trip through the kernel's rule: the reserve comes back.
+        let set =
+            parse("[default]\nrate = \"100/s\"\naggregate = \"10k/s\"\naggregate-reserve = 123\n")
+                .unwrap();
+        let k = set.default.to_kernel(0, "default").unwrap();
+        assert_eq!(k.aggregate_reserve, 123 * k.aggregate.interval);
+        assert_eq!(Action::from_kernel(&k), set.default);
     }
 
     #[test]

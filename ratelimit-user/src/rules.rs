@@ -412,6 +412,10 @@ pub struct Limit {
     pub new_sources: NewSources,
     /// The aggregate level: all the rule's sources together.
     pub aggregate: Option<Shared>,
+    /// The aggregate's reserve for established sources, in its units
+    /// (`None`: half its burst; 0: one bucket shared alike). See
+    /// [`common::RuleState`] on established and young sources.
+    pub aggregate_reserve: Option<u64>,
     /// Held across the fleet (gcra): every daemon run with `--fleet` keeps
     /// each key's bucket in step with what the fleet admitted
     /// ([`crate::fleet`]). The aggregate level stays per host.
@@ -580,6 +584,24 @@ impl Limit {
         if let Some(a) = &self.aggregate {
             a.params(&format!("{field} aggregate"))?;
         }
+        match (&self.aggregate, self.aggregate_reserve) {
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    format!("{field}.aggregate-reserve"),
+                    "a reserve is part of an aggregate: give the aggregate too, like aggregate = \"100k/s\"",
+                ));
+            }
+            (Some(a), Some(r)) if r >= a.burst => {
+                return Err(Error::invalid(
+                    format!("{field}.aggregate-reserve"),
+                    format!(
+                        "{r} is not below the aggregate's burst of {}: new sources would never be admitted; give a count below it, a share like \"50%\", or 0 for one bucket shared alike",
+                        a.burst
+                    ),
+                ));
+            }
+            _ => {}
+        }
         if self.algo != Algo::Gcra {
             return Ok(gcra::Params::DENY_ALL);
         }
@@ -672,6 +694,9 @@ impl Limit {
         }
         if let Some(a) = &self.aggregate {
             write!(f, ", aggregate {a}")?;
+            if let Some(r) = self.aggregate_reserve {
+                write!(f, " reserve {r}")?;
+            }
         }
         if self.fleet {
             f.write_str(", fleet-wide")?;
@@ -825,16 +850,21 @@ impl Action {
                         burst: r.new_sources.capacity.max(1),
                     })
                 };
-                let aggregate = (r.flags & rule_flags::AGGREGATE != 0).then(|| Shared {
-                    rate: rate_of(
-                        &r.aggregate,
-                        if r.flags & rule_flags::AGGREGATE_BYTES != 0 {
-                            Unit::Bytes
-                        } else {
-                            Unit::Packets
-                        },
-                    ),
-                    burst: r.aggregate.capacity.max(1),
+                let aggregate: Option<Shared> =
+                    (r.flags & rule_flags::AGGREGATE != 0).then(|| Shared {
+                        rate: rate_of(
+                            &r.aggregate,
+                            if r.flags & rule_flags::AGGREGATE_BYTES != 0 {
+                                Unit::Bytes
+                            } else {
+                                Unit::Packets
+                            },
+                        ),
+                        burst: r.aggregate.capacity.max(1),
+                    });
+                let aggregate_reserve = aggregate.and_then(|a| {
+                    let units = r.aggregate_reserve / r.aggregate.interval.max(1);
+                    (units != a.burst / 2).then_some(units)
                 });
                 Action::Limit(Limit {
                     rate,
@@ -845,6 +875,7 @@ impl Action {
                     dry_run: r.flags & rule_flags::DRY_RUN != 0,
                     new_sources,
                     aggregate,
+                    aggregate_reserve,
                     fleet: r.flags & rule_flags::FLEET != 0,
                     host_connections: if r.flags & rule_flags::HOST_CONNECTIONS != 0 {
                         HostConnections::Pass
@@ -919,15 +950,18 @@ impl Action {
                         gcra::Params::DENY_ALL
                     }
                 };
-                let aggregate = match &l.aggregate {
+                let (aggregate, aggregate_reserve) = match &l.aggregate {
                     Some(a) => {
                         flags |= rule_flags::AGGREGATE;
                         if a.rate.unit == Unit::Bytes {
                             flags |= rule_flags::AGGREGATE_BYTES;
                         }
-                        a.params(field)?
+                        let p = a.params(field)?;
+                        // Below the burst (checked by `params`): fits in tau.
+                        let units = l.aggregate_reserve.unwrap_or(a.burst / 2).min(p.capacity);
+                        (p, units * p.interval)
                     }
-                    None => gcra::Params::DENY_ALL,
+                    None => (gcra::Params::DENY_ALL, 0),
                 };
                 let (algorithm, params) = match l.algo {
                     Algo::Gcra => (algorithm::GCRA, AlgoParams::from_gcra(gcra)),
@@ -946,6 +980,7 @@ impl Action {
                     params,
                     new_sources,
                     aggregate,
+                    aggregate_reserve,
                     ..Default::default()
                 };
                 if l.levels.iter().any(Option::is_some) && l.algo != Algo::Gcra {
@@ -1083,6 +1118,7 @@ pub fn default_limit() -> Limit {
         dry_run: false,
         new_sources: default_new_sources(),
         aggregate: None,
+        aggregate_reserve: None,
         fleet: false,
         host_connections: HostConnections::Pass,
         levels: [None, None],

@@ -1,8 +1,9 @@
 //! The flood path under BPF_PROG_TEST_RUN: state is earned (a first sighting
 //! inserts nothing), a promotion is charged with what the source got before,
 //! the new-source budget and the aggregate level are exact on two CPUs and never
-//! consume at one level what the other refused, and the coarse clock keeps its
-//! bound.
+//! consume at one level what the other refused, the aggregate's reserve keeps
+//! the sources established before a flood at their own limits, and the coarse
+//! clock keeps its bound.
 
 use std::{
     net::IpAddr,
@@ -173,10 +174,12 @@ fn the_new_source_budget_is_exact_on_two_cpus() {
     }
 }
 
-/// Per-source burst 300 and an aggregate of 500, both refilling once an hour.
+/// Per-source burst 150 and an aggregate of 500 shared alike (no reserve),
+/// both refilling once a minute.
 fn two_levels() -> RuleSet {
     let mut lim = limit("1/min", 150);
     lim.aggregate = Some(shared("1/min", 500));
+    lim.aggregate_reserve = Some(0);
     let mut set = rules(limit("1/min", 150));
     set.rules.insert(
         Selector::parse("cidr", "198.18.0.0/15").expect("prefix"),
@@ -257,6 +260,123 @@ fn a_frame_refused_by_its_source_takes_nothing_from_the_aggregate() {
     // everything after the aggregate ran out was refused there.
     assert_eq!(l.packets(Reason::Limited), 850 + 2 * 50);
     assert_eq!(l.packets(Reason::AggregateLimited), 2000 - 350 - 2 * 50);
+}
+
+/// An aggregate of 1000 with its default reserve (half its burst: 500),
+/// per-source burst 100, refilling once a minute. Four sources establish
+/// themselves (a state each), then, from both CPUs at once, each asks for 200
+/// more among 4000 spoofed new sources: the established get exactly the rest
+/// of their own bursts (the aggregate refuses none of them), the new sources
+/// only what lay above the reserve, and the aggregate never admits more than
+/// 1000.
+#[test]
+fn established_sources_keep_their_limits_while_new_ones_exhaust_the_aggregate() {
+    privileged!("established_sources_keep_their_limits_while_new_ones_exhaust_the_aggregate");
+    for trial in 0..5u32 {
+        let mut lim = limit("1/min", 100);
+        lim.aggregate = Some(shared("1/min", 1000));
+        let l = Loaded::new(&rules(lim));
+        let old = |k: u32| from(30_000 + trial * 10 + k);
+        for k in 0..4 {
+            for n in ["first", "second"] {
+                assert_eq!(
+                    l.verdict(&old(k)),
+                    XDP_PASS,
+                    "trial {trial}: source {k}, {n} frame"
+                );
+            }
+        }
+        assert_eq!(tracked(&l), 4, "trial {trial}: four established sources");
+        // Per CPU: two established sources, 200 frames each, among 2000 new ones.
+        let flood = |cpu: u32| {
+            let (a, b) = (old(2 * cpu), old(2 * cpu + 1));
+            (0..2000u32)
+                .flat_map(|i| {
+                    let new = from(100_000 + trial * 4000 + cpu * 2000 + i);
+                    if i % 10 == 0 {
+                        vec![new, a.clone(), b.clone()]
+                    } else {
+                        vec![new]
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (flood(0), flood(1));
+        on_two_cpus(&l, [&a, &b]);
+        let passed = l.packets(Reason::Passed);
+        let new_passed = l.packets(Reason::NewSource) - 4;
+        let young_refused = l.packets(Reason::AggregateYoung);
+        let own = l.packets(Reason::Limited);
+        let whole = l.packets(Reason::AggregateLimited);
+        let contended = l.packets(Reason::Contended);
+        let detail = format!(
+            "trial {trial}: established {passed} passed on their states, {own} refused by their own limits, \
+             {whole} by the aggregate; new sources {new_passed} passed, {young_refused} refused at the reserve; \
+             {contended} contended"
+        );
+        // Their promoting frames, then the 98 left of each own burst of 100.
+        let expected = 4 + 4 * 98;
+        if contended == 0 {
+            assert_eq!(passed, expected, "{detail}");
+            assert_eq!(own, 4 * (200 - 98), "{detail}");
+        } else {
+            assert!(
+                passed <= expected && passed + contended >= expected,
+                "{detail}"
+            );
+        }
+        assert_eq!(
+            whole, 0,
+            "an established frame met an empty aggregate: {detail}"
+        );
+        assert!(
+            (100..=492).contains(&new_passed),
+            "at most what lay above the reserve (1000 − 8 − 500 = 492), \
+             at least that less what the established took (392): {detail}"
+        );
+        assert!(
+            passed + new_passed + 4 <= 1000,
+            "the aggregate of 1000 over-admitted: {detail}"
+        );
+        assert_eq!(
+            passed + own + new_passed + young_refused + contended,
+            8 + 4 * 200 + 4000 - 4,
+            "{detail}"
+        );
+        assert_eq!(
+            tracked(&l),
+            4,
+            "the spoofed sources, seen once, got no state: {detail}"
+        );
+    }
+}
+
+/// With the reserve off (`aggregate_reserve = 0`) the aggregate is one bucket
+/// shared alike: the same flood takes it from the established sources too.
+#[test]
+fn without_a_reserve_the_flood_takes_the_aggregate_from_everyone() {
+    privileged!("without_a_reserve_the_flood_takes_the_aggregate_from_everyone");
+    let mut lim = limit("1/min", 100);
+    lim.aggregate = Some(shared("1/min", 1000));
+    lim.aggregate_reserve = Some(0);
+    let l = Loaded::new(&rules(lim));
+    let old = from(40_000);
+    assert_eq!(l.verdict(&old), XDP_PASS);
+    assert_eq!(l.verdict(&old), XDP_PASS);
+    let admitted = (0..2000)
+        .filter(|i| l.verdict(&from(200_000 + i)) == XDP_PASS)
+        .count();
+    assert_eq!(
+        admitted, 998,
+        "the new sources took all the aggregate had left"
+    );
+    assert_eq!(
+        l.verdict(&old),
+        XDP_DROP,
+        "and the established source is refused"
+    );
+    assert_eq!(l.packets(Reason::AggregateLimited), 2000 - 998 + 1);
+    assert_eq!(l.packets(Reason::AggregateYoung), 0);
 }
 
 /// The coarse clock decides on the time of the last tick: over a run of T it

@@ -32,8 +32,8 @@ pub struct Maps {
     /// The two rule tries; `Config::active_rules` says which the program reads.
     tries: [LpmTrie<MapData, RuleAddr, u32>; 2],
     table: Array<MapData, common::Rule>,
-    state: HashMap<MapData, FlowKey, gcra::State>,
-    state_v4: HashMap<MapData, FlowKeyV4, gcra::State>,
+    state: HashMap<MapData, FlowKey, common::SourceState>,
+    state_v4: HashMap<MapData, FlowKeyV4, common::SourceState>,
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
     drops: HashMap<MapData, common::DropKey, u64>,
@@ -916,14 +916,13 @@ impl Maps {
         self.state_v4
             .iter()
             .map(|e| {
-                e.map(|(k, v)| (k.widen(), v))
+                e.map(|(k, v)| (k.widen(), v.gcra))
                     .map_err(map_err("reading", MAP_STATE_V4))
             })
-            .chain(
-                self.state
-                    .iter()
-                    .map(|e| e.map_err(map_err("reading", MAP_STATE))),
-            )
+            .chain(self.state.iter().map(|e| {
+                e.map(|(k, v)| (k, v.gcra))
+                    .map_err(map_err("reading", MAP_STATE))
+            }))
     }
 
     /// Drop counts by source address, or by key of a rule's key level.
@@ -935,6 +934,11 @@ impl Maps {
 
     /// The state of one gcra key, if tracked.
     pub fn state(&self, key: &FlowKey) -> Option<gcra::State> {
+        self.source_state(key).map(|s| s.gcra)
+    }
+
+    /// The state of one gcra key with when it was created, if tracked.
+    pub fn source_state(&self, key: &FlowKey) -> Option<common::SourceState> {
         if common::is_v4_mapped(&key.addr) {
             self.state_v4.get(&key.v4(), 0).ok()
         } else {
@@ -955,9 +959,8 @@ impl Maps {
     /// next sync).
     pub fn raise(&mut self, key: &FlowKey, params: &gcra::Params, debt_ns: u64, add: bool) {
         let now = crate::daemon::monotonic_ns();
-        let current = self
-            .state(key)
-            .map_or(0, |s| gcra::debt_ns(s.tat, params, now));
+        let found = self.source_state(key);
+        let current = found.map_or(0, |s| gcra::debt_ns(s.gcra.tat, params, now));
         let target = if add {
             current.saturating_add(debt_ns)
         } else {
@@ -966,8 +969,12 @@ impl Maps {
         if target <= current {
             return;
         }
-        let state = gcra::State {
-            tat: gcra::with_debt(params, now, target),
+        let state = common::SourceState {
+            gcra: gcra::State {
+                tat: gcra::with_debt(params, now, target),
+            },
+            // A key the fleet made known here is as old as it is here.
+            born: found.map_or(now, |s| s.born),
         };
         let _ = if common::is_v4_mapped(&key.addr) {
             self.state_v4.insert(key.v4(), state, 0)

@@ -171,6 +171,13 @@ const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 /// Runs `prog_fd` in live-frames mode `frames` times on `frame`, arriving on
 /// `ifindex` (of the calling thread's namespace): a traffic generator.
 pub fn test_run_live(prog_fd: i32, frame: &[u8], ifindex: u32, frames: u32) {
+    test_run_live_batched(prog_fd, frame, ifindex, frames, 64);
+}
+
+/// [`test_run_live`] with `batch` frames per batch (at most 256): the kernel
+/// sends each batch at once, and a bigger batch costs the sending CPU less
+/// per frame.
+pub fn test_run_live_batched(prog_fd: i32, frame: &[u8], ifindex: u32, frames: u32, batch: u32) {
     let ctx = XdpMd {
         data_end: frame.len() as u32,
         ingress_ifindex: ifindex,
@@ -184,7 +191,7 @@ pub fn test_run_live(prog_fd: i32, frame: &[u8], ifindex: u32, frames: u32) {
         ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
         ctx_in: &ctx as *const XdpMd as u64,
         flags: BPF_F_TEST_XDP_LIVE_FRAMES,
-        batch_size: 64,
+        batch_size: batch,
         ..Default::default()
     };
     // SAFETY: attr and ctx are valid and outlive the call.

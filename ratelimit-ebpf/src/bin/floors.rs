@@ -33,14 +33,17 @@ mod floors {
     #[map(name = "FLOOR_COUNT")]
     static FLOOR_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-    /// The generator's per-CPU frame counter.
+    /// The generator's per-CPU counters: its runs (0) and the frames it sent
+    /// (1).
     #[map(name = "GEN_SEQ")]
-    static GEN_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+    static GEN_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
-    /// The generator's setting: the mask applied to the frame counter to pick a
-    /// source (the number of sources − 1, a power of two minus one).
+    /// The generator's settings: (0) the mask applied to the frame counter to
+    /// pick a source (the number of sources − 1, a power of two minus one);
+    /// (1) send one run in this many (0 and 1: every run), the others dropped
+    /// on the generator's own CPU: an even pace below its best.
     #[map(name = "GEN_CFG")]
-    static GEN_CFG: Array<u64> = Array::with_max_entries(1, 0);
+    static GEN_CFG: Array<u64> = Array::with_max_entries(2, 0);
 
     /// `floor_lru` plus one read of the clock: what the clock costs here.
     #[xdp]
@@ -112,7 +115,8 @@ mod floors {
             return xdp_action::XDP_ABORTED;
         }
         let mask = GEN_CFG.get(0).copied().unwrap_or(0);
-        let seq = match GEN_SEQ.get_ptr_mut(0) {
+        let every = GEN_CFG.get(1).copied().unwrap_or(1);
+        let bump = |slot: u32| match GEN_SEQ.get_ptr_mut(slot) {
             // SAFETY: a per-CPU slot.
             Some(p) => unsafe {
                 *p += 1;
@@ -120,7 +124,10 @@ mod floors {
             },
             None => 0,
         };
-        let n = seq & mask;
+        if every > 1 && bump(0) % every != 0 {
+            return xdp_action::XDP_DROP;
+        }
+        let n = bump(1) & mask;
         // SAFETY: bounds checked above.
         let ether_type = unsafe { (*(start as *const EthHdr)).ether_type };
         if ether_type == EtherType::Ipv4 as u16 {

@@ -42,7 +42,7 @@
 //! aggregate or an own commit that refuses after them.
 
 use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg},
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_or, atomic_xadd, atomic_xchg},
     mem::size_of,
     ptr::{read_unaligned, read_volatile},
 };
@@ -71,12 +71,13 @@ use ratelimit_common::{
     CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
     DROPS_CAPACITY, DropKey, EPISODE_QUIET_NS, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY,
-    FlowKey, FlowKeyV4, GROUP_BIT, GROUPS_CAPACITY, GlobalState, KeyLevel, LOCK_RETRIES,
-    MAX_EXT_HEADERS, MAX_MATCHES, MAX_VLAN_TAGS, MatchEntry, MatchGroup, NO_RULE, REASON_COUNT,
-    REFUSAL_MARK_NS, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter, RuleState, SourceState,
-    V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action, addr_of, algorithm, config_flags,
-    doorkeeper, family, fixed_window, gcra, interval, level_flags, match_fields, rolling_quota,
-    rule_addr, rule_flags, rule_table_len, sliding_log, sliding_window,
+    FlowKey, FlowKeyV4, GROUP_BIT, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, KeyLevel,
+    LOCK_RETRIES, MAX_EXT_HEADERS, MAX_MATCHES, MAX_VLAN_TAGS, MatchEntry, MatchGroup, NO_RULE,
+    REASON_COUNT, REFUSAL_MARK_NS, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter, RuleState,
+    SourceState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action, addr_of, algorithm,
+    config_flags, doorkeeper, family, fixed_window, gcra, interval, known_bit, level_flags,
+    match_fields, rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log,
+    sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -135,6 +136,9 @@ static RL_GLOBAL: Array<GlobalState> = Array::with_max_entries(1, 0);
 
 #[map(name = "RL_EVENTS")]
 static RL_EVENTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_COUNT, 0);
+
+#[map(name = "RL_KNOWN")]
+static RL_KNOWN: Array<u64> = Array::with_max_entries(KNOWN_WORDS, 0);
 
 #[map(name = "RL_FLEET_USED")]
 static RL_FLEET_USED: LruHashMap<FlowKey, Counter> =
@@ -536,11 +540,18 @@ fn limit(
     let mut tracked = false;
     // A source without a state, or one promoted now, is young.
     let mut born = u64::MAX;
+    // A key the filter has never seen has no state: a spoofed source skips
+    // the lookup, a miss in millions of buckets. Keys of fleet-wide rules are
+    // looked up whatever it says (the daemon inserts states for them).
+    let known = rl_known(
+        doorkeeper::hash_words(&masked, rule.id, config.hash_seed),
+        u64::from(rule.flags & rule_flags::FLEET),
+    ) != 0;
     if rule.algorithm == algorithm::GCRA {
         let state = if fam == family::V4 {
-            state_v4(&key)
+            known_v4(&key, known)
         } else {
-            state_v6(&key)
+            known_v6(&key, known)
         };
         if !state.is_null() {
             target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
@@ -549,7 +560,7 @@ fn limit(
             // creation.
             born = unsafe { read_volatile(&raw const (*state).born) };
         }
-    } else if RL_WIDE.get_ptr_mut(key).is_some() {
+    } else if known_wide(&key, known) {
         target = Target::wide(rule);
         tracked = true;
     }
@@ -659,6 +670,35 @@ fn state_v4(key: &FlowKey) -> *mut SourceState {
         Some(p) => p,
         None => core::ptr::null_mut(),
     }
+}
+
+/// The state of an IPv4 key the filter may know, or null. Apart from the
+/// limit, as are [`known_v6`] and [`known_wide`]: a key the filter does not
+/// know then comes back as a key without a state, and the verifier walks what
+/// follows once for both.
+#[inline(never)]
+fn known_v4(key: &FlowKey, known: bool) -> *mut SourceState {
+    if known {
+        state_v4(key)
+    } else {
+        core::ptr::null_mut()
+    }
+}
+
+/// The state of an IPv6 key the filter may know, or null. See [`known_v4`].
+#[inline(never)]
+fn known_v6(key: &FlowKey, known: bool) -> *mut SourceState {
+    if known {
+        state_v6(key)
+    } else {
+        core::ptr::null_mut()
+    }
+}
+
+/// Whether a key the filter may know has a wide state. See [`known_v4`].
+#[inline(never)]
+fn known_wide(key: &FlowKey, known: bool) -> bool {
+    known && RL_WIDE.get_ptr_mut(key).is_some()
 }
 
 /// The state of an IPv6 key, or null. See [`state_v4`].
@@ -1368,7 +1408,7 @@ fn untracked(
     }
     if again {
         if take_new_state(config, now) {
-            return promote(key, fam, rule, now, cost, admitted * unit);
+            return promote(key, h, fam, rule, now, cost, admitted * unit);
         }
         event(Event::NewStateCapped);
         fits = admitted * unit + cost <= rule.burst;
@@ -1394,6 +1434,37 @@ fn untracked(
         pass: Reason::NewSource,
         deny: Reason::NewSourceLimited,
     })
+}
+
+/// Whether the key of doorkeeper hash `h` may have a state (see
+/// [`ratelimit_common::MAP_KNOWN`]): its bit in the filter is set, or
+/// `always` (a key of a fleet-wide rule). 1 or 0.
+///
+/// A global function: the limit sees one number come back, and so two paths
+/// (known or not), not one per way of being known.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_known(h: u64, always: u64) -> u32 {
+    if always != 0 {
+        return 1;
+    }
+    let (word, bit) = known_bit(h);
+    match RL_KNOWN.get_ptr(word) {
+        // SAFETY: an 8-byte array value, changed only by atomic or.
+        Some(w) => u32::from((unsafe { read_volatile(w) } & bit) != 0),
+        None => 1,
+    }
+}
+
+/// Sets the bit of the key of doorkeeper hash `h` in the filter of keys with
+/// a state.
+#[inline(always)]
+fn mark_known(h: u64) {
+    let (word, bit) = known_bit(h);
+    if let Some(w) = RL_KNOWN.get_ptr_mut(word) {
+        // SAFETY: an 8-byte, 8-aligned array value, changed only atomically.
+        unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(w, bit) };
+    }
 }
 
 /// Counts a frame's units in the key's doorkeeper slot, to charge them when
@@ -1452,12 +1523,15 @@ fn take_new_state(config: &Config, now: u64) -> bool {
 #[inline(always)]
 fn promote(
     key: &FlowKey,
+    h: u64,
     fam: u8,
     rule: &'static Rule,
     now: u64,
     cost: u64,
     admitted: u64,
 ) -> Target {
+    // Before the insert: a CPU that finds the state must find the bit.
+    mark_known(h);
     if rule.algorithm == algorithm::GCRA {
         let params = rule.gcra_params();
         let mut gcra = gcra::State::full(now, params);

@@ -50,6 +50,10 @@ pub struct Maps {
     groups: Array<MapData, common::MatchGroup>,
     /// Each rule's verdicts, [`common::RULE_COUNTERS`] slots per rule slot.
     rule_stats: PerCpuArray<MapData, Counter>,
+    /// The filter of keys with a state ([`common::MAP_KNOWN`]). Held for the
+    /// program; the states the daemon inserts (fleet-wide rules) are looked
+    /// up whatever it says.
+    known: Array<MapData, u64>,
     /// What each trie holds, as this daemon (the one writer) last wrote it
     /// (`None`: not known yet, read from the kernel when needed). With a
     /// million list entries, a rule change then looks at the rules' entries
@@ -130,7 +134,7 @@ pub const RECOVERED_LIST: [&str; 2] = ["recovered-deny", "recovered-allow"];
 
 /// The maps' names, in the order [`Maps::from_maps`] takes them: the pinned
 /// ones (the per-CPU scratch map stays inside the program).
-const NAMES: [&str; 16] = common::PINNED_MAPS;
+const NAMES: [&str; 17] = common::PINNED_MAPS;
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
     move |source| Error::Map { op, map, source }
@@ -184,6 +188,7 @@ impl Maps {
         let fleet_used = next();
         let groups = next();
         let rule_stats = next();
+        let known = next();
         let seen: Array<MapData, u64> =
             Array::try_from(seen).map_err(map_err("typing", MAP_SEEN))?;
         if !seen.len().is_power_of_two() {
@@ -213,6 +218,7 @@ impl Maps {
             groups: Array::try_from(groups).map_err(map_err("typing", common::MAP_GROUPS))?,
             rule_stats: PerCpuArray::try_from(rule_stats)
                 .map_err(map_err("typing", common::MAP_RULE_STATS))?,
+            known: Array::try_from(known).map_err(map_err("typing", common::MAP_KNOWN))?,
             held: [None, None],
             plan: None,
         })
@@ -220,7 +226,7 @@ impl Maps {
 
     /// Pins every map in `dir`, replacing what was pinned there.
     pub fn pin(&self, dir: &Path) -> Result<()> {
-        let data: [(&'static str, &MapData); 16] = [
+        let data: [(&'static str, &MapData); 17] = [
             (MAP_RULES, self.tries[0].map()),
             (MAP_RULES_B, self.tries[1].map()),
             (MAP_RULE_TABLE, self.table.map()),
@@ -237,6 +243,7 @@ impl Maps {
             (common::MAP_FLEET_USED, self.fleet_used.map()),
             (common::MAP_GROUPS, self.groups.map()),
             (common::MAP_RULE_STATS, self.rule_stats.map()),
+            (common::MAP_KNOWN, self.known.map()),
         ];
         debug_assert!(data.iter().map(|(n, _)| *n).eq(common::PINNED_MAPS));
         for (name, map) in data {

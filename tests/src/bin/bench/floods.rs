@@ -30,6 +30,7 @@ use ratelimit_tests::{
     Daemon, TempDir,
     generator::Generator,
     net::{Flow, Pair, Receiver, send_async},
+    testrun::{pin_to_cpu, unpin},
 };
 use serde_json::{Value, json};
 
@@ -377,6 +378,96 @@ fn flood_frame(pair: &Pair, flood: Flood) -> Vec<u8> {
     }
 }
 
+/// Where the receiving CPU's time goes during one more round: `perf record`
+/// on CPU 1 (cpu-clock samples: a VM has no hardware counters), the symbols
+/// with their share of the samples (BPF programs by their JIT names). `None`
+/// without perf.
+fn profile(
+    setup: &Setup,
+    generator: &Generator,
+    frame: &[u8],
+    secs: f64,
+) -> Option<Vec<(f64, String)>> {
+    let data =
+        std::env::temp_dir().join(format!("ratelimit-bench-perf-{}.data", std::process::id()));
+    let mut rec = std::process::Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "4999",
+            "-C",
+            "1",
+            "-o",
+        ])
+        .arg(&data)
+        .args(["--", "sleep", &format!("{secs}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    generator.flood(&setup.pair, frame, secs, 0);
+    rec.wait().ok()?;
+    let out = std::process::Command::new("perf")
+        .args([
+            "report",
+            "-q",
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "symbol",
+            "--percent-limit",
+            "1",
+            "-i",
+        ])
+        .arg(&data)
+        .output()
+        .ok()?;
+    let _ = std::fs::remove_file(&data);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<(f64, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let (pct, rest) = l.split_once('%')?;
+            let pct: f64 = pct.trim().parse().ok()?;
+            // "[k] symbol" or "[.] symbol"
+            let sym = rest
+                .trim()
+                .split_once(']')
+                .map_or(rest.trim(), |(_, s)| s.trim());
+            Some((pct, sym.to_string()))
+        })
+        .take(14)
+        .collect();
+    (!rows.is_empty()).then_some(rows)
+}
+
+fn write_profiles(report: &mut Report, profiles: &[(&str, &str, Vec<(f64, String)>)]) {
+    if profiles.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        report.md,
+        "### Where the receiving CPU's time goes\n\n`perf record -e cpu-clock -C 1` during one more round of the flood (a VM has no hardware counters, \
+         so there are no cache-miss counts); the symbols with at least 1 % of the samples. `bpf_prog_…_ratelimit` is the program's body, \
+         `bpf_prog_…_rl_*` its global functions; `lookup_nulls_elem_raw` and `htab_lru_*` the LRU hash; `pvclock`/`read_tsc` the clock; \
+         `veth_*`, `page_pool_*`, `xdp_*` the driver's own work per frame, present for the floor too.\n"
+    );
+    for (flood, receiver, rows) in profiles {
+        let _ = writeln!(
+            report.md,
+            "**{flood}, {receiver}**\n\n| share | symbol |\n|---:|---|"
+        );
+        for (pct, sym) in rows {
+            let _ = writeln!(report.md, "| {pct:.1} % | `{sym}` |");
+        }
+        let _ = writeln!(report.md);
+    }
+}
+
 /// One measured row.
 struct Row {
     flood: &'static str,
@@ -446,18 +537,16 @@ pub fn floods(opts: &Opts, report: &mut Report) {
              NAPI is threaded and pinned to CPU 1. *Offered*: the generator's frames per second; *handled*: the frames the receiver took in \
              (its own counters; for netfilter, the veth's); *busy*: the NAPI thread's time on CPU ÷ the round's time. \
              Receiving CPU per frame = the NAPI thread's time on CPU ÷ the frames handled: the headline, as a ratio to the XDP_DROP floor of the same flood. \
-             *Program ns/run*: the kernel's BPF statistics (run time ÷ runs) less the XDP_DROP floor's own figure, which is what the statistics' two clock reads cost. \
+             *Program ns/run*: the kernel's BPF statistics (run time ÷ runs) in one more round with them on (they read the clock twice a run, which costs the receiving CPU much on a VM, so the other figures are taken with them off), less the XDP_DROP floor's own figure, which is what those two clock reads cost. \
              Limits everywhere: {RATE}/s burst {BURST} per source (IPv4 address, IPv6 /64) and {AGGREGATE}/s for all sources of the default rule together \
              (ratelimit: its reserve at the default, half the burst); ratelimit also has its defaults: a new-source budget of 10 000/s per rule and a cap of 100 000 new states/s.",
             ratelimit_tests::generator::FRAMES_PER_CALL
         ),
     );
     let netfilter = ensure_netfilter_tools();
-    // The kernel keeps run time and run counts while this is held.
-    let _bpf_stats =
-        aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enabling BPF statistics");
     let mut generator = Generator::new();
     let mut rows: Vec<Row> = Vec::new();
+    let mut profiles = Vec::new();
     let native = Receiver_::Ratelimit {
         generic: false,
         coarse: false,
@@ -493,6 +582,21 @@ pub fn floods(opts: &Opts, report: &mut Report) {
             let rounds: Vec<Round> = (0..rounds)
                 .map(|_| round(&setup, &generator, &frame, secs))
                 .collect();
+            // The program's own time in a round of its own: the statistics
+            // read the clock twice a run, which on a VM's paravirtual clock
+            // costs the receiving CPU as much as the floor's whole frame.
+            let prog = {
+                let _on = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .expect("enabling BPF statistics");
+                round(&setup, &generator, &frame, secs.min(2.0)).prog
+            };
+            if matches!(kind, Receiver_::Floor) || kind == native {
+                if flood.mask == ONE.mask || flood.name == SPOOFED.name {
+                    if let Some(p) = profile(&setup, &generator, &frame, secs.min(3.0)) {
+                        profiles.push((flood.name, kind.name(), p));
+                    }
+                }
+            }
             let med = |f: &dyn Fn(&Round) -> f64| stats(rounds.iter().map(f).collect()).0;
             let row = Row {
                 flood: flood.name,
@@ -507,9 +611,7 @@ pub fn floods(opts: &Opts, report: &mut Report) {
                         f64::NAN
                     }
                 }),
-                prog_ns: rounds[0].prog.is_some().then(|| {
-                    med(&|r| r.prog.map_or(f64::NAN, |(t, n)| t as f64 / n.max(1) as f64))
-                }),
+                prog_ns: prog.map(|(t, n)| t as f64 / n.max(1) as f64),
                 passed: rounds[0]
                     .passed
                     .is_some()
@@ -533,6 +635,7 @@ pub fn floods(opts: &Opts, report: &mut Report) {
         }
     }
     write_rows(report, &rows, &netfilter);
+    write_profiles(report, &profiles);
     let floors: HashMap<&str, f64> = rows
         .iter()
         .filter(|r| r.receiver == Receiver_::Floor.name())
@@ -715,15 +818,33 @@ fn established(
         // beyond it, frames are lost in the veth's queue before any program
         // sees them, the established sources' with the rest, which would
         // measure the queue, not the policy.
-        let every = capacity.get(flood.name).map_or(1, |(offered, handled)| {
-            (offered / (0.5 * handled)).ceil().max(1.0) as u64
-        });
+        // The bench's own threads (and the daemon, a child) run on CPU 0 with
+        // the generator: on CPU 1 they would preempt the receiving NAPI
+        // thread, and the veth's queue would overflow meanwhile.
+        pin_to_cpu(0);
+        // A paced run's rate is not the unpaced one ÷ the pace (a run not
+        // sent is cheaper): one trial, then the pace corrected; against a
+        // floor, so that the daemon sees no flood before its sources.
+        let target = capacity
+            .get(flood.name)
+            .map_or(f64::INFINITY, |(_, handled)| 0.5 * handled);
+        let mut every = 1u64;
+        {
+            let trial = Setup::new(Receiver_::Floor);
+            let frame = flood_frame(&trial.pair, flood);
+            for _ in 0..2 {
+                generator.set_pace(every);
+                let rate = generator.flood(&trial.pair, &frame, 0.5, 0) as f64 / 0.5;
+                every = ((every as f64) * rate / target).ceil().max(1.0) as u64;
+            }
+        }
         generator.set_pace(every);
         let setup = Setup::new(Receiver_::Ratelimit {
             generic: false,
             coarse: false,
         });
         let pair = &setup.pair;
+        let frame = flood_frame(pair, flood);
         let rx = Receiver::start(&pair.rx, &pair.rx_if, LEGIT_PORT);
         let flows: Vec<Flow> = (1..=LEGIT)
             .map(|i| Flow {
@@ -740,7 +861,7 @@ fn established(
         std::thread::sleep(Duration::from_secs(1));
         let c0 = setup.napi.map_or(0, cpu_ns);
         let h0 = setup.frames();
-        let offered = generator.flood(pair, &flood_frame(pair, flood), secs, 0) as f64 / secs;
+        let offered = generator.flood(pair, &frame, secs, 0) as f64 / secs;
         let (c1, h1) = (setup.napi.map_or(0, cpu_ns), setup.frames());
         let sent = sender.join().expect("sender");
         let got = rx.finish_timed();
@@ -790,6 +911,8 @@ fn established(
             cpu / floor,
             met(ok)
         );
+        drop(setup);
+        unpin();
         json_rows.push(
             json!({"flood": flood.name, "offered_per_s": offered, "handled_per_s": handled, "sources": ratios.len(), "within_2pct": within,
             "worst": worst, "min": lo, "max": hi, "fresh_bursts": fresh, "flood_admitted": flood_admitted,

@@ -445,7 +445,10 @@ fn profile(
     (!rows.is_empty()).then_some(rows)
 }
 
-fn write_profiles(report: &mut Report, profiles: &[(&str, &str, Vec<(f64, String)>)]) {
+/// A profile: (flood, receiver, its symbols with their shares).
+type Profile<'a> = (&'a str, &'a str, Vec<(f64, String)>);
+
+fn write_profiles(report: &mut Report, profiles: &[Profile]) {
     if profiles.is_empty() {
         return;
     }
@@ -527,7 +530,7 @@ fn round(setup: &Setup, generator: &Generator, frame: &[u8], secs: f64) -> Round
 }
 
 pub fn floods(opts: &Opts, report: &mut Report) {
-    let secs: f64 = if opts.quick { 1.0 } else { 4.0 };
+    let secs: f64 = if opts.quick { 1.0 } else { 3.0 };
     let rounds = if opts.quick { 1 } else { 3 };
     report.section(
         "Floods on a veth",
@@ -590,12 +593,10 @@ pub fn floods(opts: &Opts, report: &mut Report) {
                     .expect("enabling BPF statistics");
                 round(&setup, &generator, &frame, secs.min(2.0)).prog
             };
-            if matches!(kind, Receiver_::Floor) || kind == native {
-                if flood.mask == ONE.mask || flood.name == SPOOFED.name {
-                    if let Some(p) = profile(&setup, &generator, &frame, secs.min(3.0)) {
-                        profiles.push((flood.name, kind.name(), p));
-                    }
-                }
+            if (matches!(kind, Receiver_::Floor) || kind == native)
+                && let Some(p) = profile(&setup, &generator, &frame, secs.min(3.0))
+            {
+                profiles.push((flood.name, kind.name(), p));
             }
             let med = |f: &dyn Fn(&Round) -> f64| stats(rounds.iter().map(f).collect()).0;
             let row = Row {
@@ -877,7 +878,7 @@ fn established(
             let span = s.last.duration_since(s.first).as_secs_f64();
             let expected = (BURST as f64 + RATE as f64 * span).min(s.frames as f64);
             let admitted = got.count(&src) as f64;
-            legit_got += got.count(&src) as u64;
+            legit_got += got.count(&src);
             if admitted > expected + BURST as f64 / 2.0 {
                 fresh += 1;
             }

@@ -1424,25 +1424,34 @@ fn print_rule_counters(data: &Value) {
         .max(18);
     println!();
     println!(
-        "{:<width$} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "packets", "passed", "dropped", "level 2", "level 3", "aggregate", "new src", "would drop"
+        "{:<width$} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "packets",
+        "passed",
+        "dropped",
+        "level 2",
+        "level 3",
+        "aggregate",
+        "young",
+        "new src",
+        "would drop"
     );
     for r in rows {
         let c = |k: &str| r["counters"][k]["packets"].as_u64().unwrap_or(0);
         println!(
-            "{:<width$} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12}",
+            "{:<width$} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
             r["cidr"].as_str().unwrap_or("default"),
             c("passed"),
             c("dropped"),
             c("level2_dropped"),
             c("level3_dropped"),
             c("aggregate_dropped"),
+            c("aggregate_young_dropped"),
             c("new_source_dropped"),
             c("would_drop"),
         );
     }
     println!(
-        "(dropped: at the rule's own key level, or by a deny; a source without state dropped by the budget for new sources counts under new src)"
+        "(dropped: at the rule's own key level, or by a deny; a source without state dropped by the budget for new sources counts under new src; aggregate: the aggregate was empty, whatever the source; young: a new or young source refused at the aggregate's reserve)"
     );
 }
 

@@ -7,7 +7,10 @@ use serde_json::{Value, json};
 
 use crate::{
     rate::{Rate, Unit},
-    rules::{Action, Algo, HostConnections, Limit, NewSources, Selector, Shared},
+    rules::{
+        Action, Algo, HostConnections, Limit, NewSources, Selector, Shared,
+        default_aggregate_reserve,
+    },
 };
 
 /// A number as people want to read it in JSON: an integer when it is one,
@@ -130,7 +133,14 @@ fn limit(l: &Limit, family_v4: Option<bool>) -> serde_json::Map<String, Value> {
     m.insert("levels".into(), json!(levels));
     m.insert(
         "aggregate".into(),
-        l.aggregate.as_ref().map_or(Value::Null, bucket),
+        l.aggregate.as_ref().map_or(Value::Null, |a| {
+            let mut v = bucket(a);
+            let reserve = l
+                .aggregate_reserve
+                .unwrap_or(default_aggregate_reserve(a.burst));
+            v["reserve"] = json!({"amount": reserve, "unit": unit_name(a.rate.unit)});
+            v
+        }),
     );
     m.insert(
         "new_sources".into(),
@@ -262,6 +272,20 @@ mod tests {
         let r = rate(&parse_rate("--rate", "10Mbit/s").unwrap());
         assert_eq!(r["per_second"], json!(1_250_000));
         assert_eq!(r["unit"], json!("bytes"));
+    }
+
+    #[test]
+    fn an_aggregate_shows_its_reserve_default_or_given() {
+        let mut l = crate::rules::default_limit();
+        l.aggregate = Some(Shared::of(parse_rate("--aggregate", "2000/s").unwrap()));
+        let reserve = |l: &Limit| limit(l, None)["aggregate"]["reserve"].clone();
+        assert_eq!(
+            reserve(&l),
+            json!({"amount": 1000, "unit": "packets"}),
+            "half the burst"
+        );
+        l.aggregate_reserve = Some(0);
+        assert_eq!(reserve(&l), json!({"amount": 0, "unit": "packets"}));
     }
 
     #[test]

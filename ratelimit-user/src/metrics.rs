@@ -175,7 +175,7 @@ impl Collector for Snapshot {
         counter(
             &mut encoder,
             "ratelimit_rule_packets",
-            "Frames each rule judged, by what it did: passed, dropped at its own level (or denied), at key level 2 or 3, at the aggregate, by the new-source budget, or would have dropped (dry run).",
+            "Frames each rule judged, by what it did: passed, dropped at its own level (or denied), at key level 2 or 3, at the aggregate (empty whatever the source), at the aggregate's reserve (a new or young source), by the new-source budget, or would have dropped (dry run).",
             by_rule(|c| c.packets),
         )?;
         counter(

@@ -316,6 +316,13 @@ pub fn default_new_sources() -> NewSources {
     }))
 }
 
+/// The default reserve of an aggregate of `burst` units: half of it, what
+/// only sources established before an episode of pressure may take (see
+/// [`common::RuleState`]).
+pub fn default_aggregate_reserve(burst: u64) -> u64 {
+    burst / 2
+}
+
 /// The default cap on states created per second, all rules together: 100 000
 /// (with a burst as large). Each costs an insert (about 0.5 µs) and, once the
 /// state map is full, an eviction: the cap bounds what sources that each repeat
@@ -864,7 +871,7 @@ impl Action {
                     });
                 let aggregate_reserve = aggregate.and_then(|a| {
                     let units = r.aggregate_reserve / r.aggregate.interval.max(1);
-                    (units != a.burst / 2).then_some(units)
+                    (units != default_aggregate_reserve(a.burst)).then_some(units)
                 });
                 Action::Limit(Limit {
                     rate,
@@ -958,7 +965,10 @@ impl Action {
                         }
                         let p = a.params(field)?;
                         // Below the burst (checked by `params`): fits in tau.
-                        let units = l.aggregate_reserve.unwrap_or(a.burst / 2).min(p.capacity);
+                        let units = l
+                            .aggregate_reserve
+                            .unwrap_or(default_aggregate_reserve(a.burst))
+                            .min(p.capacity);
                         (p, units * p.interval)
                     }
                     None => (gcra::Params::DENY_ALL, 0),

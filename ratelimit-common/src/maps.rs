@@ -741,12 +741,13 @@ impl Rule {
 /// **Established and young sources.** Under a rule whose aggregate has a
 /// reserve ([`Rule::aggregate_reserve`]), an *episode* of pressure begins when
 /// the aggregate refuses a frame after [`EPISODE_QUIET_NS`] without a refusal,
-/// and lasts until that long passes without one. During an episode, a source
-/// whose state was created before the episode began is *established*: it may
-/// take the aggregate's last units, its reserve. A source without state, or
-/// whose state was created during the episode, is *young*: it is admitted at
-/// the aggregate only while the reserve stays whole after it. Outside an
-/// episode every source with a state is established. The aggregate itself is
+/// and lasts until that long passes without one (it has no maximum length: a
+/// trickle of refusals keeps it going). A source without a state is always
+/// *young*, and so, during an episode, is one whose state was created after
+/// the episode began; every other source with a state is *established*. An
+/// established source may take the aggregate's last units, its reserve; a
+/// young one is admitted at the aggregate only while the reserve stays whole
+/// after it. The aggregate itself is
 /// one bucket whatever the class: it never admits more than its rate and burst.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -1419,21 +1419,7 @@ fn untracked(
     if !fits {
         return Target::done(Reason::Limited, rule);
     }
-    let shared = rule_state(rule);
-    let word = if rule.flags & rule_flags::NEW_SOURCES_UNLIMITED != 0 || shared.is_null() {
-        // Unbudgeted: only the aggregate (if any) judges; no own level.
-        core::ptr::null_mut()
-    } else {
-        // SAFETY: a field of a map value valid for this run.
-        unsafe { &raw mut (*shared).new_sources }
-    };
-    Target::gcra(Level {
-        word,
-        params: &rule.new_sources,
-        cost: 1,
-        pass: Reason::NewSource,
-        deny: Reason::NewSourceLimited,
-    })
+    new_source_level(rule)
 }
 
 /// Whether the key of doorkeeper hash `h` may have a state (see

@@ -438,6 +438,8 @@ fn profile(
                 .trim()
                 .split_once(']')
                 .map_or(rest.trim(), |(_, s)| s.trim());
+            // The name, without the columns perf may print after it.
+            let sym = sym.split_whitespace().next().unwrap_or(sym);
             Some((pct, sym.to_string()))
         })
         .take(14)

@@ -121,8 +121,8 @@ fn state_map_memlock() -> Option<u64> {
                 .find_map(|line| line.strip_prefix(k))
                 .and_then(|v| v.trim().parse::<u64>().ok())
         };
-        // The IPv4 state map: 8-byte keys, 8-byte values.
-        if field("value_size:") == Some(8) && field("key_size:") == Some(8) {
+        // The IPv4 state map: 8-byte keys, 16-byte values (a bucket and its birth).
+        if field("value_size:") == Some(16) && field("key_size:") == Some(8) {
             best = field("memlock:");
         }
     }

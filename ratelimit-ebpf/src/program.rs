@@ -35,6 +35,13 @@
 //! aggregate's units are given back. So a frame denied at one level consumes
 //! nothing at the other, and no level ever admits more than its own bucket.
 //!
+//! An aggregate with a reserve ([`Rule::aggregate_reserve`]) tells young
+//! sources (no state yet, or a state created during the current episode of
+//! pressure) from established ones ([`RuleState`]): a young frame is taken
+//! from the aggregate only if the reserve stays whole after it
+//! ([`gcra::admit_keeping`]), and is refused as `AggregateYoung` otherwise;
+//! the aggregate stays one word, so the classes never make it admit more.
+//!
 //! A rule's further key levels (its sources' /24 beside their own /32, say)
 //! sit between the two: once the own level would admit the frame, each is
 //! taken in turn with compare-and-swap ([`rl_levels`]); a level that refuses

@@ -21,6 +21,7 @@ pub mod keyed;
 pub mod clock;
 pub mod decision;
 pub mod doorkeeper;
+pub mod episode;
 pub mod fixed_window;
 pub mod gcra;
 pub mod interval;

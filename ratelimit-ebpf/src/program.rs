@@ -77,14 +77,13 @@ use network_types::{
 use ratelimit_common::{
     CAS_RETRIES, Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS,
     DEFAULT_STATE_CAPACITY, DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_SAMPLE,
-    DROPS_CAPACITY, DropKey, EPISODE_QUIET_NS, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY,
-    FlowKey, FlowKeyV4, GROUP_BIT, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, KeyLevel,
-    LOCK_RETRIES, MAX_EXT_HEADERS, MAX_MATCHES, MAX_VLAN_TAGS, MatchEntry, MatchGroup, NO_RULE,
-    REASON_COUNT, REFUSAL_MARK_NS, RULE_COUNTERS, Reason, Rule, RuleAddr, RuleCounter, RuleState,
-    SourceState, V4_MAPPED_WORD, WIDE_WORDS, WideState, Words, action, addr_of, algorithm,
-    config_flags, doorkeeper, family, fixed_window, gcra, interval, known_bit, level_flags,
-    match_fields, rolling_quota, rule_addr, rule_flags, rule_table_len, sliding_log,
-    sliding_window,
+    DROPS_CAPACITY, DropKey, EVENT_COUNT, Event, FAMILY_BITS, FLEET_CAPACITY, FlowKey, FlowKeyV4,
+    GROUP_BIT, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, KeyLevel, LOCK_RETRIES, MAX_EXT_HEADERS,
+    MAX_MATCHES, MAX_VLAN_TAGS, MatchEntry, MatchGroup, NO_RULE, REASON_COUNT, RULE_COUNTERS,
+    Reason, Rule, RuleAddr, RuleCounter, RuleState, SourceState, V4_MAPPED_WORD, WIDE_WORDS,
+    WideState, Words, action, addr_of, algorithm, config_flags, doorkeeper, episode, family,
+    fixed_window, gcra, interval, known_bit, level_flags, match_fields, rolling_quota, rule_addr,
+    rule_flags, rule_table_len, sliding_log, sliding_window,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -498,8 +497,10 @@ pub extern "C" fn rl_limit(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32) -
     // SAFETY: a local.
     let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
     let xdp = XdpContext::new(ctx);
+    // The parse read this very header; should it not read again, the frame
+    // cannot be judged by its limit: dropped as unjudged, never passed.
     let Ok(source) = source_at(&xdp, l3) else {
-        return Reason::Passed as u32;
+        return Reason::Unjudged as u32;
     };
     limit(
         &xdp,
@@ -902,27 +903,14 @@ struct Levels {
     now: u64,
 }
 
-/// The reason a global function answered: one of those a limit gives.
+/// The reason a global function answered (`Contended` for a number that is
+/// none: it errs toward limiting).
 #[inline(always)]
 fn reason_of(r: u32) -> Reason {
-    if r == Reason::Passed as u32 {
-        Reason::Passed
-    } else if r == Reason::NewSource as u32 {
-        Reason::NewSource
-    } else if r == Reason::NewSourceLimited as u32 {
-        Reason::NewSourceLimited
-    } else if r == Reason::Limited as u32 {
-        Reason::Limited
-    } else if r == Reason::AggregateLimited as u32 {
-        Reason::AggregateLimited
-    } else if r == Reason::AggregateYoung as u32 {
-        Reason::AggregateYoung
-    } else if r == Reason::Level2Limited as u32 {
-        Reason::Level2Limited
-    } else if r == Reason::Level3Limited as u32 {
-        Reason::Level3Limited
-    } else if r == Reason::StateFailed as u32 {
-        Reason::StateFailed
+    if r < REASON_COUNT {
+        // SAFETY: `Reason` is `repr(u32)` with every value below
+        // `REASON_COUNT` a variant (`Reason::ALL` lists them in order).
+        unsafe { core::mem::transmute::<u32, Reason>(r) }
     } else {
         Reason::Contended
     }
@@ -944,8 +932,9 @@ pub extern "C" fn rl_wide(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, no
     // SAFETY: a local.
     let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
     let fam = (packed & 0xff) as u8;
+    // See `rl_limit` on a header that does not read again.
     let Ok(source) = source_at(&XdpContext::new(ctx), l3) else {
-        return Reason::Passed as u32;
+        return Reason::Unjudged as u32;
     };
     let key = FlowKey::of(&masked(rule, fam, &source), rule.id);
     match RL_WIDE.get_ptr_mut(key) {
@@ -1154,25 +1143,20 @@ fn young(rule: &Rule, shared: *mut RuleState, born: u64, now: u64) -> bool {
     if rule.aggregate_reserve == 0 || shared.is_null() {
         return false;
     }
-    if born == u64::MAX {
-        return true;
-    }
     // SAFETY: fields of a map value valid for this run; a torn view of two
     // words written apart only moves one frame between classes.
-    let (episode, last) = unsafe {
+    let (episode_start, last) = unsafe {
         (
             read_volatile(&raw const (*shared).episode),
             read_volatile(&raw const (*shared).refused_at),
         )
     };
-    episode != 0
-        && born >= episode
-        && now.saturating_sub(last) <= EPISODE_QUIET_NS + REFUSAL_MARK_NS
+    episode::is_young(born, episode_start, last, now)
 }
 
 /// Notes a refusal at `rule`'s aggregate: it begins an episode of pressure
 /// after a quiet one ([`RuleState`]). Written at most once per
-/// [`REFUSAL_MARK_NS`], so that a flood's refusals read the line, not bounce it.
+/// [`ratelimit_common::REFUSAL_MARK_NS`], so that a flood's refusals read the line, not bounce it.
 #[inline(always)]
 fn mark_refusal(rule: &Rule, shared: *mut RuleState, now: u64) {
     if rule.aggregate_reserve == 0 || shared.is_null() {
@@ -1182,11 +1166,10 @@ fn mark_refusal(rule: &Rule, shared: *mut RuleState, now: u64) {
     // write about the same time.
     unsafe {
         let last = read_volatile(&raw const (*shared).refused_at);
-        let since = now.saturating_sub(last);
-        if last != 0 && since < REFUSAL_MARK_NS {
+        let Some(begins) = episode::on_refusal(last, now) else {
             return;
-        }
-        if last == 0 || since > EPISODE_QUIET_NS {
+        };
+        if begins {
             core::ptr::write_volatile(&raw mut (*shared).episode, now);
         }
         core::ptr::write_volatile(&raw mut (*shared).refused_at, now);
@@ -1314,8 +1297,9 @@ pub extern "C" fn rl_untracked(
     // SAFETY: a local.
     let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
     let fam = (packed & 0xff) as u8;
+    // See `rl_limit` on a header that does not read again.
     let Ok(source) = source_at(&XdpContext::new(ctx), l3) else {
-        return Reason::Passed as u32;
+        return Reason::Unjudged as u32;
     };
     let masked = masked(rule, fam, &source);
     let key = FlowKey::of(&masked, rule.id);

@@ -715,7 +715,7 @@ fn generator_sweep(opts: &Opts, report: &mut Report, generator: &mut Generator) 
     generator.set_mask(SPOOFED.mask);
     let _ = writeln!(
         report.md,
-        "The generator's configurations against the XDP_DROP floor ({} spoofed IPv6, {secs} s each): the floor of the rows below must be within 1.2× of the cheapest.\n\n         | frames a call | batch | pace (1 run in) | offered /s | handled /s | busy | receiving CPU ns/frame |\n|---:|---:|---:|---:|---:|---:|---:|",
+        "The generator's configurations against the XDP_DROP floor (flood {}, {secs} s each): the floor of the rows below must be within 1.2× of the cheapest.\n\n| frames a call | batch | pace (1 run in) | offered /s | handled /s | busy | receiving CPU ns/frame |\n|---:|---:|---:|---:|---:|---:|---:|",
         SPOOFED.name
     );
     let mut cheapest = f64::INFINITY;

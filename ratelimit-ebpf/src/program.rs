@@ -490,8 +490,10 @@ impl Target {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn rl_limit(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32) -> u32 {
+    // A rule or config that cannot be read (never, with the daemon's own
+    // indices) leaves the frame unjudged: dropped, never passed.
     let (Some(rule), Some(config)) = (RL_RULE_TABLE.get(index), RL_CONFIG.get(0)) else {
-        return Reason::Passed as u32;
+        return Reason::Unjudged as u32;
     };
     // See `rl_host_connection` on the mask.
     // SAFETY: a local.
@@ -1290,8 +1292,10 @@ pub extern "C" fn rl_untracked(
     index: u32,
     now: u64,
 ) -> u32 {
+    // A rule or config that cannot be read (never, with the daemon's own
+    // indices) leaves the frame unjudged: dropped, never passed.
     let (Some(rule), Some(config)) = (RL_RULE_TABLE.get(index), RL_CONFIG.get(0)) else {
-        return Reason::Passed as u32;
+        return Reason::Unjudged as u32;
     };
     // See `rl_host_connection` on the mask.
     // SAFETY: a local.

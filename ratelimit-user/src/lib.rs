@@ -1,34 +1,32 @@
-//! The ratelimit daemon and CLI as a library: loading and attaching the XDP
-//! program ([`kernel`]), the validated rule model ([`rules`], [`rate`],
-//! [`config`], [`lists`]), reading a config file with every error
-//! ([`check`]), the daemon ([`daemon`]), its control socket ([`control`]) and
-//! the files an operator names ([`input`]), the command line ([`cli`]: its examples in [`help`], its man pages and
-//! completions in [`docs`], how a failure is reported in [`report`]).
+//! The ratelimit daemon and CLI as a library, in floors: each module uses only
+//! the ones listed before it.
+//!
+//! - [`error`]: the errors every floor returns, with their exit codes.
+//! - [`host`]: what the host gives: who a daemon is ([`host::identity`]), its
+//!   run directory, the files an operator names, listening addresses,
+//!   connection slots, the logs.
+//! - [`model`]: the validated rules: prefixes, rates, matches, lists, rule
+//!   sets, and how they are described.
+//! - [`config`]: the TOML schema, and reading a file with every error located.
+//! - [`kernel`]: the XDP program loaded, attached and pinned; its maps written
+//!   and read.
+//! - [`protocol`]: the control socket's requests and answers.
+//! - [`fleet`]: fleet-wide limits through Redis.
+//! - [`daemon`]: the daemon's loop, its control server, metrics, persistence
+//!   and the read-only path when no daemon runs.
+//! - [`serve`]: `ratelimit serve`, the throttling service over HTTP.
+//! - [`cli`]: the command line, its printers, man pages and help.
 
-pub mod check;
 pub mod cli;
 pub mod config;
-pub mod control;
 pub mod daemon;
-pub mod describe;
-pub mod docs;
 pub mod error;
 pub mod fleet;
-pub mod help;
-pub mod identity;
-pub mod input;
+pub mod host;
 pub mod kernel;
-pub mod listen;
-pub mod lists;
-pub mod logs;
-pub mod matching;
-pub mod metrics;
-pub mod rate;
-pub mod report;
-pub mod rules;
-pub mod rundir;
+pub mod model;
+pub mod protocol;
 pub mod serve;
-pub mod slots;
 
 pub use error::{Error, Result};
 

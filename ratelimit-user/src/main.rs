@@ -3,8 +3,9 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use ratelimit_user::{
+    cli::report,
     cli::{self, Cli},
-    logs, report,
+    host::logs,
 };
 
 #[tokio::main]

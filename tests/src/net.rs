@@ -255,7 +255,7 @@ impl Drop for Pair {
 /// (`/sys/fs/bpf/ratelimit/<layout>/<namespace>/<iface>`): the tests'
 /// interface names are unique.
 pub fn pin_dirs(iface: &str) -> Vec<std::path::PathBuf> {
-    let root = Path::new("/sys/fs/bpf/ratelimit").join(ratelimit_user::identity::PIN_LAYOUT);
+    let root = Path::new("/sys/fs/bpf/ratelimit").join(ratelimit_user::host::identity::PIN_LAYOUT);
     let Ok(entries) = std::fs::read_dir(root) else {
         return Vec::new();
     };

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use aya::{Ebpf, EbpfLoader, programs::Xdp};
 use ratelimit_common::{Counter, PROGRAM_NAME, REASON_COUNT, Reason};
-use ratelimit_user::{kernel::Maps, rules::RuleSet};
+use ratelimit_user::{kernel::Maps, model::rules::RuleSet};
 
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 

@@ -11,8 +11,8 @@ use ratelimit_tests::{
     testrun::{Loaded, XDP_DROP, XDP_PASS, pin_to_cpu},
 };
 use ratelimit_user::{
-    daemon::monotonic_ns,
-    rules::{Action, Algo, Limit, RuleSet, Selector, default_limit},
+    kernel::monotonic_ns,
+    model::rules::{Action, Algo, Limit, RuleSet, Selector, default_limit},
 };
 
 const S: u64 = 1_000_000_000;

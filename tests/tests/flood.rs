@@ -17,8 +17,8 @@ use ratelimit_tests::{
     testrun::{Loaded, XDP_DROP, XDP_PASS, pin_to_cpu},
 };
 use ratelimit_user::{
-    rate::parse_rate,
-    rules::{Action, Clock, Limit, NewSources, RuleSet, Selector, Shared, default_limit},
+    model::rate::parse_rate,
+    model::rules::{Action, Clock, Limit, NewSources, RuleSet, Selector, Shared, default_limit},
 };
 
 fn limit(rate: &str, burst: u64) -> Limit {
@@ -386,7 +386,7 @@ fn without_a_reserve_the_flood_takes_the_aggregate_from_everyone() {
 #[test]
 fn the_coarse_clock_keeps_its_bound() {
     privileged!("the_coarse_clock_keeps_its_bound");
-    let tick = ratelimit_user::rules::tick_ns() as f64 / 1e9;
+    let tick = ratelimit_user::model::rules::tick_ns() as f64 / 1e9;
     let mut set = rules(limit("2000/s", 10));
     set.clock = Clock::Coarse;
     let l = Loaded::new(&set);
@@ -417,7 +417,7 @@ fn the_coarse_clock_keeps_its_bound() {
 /// A rule over 198.18.0.0/15 with three key levels, all refilling once a
 /// minute: 40 per /32, 100 per /24 and `slash16` per /16.
 fn three_levels(slash16: &str, burst16: u64) -> RuleSet {
-    use ratelimit_user::rules::KeyLevel;
+    use ratelimit_user::model::rules::KeyLevel;
     let mut lim = limit("1/min", 40);
     lim.levels = [
         Some(KeyLevel {

@@ -12,8 +12,8 @@ use ratelimit_tests::{
     unique_tag,
 };
 use ratelimit_user::{
-    rate::parse_rate,
-    rules::{
+    model::rate::parse_rate,
+    model::rules::{
         Action, Fragments, HostConnections, Limit, MalformedPolicy, Mode, RuleSet, Selector,
         Unjudged, default_limit,
     },

@@ -14,6 +14,7 @@
 //! trie the running program does not read); only then is the program attached
 //! or swapped into the pinned link.
 
+pub mod metrics;
 pub mod offline;
 mod requests;
 pub mod server;
@@ -37,13 +38,14 @@ use tracing::{error, info, warn};
 
 use crate::{
     config::RawConfig,
-    control::{Response, socket_path},
+    daemon::metrics::SnapshotRequest,
     error::{Error, Result, chain},
-    identity::Identity,
+    host::identity::Identity,
+    host::rundir,
+    kernel::monotonic_ns,
     kernel::{AttachMode, Enforcer, InterfaceState, LoadOptions},
-    metrics::{self, SnapshotRequest},
-    rules::{Action, RuleSet},
-    rundir,
+    model::rules::{Action, RuleSet},
+    protocol::{Response, socket_path},
 };
 use store::Rules;
 
@@ -79,7 +81,7 @@ impl RunOptions {
     /// with its line ([`Error::Config`]), as `ratelimit check` says them.
     pub fn given(&self) -> Result<Option<RuleSet>> {
         match &self.config {
-            Some(path) => crate::check::file(path, &self.cli)
+            Some(path) => crate::config::check::file(path, &self.cli)
                 .map(Some)
                 .map_err(Error::Config),
             None if self.cli.is_empty() => Ok(None),
@@ -202,7 +204,7 @@ fn lock(id: &Identity) -> Result<Lock> {
 
 /// Runs the daemon on `opts.iface` until `shutdown` completes.
 pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
-    crate::slots::raise_nofile();
+    crate::host::slots::raise_nofile();
     let id = Identity::here(&opts.iface)?;
     // Everything the user gave is checked before anything else is touched.
     let given = opts.given()?;
@@ -337,7 +339,7 @@ impl Daemon {
             tokio::spawn(metrics::serve(l, metrics_tx));
         }
         if let Some(logger) = self.enforcer.take_logger() {
-            crate::logs::forward(logger);
+            crate::host::logs::forward(logger);
         }
         Ok((listener, metrics_rx))
     }
@@ -387,7 +389,7 @@ impl Daemon {
                 }
                 Some(job) = fleet_rx.recv() => self.fleet_job(job),
                 Some((request, reply)) = jobs.recv() => {
-                    if let crate::control::Request::Reload { replace } = request {
+                    if let crate::protocol::Request::Reload { replace } = request {
                         // Read off the loop; answered when it is applied.
                         self.ask_reload(ReloadAsk { replace, reply: Some(reply) }, &read_tx);
                         continue;
@@ -411,26 +413,8 @@ impl Daemon {
                 let mut rules = std::collections::HashMap::new();
                 let mut add =
                     |name: String, rule: &ratelimit_common::Rule, action: Option<&Action>| {
-                        if rule.flags & ratelimit_common::rule_flags::FLEET == 0 {
-                            return;
-                        }
-                        if let Some(Action::Limit(l)) = action
-                            && let Ok(limit) = ratelimit_redis::Limit::gcra(
-                                l.rate.tokens,
-                                Duration::from_nanos(l.rate.period_ns),
-                                l.burst,
-                            )
-                        {
-                            rules.insert(
-                                rule.id,
-                                FleetRule {
-                                    name,
-                                    limit,
-                                    params: *rule.gcra_params(),
-                                    bytes: rule.flags & ratelimit_common::rule_flags::BYTES != 0,
-                                    per: (rule.key_prefix_v4, rule.key_prefix_v6),
-                                },
-                            );
+                        if let Some(r) = FleetRule::of(name, rule, action) {
+                            rules.insert(rule.id, r);
                         }
                     };
                 if let Ok(d) = self.enforcer.maps.default_rule() {
@@ -845,15 +829,4 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".into())
-}
-
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

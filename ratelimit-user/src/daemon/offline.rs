@@ -14,10 +14,10 @@ use super::{
     store::{self, Found, Rules},
 };
 use crate::{
-    control::Request,
     error::{Error, Result},
-    identity::{self, Identity},
+    host::identity::{self, Identity},
     kernel::{LINK_PIN, Maps},
+    protocol::Request,
 };
 
 /// A pinned program of this network namespace, opened read-only.

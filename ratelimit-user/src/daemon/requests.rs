@@ -14,12 +14,12 @@ use super::{
 };
 use crate::{
     config::RawLimit,
-    control::Request,
-    describe,
     error::{Error, Result, chain},
     kernel::{InterfaceState, Maps},
-    lists::{Allowed, List, ListAction, check_name},
-    rules::{Action, Clock, Limit, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
+    model::describe,
+    model::lists::{Allowed, List, ListAction, check_name},
+    model::rules::{Action, Clock, Limit, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
+    protocol::Request,
 };
 
 impl Daemon {
@@ -520,9 +520,9 @@ fn small_byte_bursts(a: Option<&Action>) -> Vec<(&'static str, u64)> {
     let Some(Action::Limit(l)) = a else {
         return Vec::new();
     };
-    let bytes = |u: crate::rate::Unit| u == crate::rate::Unit::Bytes;
+    let bytes = |u: crate::model::rate::Unit| u == crate::model::rate::Unit::Bytes;
     let mut small = Vec::new();
-    if bytes(l.rate.unit) && l.algo == crate::rules::Algo::Gcra && l.burst < FULL_FRAME {
+    if bytes(l.rate.unit) && l.algo == crate::model::rules::Algo::Gcra && l.burst < FULL_FRAME {
         small.push(("--burst", l.burst));
     }
     let level_flags = ["--burst (the second one)", "--burst (the third one)"];

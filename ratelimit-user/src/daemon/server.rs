@@ -18,15 +18,15 @@ use tokio::{
 };
 
 use crate::{
-    control::{MAX_LIST_REQUEST, MAX_REQUEST, Request, Response},
-    slots::{AcceptBackoff, Slot, Slots},
+    host::slots::{AcceptBackoff, Slot, Slots},
+    protocol::{MAX_LIST_REQUEST, MAX_REQUEST, Request, Response},
 };
 
 /// A request and where its answer goes.
 pub type Job = (Request, oneshot::Sender<Response>);
 
 /// Control connections open at once; past it, the oldest idle one is closed
-/// to make room (see [`crate::slots`]).
+/// to make room (see [`crate::host::slots`]).
 pub const MAX_CONNECTIONS: usize = 256;
 /// A request line must arrive within this time.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -132,13 +132,9 @@ async fn fleet_top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
     }
     let url = info.data["redis"].as_str().unwrap_or_default().to_string();
     let rules: Vec<String> = serde_json::from_value(info.data["rules"].clone()).unwrap_or_default();
-    let store = match ratelimit_redis::Store::connect(&url).await {
-        Ok(s) => s,
-        Err(e) => return Response::refused(format!("the fleet's Redis {url}: {e}")),
-    };
-    match crate::fleet::top(&store, &rules, n).await {
+    match crate::fleet::top(&url, &rules, n).await {
         Ok(rows) => Response::ok(json!({"redis": url, "rules": rows})),
-        Err(e) => Response::refused(format!("the fleet's Redis {url}: {e}")),
+        Err(e) => Response::refused(e),
     }
 }
 

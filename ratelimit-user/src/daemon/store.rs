@@ -24,10 +24,10 @@ use tracing::{error, warn};
 use crate::{
     config::{RawConfig, RawLimit},
     error::{Error, Result},
-    identity::Identity,
-    lists::{List, ListAction},
-    rules::{Action, Mode, RuleSet, Selector},
-    rundir,
+    host::identity::Identity,
+    host::rundir,
+    model::lists::{List, ListAction},
+    model::rules::{Action, Mode, RuleSet, Selector},
 };
 
 /// Live changes on top of the base.
@@ -304,7 +304,7 @@ impl SavedList {
 
     /// The list, its entries read from `dir` when they are in a file.
     fn list(&self, dir: &Path) -> std::result::Result<List, String> {
-        crate::lists::check_name("name", &self.name).map_err(|e| format!("{e}"))?;
+        crate::model::lists::check_name("name", &self.name).map_err(|e| format!("{e}"))?;
         let field = format!("list {}", self.name);
         let text = match (&self.entries, &self.file) {
             (Some(text), _) => text.clone(),
@@ -346,7 +346,7 @@ fn is_list_file_name(name: &str) -> bool {
 /// The list files already written, by the entries they hold (the same `Arc`
 /// while a list is unchanged): a save writes only the lists it has not.
 #[derive(Default)]
-pub struct ListFiles(Vec<(Arc<[crate::rules::Prefix]>, String)>);
+pub struct ListFiles(Vec<(Arc<[crate::model::rules::Prefix]>, String)>);
 
 impl ListFiles {
     /// The file of `l` (entries one per line, named by a hash of them),
@@ -845,7 +845,7 @@ mod tests {
     fn a_record_saved_before_its_bans_ended_in_the_kernel_is_taken_with_them_ended() {
         let id = Identity {
             netns: 1,
-            netns_inode: crate::identity::HOST_NETNS,
+            netns_inode: crate::host::identity::HOST_NETNS,
             iface: "rltest0".into(),
         };
         let deny = Some(Action::Deny { dry_run: false });

@@ -27,8 +27,8 @@ use tracing::warn;
 use super::{AttachMode, Attached, LINK_PIN, LoadOptions, Maps};
 use crate::{
     error::{Error, Result},
-    identity::{self, Identity},
-    rundir,
+    host::identity::{self, Identity},
+    host::rundir,
 };
 
 /// A program loaded and verified with its maps, not attached yet: give the maps
@@ -36,7 +36,7 @@ use crate::{
 pub struct Prepared {
     id: Identity,
     ebpf: Ebpf,
-    logger: Option<aya_log::EbpfLogger<crate::logs::TracingLog>>,
+    logger: Option<aya_log::EbpfLogger<crate::host::logs::TracingLog>>,
     /// The maps.
     pub maps: Maps,
     dir: PathBuf,
@@ -60,8 +60,8 @@ pub struct Enforcer {
     link_id: u32,
     /// Keeps the program's fd (and so the maps' fds) open.
     ebpf: Ebpf,
-    /// Reads the program's aya-log records (see [`crate::logs`]).
-    logger: Option<aya_log::EbpfLogger<crate::logs::TracingLog>>,
+    /// Reads the program's aya-log records (see [`crate::host::logs`]).
+    logger: Option<aya_log::EbpfLogger<crate::host::logs::TracingLog>>,
     /// The maps.
     pub maps: Maps,
     /// Whether the maps are a previous daemon's: its rules, buckets and
@@ -262,14 +262,14 @@ impl Enforcer {
         }
         let mut ebpf = loader.load(crate::EBPF_OBJECT).map_err(Error::Load)?;
         let maps = Maps::from_ebpf(&mut ebpf)?;
-        let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::logs::TracingLog)
-        {
-            Ok(l) => Some(l),
-            Err(e) => {
-                warn!(error = %e, "the XDP program's log records will not be forwarded");
-                None
-            }
-        };
+        let logger =
+            match aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::host::logs::TracingLog) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    warn!(error = %e, "the XDP program's log records will not be forwarded");
+                    None
+                }
+            };
         program(&mut ebpf)?
             .load()
             .map_err(|source| Error::Program {
@@ -352,7 +352,7 @@ impl Prepared {
 
     /// The rules a previous daemon's pinned maps hold (`None`: no pins): the
     /// adopted maps', or with `--reset` those of the pins about to be replaced.
-    pub fn pinned_rules(&self) -> Option<Result<crate::rules::RuleSet>> {
+    pub fn pinned_rules(&self) -> Option<Result<crate::model::rules::RuleSet>> {
         if self.adopted_maps {
             return Some(self.maps.rule_set());
         }
@@ -427,7 +427,7 @@ impl Prepared {
 
 impl Enforcer {
     /// Takes the program's log reader, to be polled by the daemon.
-    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<crate::logs::TracingLog>> {
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<crate::host::logs::TracingLog>> {
         self.logger.take()
     }
 

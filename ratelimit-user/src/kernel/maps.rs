@@ -22,9 +22,9 @@ use ratelimit_common::{
 use super::LoadOptions;
 use crate::{
     error::{Error, Result},
-    lists::{List, ListAction},
-    matching::{self, Match, Selector},
-    rules::{Action, Fragments, Mode, Prefix, RuleSet, Unjudged},
+    model::lists::{List, ListAction},
+    model::matching::{self, Match, Selector},
+    model::rules::{Action, Fragments, Mode, Prefix, RuleSet, Unjudged},
 };
 
 /// The typed maps.
@@ -701,7 +701,7 @@ impl Maps {
             return Ok(plan.clone());
         }
         let (deny_index, allow_index) = self.policy_indexes();
-        let allowed = crate::lists::Allowed::of(set.lists.values());
+        let allowed = crate::model::lists::Allowed::of(set.lists.values());
         let total: usize = set.lists.values().map(|l| l.entries.len()).sum();
         let mut entries = TrieEntries::with_capacity(total);
         for action in [ListAction::Allow, ListAction::Deny] {
@@ -965,7 +965,7 @@ impl Maps {
     /// not in the written state (it is counted, and in the fleet's debt at the
     /// next sync).
     pub fn raise(&mut self, key: &FlowKey, params: &gcra::Params, debt_ns: u64, add: bool) {
-        let now = crate::daemon::monotonic_ns();
+        let now = super::monotonic_ns();
         let found = self.source_state(key);
         let current = found.map_or(0, |s| gcra::debt_ns(s.gcra.tat, params, now));
         let target = if add {
@@ -1021,7 +1021,7 @@ fn random_seed() -> u64 {
         seed
     } else {
         // Not reached on Linux ≥ 3.17; a seed from the clock still differs per host.
-        crate::daemon::monotonic_ns() | 1
+        super::monotonic_ns() | 1
     }
 }
 

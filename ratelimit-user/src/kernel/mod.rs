@@ -158,3 +158,14 @@ impl LoadOptions {
         loader
     }
 }
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use super::conn::ConnMetrics;
 use crate::{
     error::{Error, Result},
-    rate::{Unit, parse_rate},
+    model::rate::{Unit, parse_rate},
 };
 
 /// Longest key accepted, bytes.
@@ -386,7 +386,7 @@ pub fn limit_of(v: &Value) -> Result<Limit> {
             // The window is the period as written ("30/min": 30 per minute),
             // not the reduced fraction ("1/2s"), and its count is whole.
             let text = m["rate"].as_str().unwrap_or_default();
-            let (window_ns, limit) = crate::rate::parse_window("limit.rate", text)?;
+            let (window_ns, limit) = crate::model::rate::parse_window("limit.rate", text)?;
             let window = Duration::from_nanos(window_ns);
             if algorithm == "fixed-window" {
                 Limit::fixed_window(window, limit).map_err(field)

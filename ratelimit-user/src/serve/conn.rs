@@ -2,12 +2,12 @@
 //! calls the router of [`super::api`] for each request.
 //!
 //! What a flood of idle or slow clients can cost is bounded:
-//! - at most [`Limits::max_connections`] are open ([`crate::slots`]); past
+//! - at most [`Limits::max_connections`] are open ([`crate::host::slots`]); past
 //!   it, the one idle longest (it has not sent a request, or waits between
 //!   two) is closed for the newcomer, and when every one is busy with a
 //!   request the newcomer is answered 503 at once (at most [`OVERFLOW`] such
 //!   answers at a time; past that it is closed unanswered). Either is logged
-//!   once per [`LOG_EVERY`](crate::metrics::LOG_EVERY), with the count since;
+//!   once per [`LOG_EVERY`](crate::host::logs::LOG_EVERY), with the count since;
 //! - a request's headers must arrive within [`Limits::header_timeout`] (from
 //!   the connection's opening, or from the first byte of a later request),
 //!   and be at most [`MAX_HEAD`] bytes; a keep-alive connection waits at most
@@ -43,8 +43,8 @@ use tokio::{
 };
 
 use crate::{
-    metrics::QuietLog,
-    slots::{AcceptBackoff, Admission, Slot, Slots},
+    host::logs::QuietLog,
+    host::slots::{AcceptBackoff, Admission, Slot, Slots},
 };
 
 /// The largest request head (request line and headers), bytes; hyper
@@ -127,11 +127,16 @@ impl ConnMetrics {
     }
 }
 
+/// The answer to a request on a connection that found every slot busy (with
+/// the cap): the router's, so that it is worded like its other errors.
+pub type Overload = fn(usize) -> axum::response::Response;
+
 /// Accepts connections on `listener` until `shutdown`, then lets requests in
 /// flight finish (for at most [`SHUTDOWN_GRACE`]).
 pub async fn run(
     listener: TcpListener,
     router: Router,
+    overload: Overload,
     limits: Limits,
     metrics: ConnMetrics,
     shutdown: impl Future<Output = ()>,
@@ -187,7 +192,7 @@ pub async fn run(
                     let cap = limits.max_connections;
                     tokio::spawn(async move {
                         let _permit = permit;
-                        overloaded(stream, cap).await;
+                        overloaded(stream, cap, overload).await;
                     });
                 }
             }
@@ -242,10 +247,9 @@ async fn connection(
 }
 
 /// Answers a connection that found every slot busy: 503, then closed.
-async fn overloaded(stream: TcpStream, cap: usize) {
-    let service = hyper::service::service_fn(move |_req| async move {
-        Ok::<_, Infallible>(super::api::overloaded(cap))
-    });
+async fn overloaded(stream: TcpStream, cap: usize, answer: Overload) {
+    let service =
+        hyper::service::service_fn(move |_req| async move { Ok::<_, Infallible>(answer(cap)) });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(OVERFLOW_WAIT)

@@ -109,7 +109,7 @@ pub fn connection_cap(asked: Option<usize>, nofile: u64) -> Result<(usize, bool)
 /// Runs the service until `shutdown` completes; requests in flight then have
 /// a few seconds to finish.
 pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()> {
-    let nofile = crate::slots::raise_nofile();
+    let nofile = crate::host::slots::raise_nofile();
     let (max_connections, lowered) = connection_cap(opts.max_connections, nofile)?;
     if lowered {
         tracing::warn!(
@@ -154,7 +154,15 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
         "serving /v1/acquire and /v1/refill"
     );
     let metrics = app.metrics.conn.clone();
-    conn::run(listener, api::router(app), limits, metrics, shutdown).await;
+    conn::run(
+        listener,
+        api::router(app),
+        api::overloaded,
+        limits,
+        metrics,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 

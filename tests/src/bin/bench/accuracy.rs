@@ -8,7 +8,7 @@ use ratelimit_tests::{
     net::{NetNs, Pair, Receiver},
     testrun::pin_to_cpu,
 };
-use ratelimit_user::daemon::monotonic_ns;
+use ratelimit_user::kernel::monotonic_ns;
 use serde_json::json;
 
 use crate::{Opts, in_ns, met, report::Report};

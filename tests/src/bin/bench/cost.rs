@@ -7,7 +7,7 @@ use ratelimit_tests::{
     frames::{TPID_8021Q, Udp},
     testrun::{Loaded, XDP_DROP, XDP_PASS, load_xdp, test_run},
 };
-use ratelimit_user::rules::{Action, Selector};
+use ratelimit_user::model::rules::{Action, Selector};
 use serde_json::json;
 
 use crate::{Opts, ip, limit, met, report::Report, rules, stats, v4};
@@ -75,18 +75,18 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
     let with_matches = Loaded::with_capacity(&matched, 1 << 20);
     // Three key levels (per /32, /24 and /16), all within their limits: the
     // frame is taken at each, beside the one-level rule above.
-    let bucket = |rate: &str| ratelimit_user::rules::Shared {
-        rate: ratelimit_user::rate::parse_rate("bench", rate).expect("rate"),
+    let bucket = |rate: &str| ratelimit_user::model::rules::Shared {
+        rate: ratelimit_user::model::rate::parse_rate("bench", rate).expect("rate"),
         burst: 1 << 32,
     };
-    let three = ratelimit_user::rules::Limit {
+    let three = ratelimit_user::model::rules::Limit {
         levels: [
-            Some(ratelimit_user::rules::KeyLevel {
+            Some(ratelimit_user::model::rules::KeyLevel {
                 bucket: bucket("100M/s"),
                 per_v4: 24,
                 per_v6: 48,
             }),
-            Some(ratelimit_user::rules::KeyLevel {
+            Some(ratelimit_user::model::rules::KeyLevel {
                 bucket: bucket("100M/s"),
                 per_v4: 16,
                 per_v6: 32,
@@ -95,7 +95,7 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
         ..fast
     };
     let three_levels = Loaded::with_capacity(&rules(three), 1 << 20);
-    let aggregate = ratelimit_user::rules::Limit {
+    let aggregate = ratelimit_user::model::rules::Limit {
         aggregate: Some(bucket("100M/s")),
         ..fast
     };

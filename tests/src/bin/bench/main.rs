@@ -25,8 +25,8 @@ use ratelimit_tests::{
     testrun::{pin_to_cpu, unpin},
 };
 use ratelimit_user::{
-    rate::parse_rate,
-    rules::{Action, Limit, RuleSet, default_limit},
+    model::rate::parse_rate,
+    model::rules::{Action, Limit, RuleSet, default_limit},
 };
 use report::Report;
 

@@ -21,8 +21,8 @@ pub fn memory_and_scale(opts: &Opts, report: &mut Report) {
                   (two runs each: a source earns its state on its second frame), in a state map of {n} entries, with the state-creation cap lifted."),
     );
     let mut set = rules(limit("1000/s", 10));
-    set.new_states = ratelimit_user::rules::Shared::of(
-        ratelimit_user::rate::parse_rate("new-states", "100M/s").expect("rate"),
+    set.new_states = ratelimit_user::model::rules::Shared::of(
+        ratelimit_user::model::rate::parse_rate("new-states", "100M/s").expect("rate"),
     );
     let l = Loaded::with_capacity(&set, n);
     let memlock = state_map_memlock();

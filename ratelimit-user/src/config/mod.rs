@@ -1,16 +1,18 @@
 //! The TOML config file and the `run` options, both turned into one validated
 //! [`RuleSet`]. See `examples/ratelimit.toml` for every key.
 
+pub mod check;
+
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::lists::{List, ListAction, check_name};
-use crate::matching::{Match, parse_ports, parse_proto, proto_name};
+use crate::model::lists::{List, ListAction, check_name};
+use crate::model::matching::{Match, parse_ports, parse_proto, proto_name};
 use crate::{
     error::{Error, Result},
-    rate::{parse_burst, parse_duration, parse_rate},
-    rules::{
+    model::rate::{parse_burst, parse_duration, parse_rate},
+    model::rules::{
         Action, Algo, Clock, DEFAULT_PER_V4, DEFAULT_PER_V6, Fragments, HostConnections, KeyLevel,
         Limit, MalformedPolicy, Mode, NewSources, Prefix, RuleSet, Selector, Shared, Unjudged,
         default_limit, default_new_sources,
@@ -543,7 +545,7 @@ impl RawLimit {
         &self,
         field: &str,
         family_v4: Option<bool>,
-    ) -> Result<(crate::rate::Rate, u64)> {
+    ) -> Result<(crate::model::rate::Rate, u64)> {
         let rate_field = format!("{field}.rate");
         let rate = parse_rate(
             &rate_field,
@@ -1029,7 +1031,7 @@ impl RawRule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{rate::Unit, rules::Algo};
+    use crate::{model::rate::Unit, model::rules::Algo};
 
     fn parse(s: &str) -> Result<RuleSet> {
         toml::from_str::<RawConfig>(s)
@@ -1039,7 +1041,7 @@ mod tests {
 
     #[test]
     fn the_example_file_is_valid() {
-        let text = include_str!("../../examples/ratelimit.toml");
+        let text = include_str!("../../../examples/ratelimit.toml");
         let set = parse(text).unwrap_or_else(|e| panic!("{e}"));
         assert!(!set.rules.is_empty());
     }
@@ -1120,7 +1122,7 @@ mod tests {
 
     #[test]
     fn a_rule_set_round_trips_through_its_raw_form() {
-        let set = parse(include_str!("../../examples/ratelimit.toml")).unwrap();
+        let set = parse(include_str!("../../../examples/ratelimit.toml")).unwrap();
         let text = toml::to_string(&RawConfig::from(&set)).unwrap();
         assert_eq!(parse(&text).unwrap(), set, "{text}");
     }
@@ -1217,7 +1219,7 @@ mod tests {
         let toml = dir.join("r.toml");
         let read = |text: &str| {
             std::fs::write(&toml, text).unwrap();
-            crate::check::file(&toml, &RawConfig::default())
+            crate::config::check::file(&toml, &RawConfig::default())
         };
         let set =
             read("[[list]]\nname = \"ok\"\naction = \"deny\"\npath = \"ok.netset\"\n").unwrap();

@@ -23,7 +23,7 @@ use ratelimit_common::{
 
 use crate::{
     error::{Error, Result},
-    rules::Prefix,
+    model::prefix::Prefix,
 };
 
 pub const PROTO_ICMP: u8 = 1;

@@ -1,5 +1,5 @@
 //! The text `--help` shows after the options: each command's examples, and
-//! the exit codes under `ratelimit --help`. The man pages ([`crate::docs`])
+//! the exit codes under `ratelimit --help`. The man pages ([`crate::cli::docs`])
 //! render the same text. Every example line is parsed by a test, so an
 //! example that names a flag that does not exist fails the build's tests.
 

@@ -68,6 +68,8 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+use crate::model::rules::Action;
+
 /// How often a daemon reports to Redis and takes the fleet's debts back.
 pub const SYNC: Duration = Duration::from_millis(100);
 /// A key admitted nothing here for this long is no longer followed.
@@ -108,6 +110,38 @@ pub struct FleetRule {
     pub bytes: bool,
     /// Its key sizes, for names: IPv4 and IPv6 prefix lengths.
     pub per: (u8, u8),
+}
+
+impl FleetRule {
+    /// The fleet-wide rule that the kernel's `rule` (under the name `name`)
+    /// and the daemon's `action` for it make; `None` when it is not fleet-wide
+    /// or its limit has no form Redis can keep.
+    pub fn of(
+        name: String,
+        rule: &ratelimit_common::Rule,
+        action: Option<&Action>,
+    ) -> Option<Self> {
+        use ratelimit_common::rule_flags;
+        if rule.flags & rule_flags::FLEET == 0 {
+            return None;
+        }
+        let Some(Action::Limit(l)) = action else {
+            return None;
+        };
+        let limit = Limit::gcra(
+            l.rate.tokens,
+            Duration::from_nanos(l.rate.period_ns),
+            l.burst,
+        )
+        .ok()?;
+        Some(FleetRule {
+            name,
+            limit,
+            params: *rule.gcra_params(),
+            bytes: rule.flags & rule_flags::BYTES != 0,
+            per: (rule.key_prefix_v4, rule.key_prefix_v6),
+        })
+    }
 }
 
 /// What the daemon's loop (which owns the maps) reads for the sync task.
@@ -438,7 +472,11 @@ async fn probe(url: String, answers: Arc<AtomicBool>) {
 
 /// The fleet's use of each key of `rules` (by name) in this minute and the
 /// last, busiest first, at most `n` per rule: what `top --fleet` shows.
-pub async fn top(store: &Store, rules: &[String], n: usize) -> Result<serde_json::Value, String> {
+pub async fn top(url: &str, rules: &[String], n: usize) -> Result<serde_json::Value, String> {
+    let store = Store::connect(url)
+        .await
+        .map_err(|e| format!("the fleet's Redis {url}: {e}"))?;
+    let store = &store;
     let m = minute();
     let mut out = Vec::new();
     for rule in rules {

@@ -1,6 +1,10 @@
 //! The command line: clap parses strings into [`Cli`]; [`main`] turns them into
 //! validated types and runs the command.
 
+pub mod docs;
+pub mod help;
+pub mod report;
+
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
@@ -8,14 +12,14 @@ use serde_json::Value;
 
 use crate::{
     config::{RawBurst, RawConfig, RawLevel, RawLimit},
-    control::{self, Request},
     daemon::{self, RunOptions, offline},
     error::{Error, Result},
-    help, input,
+    host::input,
     kernel::{AttachMode, LoadOptions},
-    lists::{self, ListAction},
-    rate::{parse_duration, parse_rate},
-    rules::{Clock, MalformedPolicy},
+    model::lists::{self, ListAction},
+    model::rate::{parse_duration, parse_rate},
+    model::rules::{Clock, MalformedPolicy},
+    protocol::{self, Request},
 };
 
 /// A per-source packet rate limiter at the NIC driver (XDP).
@@ -205,7 +209,7 @@ impl ServeArgs {
                 }
             },
         };
-        let max_body = crate::rate::parse_size("--max-body", &self.max_body)?;
+        let max_body = crate::model::rate::parse_size("--max-body", &self.max_body)?;
         if max_body == 0 || max_body > MAX_MAX_BODY as u64 {
             return Err(Error::invalid(
                 "--max-body",
@@ -216,7 +220,7 @@ impl ServeArgs {
             ));
         }
         Ok(Options {
-            listen: crate::listen::listen_addr("--listen", &self.listen, DEFAULT_PORT)?,
+            listen: crate::host::listen::listen_addr("--listen", &self.listen, DEFAULT_PORT)?,
             redis: self.redis.clone(),
             prefix: self.prefix.clone(),
             max_connections,
@@ -263,12 +267,12 @@ pub struct RunArgs {
     /// first fragment): drop them (the default), judge them by the rules that
     /// need nothing they hide (next-rule), or pass them [default: drop].
     #[arg(long, value_enum)]
-    pub unjudged: Option<crate::rules::Unjudged>,
+    pub unjudged: Option<crate::model::rules::Unjudged>,
     /// Non-first fragments under a rule that matches ports or TCP flags:
     /// judged by the next rule of their source (their first fragment carries
     /// the header and is judged whole), or dropped [default: next-rule].
     #[arg(long, value_enum)]
-    pub fragments: Option<crate::rules::Fragments>,
+    pub fragments: Option<crate::model::rules::Fragments>,
     /// Leave the program attached and enforcing after exit.
     #[arg(long)]
     pub keep_attached: bool,
@@ -421,7 +425,7 @@ pub struct SetArgs {
     /// UDP, on a local port in the ephemeral range): `pass` (never dropped by
     /// this limit) or `limit` [default: pass].
     #[arg(long, value_enum)]
-    pub host_connections: Option<crate::rules::HostConnections>,
+    pub host_connections: Option<crate::model::rules::HostConnections>,
     #[command(flatten)]
     pub target_daemon: Target,
 }
@@ -463,7 +467,7 @@ pub struct ModeArgs {
     /// frame is dropped, counted `not_allowed`); `normal`: every rule does
     /// what it says again.
     #[arg(value_enum)]
-    pub mode: crate::rules::Mode,
+    pub mode: crate::model::rules::Mode,
     #[command(flatten)]
     pub quiet: QuietArgs,
     #[command(flatten)]
@@ -713,7 +717,7 @@ impl RunArgs {
         // The options alone first, so that an error names the flag typed.
         let cli = self.rules();
         RawConfig::merge(RawConfig::default(), &cli, "")
-            .and_then(|alone| alone.validate(&crate::rules::RuleSet::default()))
+            .and_then(|alone| alone.validate(&crate::model::rules::RuleSet::default()))
             .map_err(|e| match e {
                 Error::Invalid { field, message } => Error::Invalid {
                     field: as_flag(&field),
@@ -724,7 +728,13 @@ impl RunArgs {
         let metrics = self
             .metrics
             .as_deref()
-            .map(|m| crate::listen::listen_addr("--metrics", m, crate::metrics::EXAMPLE_PORT))
+            .map(|m| {
+                crate::host::listen::listen_addr(
+                    "--metrics",
+                    m,
+                    crate::daemon::metrics::EXAMPLE_PORT,
+                )
+            })
             .transpose()?;
         let opts = RunOptions {
             iface: self.iface.clone(),
@@ -762,7 +772,7 @@ fn as_flag(field: &str) -> String {
 fn iface(t: &Target) -> Result<String> {
     match &t.iface {
         Some(i) => Ok(i.clone()),
-        None => control::only_daemon(),
+        None => protocol::only_daemon(),
     }
 }
 
@@ -802,10 +812,10 @@ impl Command {
 async fn read(t: &Target, request: &Request) -> Result<Value> {
     let daemon = match &t.iface {
         Some(i) => Ok(i.clone()),
-        None => control::only_daemon(),
+        None => protocol::only_daemon(),
     };
     let (want, no_daemon) = match daemon {
-        Ok(iface) => match control::call(&iface, request).await {
+        Ok(iface) => match protocol::call(&iface, request).await {
             Err(e @ Error::NoDaemon { .. }) => (Some(iface), e),
             answer => return answer,
         },
@@ -871,14 +881,14 @@ async fn run_command(command: Command) -> Result<()> {
         }
         Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
         Command::Check(a) => {
-            if !crate::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
+            if !crate::config::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
                 // The report is printed; 2 is invalid input's exit status.
                 std::process::exit(2);
             }
             Ok(())
         }
-        Command::Completions(c) => crate::docs::print_completions(c.shell),
-        Command::Man(m) => crate::docs::print_man(m.out.as_deref()),
+        Command::Completions(c) => crate::cli::docs::print_completions(c.shell),
+        Command::Man(m) => crate::cli::docs::print_man(m.out.as_deref()),
         Command::Set(args) => {
             // `--bytes` with a plain count: the count is bytes.
             let rates: Vec<String> = args
@@ -943,7 +953,7 @@ async fn run_command(command: Command) -> Result<()> {
             };
             let for_ms = args.change.for_ms()?;
             let iface = iface(&args.target_daemon)?;
-            let data = control::call(
+            let data = protocol::call(
                 &iface,
                 &Request::Set {
                     target,
@@ -990,17 +1000,17 @@ async fn run_command(command: Command) -> Result<()> {
                     return Err(Error::invalid("CIDR", "give a CIDR, or --list NAME"));
                 }
             };
-            print_changes(&control::call(&iface, &request).await?, a.quiet.quiet);
+            print_changes(&protocol::call(&iface, &request).await?, a.quiet.quiet);
             Ok(())
         }
         Command::Mode(m) => {
-            let data = control::call(&iface(&m.target)?, &Request::Mode { mode: m.mode }).await?;
+            let data = protocol::call(&iface(&m.target)?, &Request::Mode { mode: m.mode }).await?;
             print_changes(&data, m.quiet.quiet);
             Ok(())
         }
         Command::Reload(r) => {
             let data =
-                control::call(&iface(&r.target)?, &Request::Reload { replace: r.replace }).await?;
+                protocol::call(&iface(&r.target)?, &Request::Reload { replace: r.replace }).await?;
             print_changes(&data, r.quiet.quiet);
             Ok(())
         }
@@ -1059,7 +1069,7 @@ async fn run_command(command: Command) -> Result<()> {
         }
         Command::Top(t) if t.fleet => {
             let data =
-                control::call(&iface(&t.read.target)?, &Request::FleetTop { n: t.n }).await?;
+                protocol::call(&iface(&t.read.target)?, &Request::FleetTop { n: t.n }).await?;
             if t.read.json {
                 print_json(&data)
             } else {
@@ -1195,7 +1205,7 @@ async fn listable_command(
             return Err(Error::invalid("CIDR", "give a CIDR, or --from FILE"));
         };
         let iface = iface(&a.target)?;
-        let data = control::call(&iface, &make(a.matches.selector(cidr), for_ms)).await?;
+        let data = protocol::call(&iface, &make(a.matches.selector(cidr), for_ms)).await?;
         print_changes(&data, a.change.quiet);
         return Ok(());
     };
@@ -1229,7 +1239,7 @@ async fn listable_command(
     // (the daemon checks it again: it is the one writer).
     lists::parse("--from", &source, &text)?;
     let iface = iface(&a.target)?;
-    let data = control::call(
+    let data = protocol::call(
         &iface,
         &Request::LoadList {
             name,
@@ -1259,7 +1269,10 @@ fn ends(v: &Value) -> String {
         Some(s) if s <= 0.0 => {
             "  (its time is up: enforced until a daemon adopts the program and ends it)".into()
         }
-        Some(s) => format!("  (ends in {})", crate::describe::span((s * 1000.0) as u64)),
+        Some(s) => format!(
+            "  (ends in {})",
+            crate::model::describe::span((s * 1000.0) as u64)
+        ),
         None => String::new(),
     }
 }

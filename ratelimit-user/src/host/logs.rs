@@ -3,7 +3,10 @@
 //! nothing is logged per packet), forwarded into it under the target
 //! `ratelimit::xdp`.
 
-use std::io::IsTerminal as _;
+use std::{
+    io::IsTerminal as _,
+    time::{Duration, Instant},
+};
 
 use aya_log::EbpfLogger;
 use tokio::io::unix::AsyncFd;
@@ -75,6 +78,42 @@ pub fn forward(logger: EbpfLogger<TracingLog>) {
             });
         }
         Err(e) => warn!(error = %e, "cannot poll the XDP program's log records"),
+    }
+}
+
+/// A repeated error is logged at most this often.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs an error at most once per [`LOG_EVERY`], with how many were not.
+pub struct QuietLog {
+    last: Option<Instant>,
+    skipped: u64,
+}
+
+impl Default for QuietLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QuietLog {
+    /// A fresh one.
+    pub const fn new() -> Self {
+        Self {
+            last: None,
+            skipped: 0,
+        }
+    }
+
+    /// Logs `what` unless one was logged less than [`LOG_EVERY`] ago.
+    pub fn warn(&mut self, what: &str, error: &dyn std::fmt::Display) {
+        if self.last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+            self.skipped += 1;
+            return;
+        }
+        tracing::warn!(error = %error, repeated = self.skipped, "{what}");
+        self.last = Some(Instant::now());
+        self.skipped = 0;
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //! The pages: `ratelimit(8)`, the overview (commands, exit status,
 //! environment, files), and one `ratelimit-COMMAND(8)` per command with its
-//! options and examples ([`crate::help`]). `ratelimit man` prints the first;
+//! options and examples ([`crate::cli::help`]). `ratelimit man` prints the first;
 //! `--out DIR` writes them all, as `cargo xtask install` does.
 
 use std::{

@@ -5,12 +5,12 @@
 //! What a flood of idle or slow clients can cost is bounded: at most
 //! [`MAX_CONNECTIONS`] are open at a time (past it, the one idle longest is
 //! closed for the newcomer: one that has not sent its request, or whose
-//! reader does not take its answer; see [`crate::slots`]), one request per
+//! reader does not take its answer; see [`crate::host::slots`]), one request per
 //! connection, whose headers must arrive within [`HEADER_TIMEOUT`] and whose
 //! answer must be taken within [`WRITE_TIMEOUT`] (else the connection is
 //! reset); a connection lives at most [`CONNECTION_LIFETIME`], an accept
 //! error backs off before the next accept, and a repeated error is logged
-//! once per [`LOG_EVERY`] with the count of the ones not logged.
+//! once per [`LOG_EVERY`](crate::host::logs::LOG_EVERY) with the count of the ones not logged.
 //!
 //! Memory too: scrapes within [`FRESH`] of each other share one rendering of
 //! the exposition (megabytes with thousands of rules), answers hold it without
@@ -48,8 +48,8 @@ use tokio::{
 };
 
 use crate::{
+    host::slots::{AcceptBackoff, ResetOnClose, Slot, Slots},
     kernel::Attached,
-    slots::{AcceptBackoff, ResetOnClose, Slot, Slots},
 };
 
 /// The port the `--metrics` examples use (Prometheus' registry of exporter
@@ -61,8 +61,6 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one connection may live, however busy.
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
-/// A repeated error is logged at most this often.
-pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// How long a scrape's answer may take to be written: a reader slower than
 /// this (5 MB at 500 kB/s) is cut off, its connection reset so that the
 /// kernel frees what it still held for it.
@@ -362,39 +360,6 @@ async fn scrape(State(exposer): State<Arc<Exposer>>) -> Response {
         )
             .into_response(),
         None => (StatusCode::SERVICE_UNAVAILABLE, String::new()).into_response(),
-    }
-}
-
-/// Logs an error at most once per [`LOG_EVERY`], with how many were not.
-pub struct QuietLog {
-    last: Option<Instant>,
-    skipped: u64,
-}
-
-impl Default for QuietLog {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl QuietLog {
-    /// A fresh one.
-    pub const fn new() -> Self {
-        Self {
-            last: None,
-            skipped: 0,
-        }
-    }
-
-    /// Logs `what` unless one was logged less than [`LOG_EVERY`] ago.
-    pub fn warn(&mut self, what: &str, error: &dyn std::fmt::Display) {
-        if self.last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
-            self.skipped += 1;
-            return;
-        }
-        tracing::warn!(error = %error, repeated = self.skipped, "{what}");
-        self.last = Some(Instant::now());
-        self.skipped = 0;
     }
 }
 

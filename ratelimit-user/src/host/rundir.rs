@@ -27,7 +27,7 @@ use std::{
 
 use crate::{
     error::{Error, Result},
-    identity::Identity,
+    host::identity::Identity,
 };
 
 /// The root of the run directories: `RATELIMIT_RUN_DIR` (tests), else
@@ -508,7 +508,7 @@ fn live_netns_cookies() -> Option<std::collections::HashSet<u64>> {
                 if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                     return None;
                 }
-                cookies.insert(crate::identity::netns_cookie().ok()?);
+                cookies.insert(crate::host::identity::netns_cookie().ok()?);
             }
             Some(cookies)
         })

@@ -17,8 +17,7 @@ use std::{fmt, net::IpAddr, sync::Arc};
 
 use crate::{
     error::{Error, Result},
-    matching::Selector,
-    rules::{PREFIX_FORMS, Prefix},
+    model::prefix::{PREFIX_FORMS, Prefix},
 };
 
 /// What a list does to its sources.
@@ -230,10 +229,10 @@ impl List {
     }
 
     /// Reads a list file from disk (a regular file, at most
-    /// [`crate::input::LIST_MAX_BYTES`]); errors name `field` (a TOML key).
+    /// [`crate::host::input::LIST_MAX_BYTES`]); errors name `field` (a TOML key).
     pub fn read(field: &str, action: ListAction, path: &std::path::Path) -> Result<Self> {
         let what = format!("the list {}", path.display());
-        let text = crate::input::read(path, crate::input::Kind::List, &what)
+        let text = crate::host::input::read(path, crate::host::input::Kind::List, &what)
             .map_err(|e| Error::invalid(field, e))?;
         Ok(Self::parse(field, action, &path.display().to_string(), &text)?.0)
     }
@@ -247,33 +246,6 @@ impl List {
         }
         s
     }
-}
-
-/// The entries of `set`'s lists that take a trie entry of their own (what
-/// `--max-list-entries` counts), each with its list's action: every list's
-/// entries but those with exactly the CIDR of a rule without a match
-/// (explicit beats bulk), those given twice, and deny entries equal to or
-/// inside an allow list entry (allow wins). See `kernel::Maps::apply` for the
-/// precedence in the kernel.
-pub fn trie_entries(set: &crate::rules::RuleSet) -> Vec<(Selector, ListAction)> {
-    let allowed = Allowed::of(set.lists.values());
-    let mut taken = std::collections::BTreeSet::new();
-    let mut out = Vec::new();
-    for action in [ListAction::Allow, ListAction::Deny] {
-        for list in set.lists.values().filter(|l| l.action == action) {
-            for p in list.entries.iter() {
-                let selector = Selector::from(*p);
-                if (action == ListAction::Deny && allowed.covers(p))
-                    || set.rules.contains_key(&selector)
-                    || !taken.insert(selector)
-                {
-                    continue;
-                }
-                out.push((selector, action));
-            }
-        }
-    }
-    out
 }
 
 /// The prefixes of the allow lists, to find what they cover: an entry of a

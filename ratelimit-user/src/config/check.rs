@@ -22,79 +22,9 @@ use toml_edit::{ImDocument, InlineTable, Item, TableLike, Value};
 
 use crate::{
     config::{RawConfig, RawLimit, RawList, RawRule},
-    error::{Error, chain},
-    lists,
-    rules::RuleSet,
+    error::{ConfigErrors, Error, Problem, chain},
+    model::rules::RuleSet,
 };
-
-/// One error of a config file.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Problem {
-    /// The line (from 1) of the key or table it is about; `None` when it is
-    /// about the file as a whole (it cannot be read, it does not fit).
-    pub line: Option<usize>,
-    /// The key as the file names it (`rule[3] (198.18.0.0/24).rate`), or an
-    /// option (`--max-rules`); empty when the file cannot be read as TOML.
-    pub field: String,
-    /// What is wrong, and which forms are accepted.
-    pub message: String,
-}
-
-/// Every error of a config file. Nothing of the file was applied.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigErrors {
-    /// The file, as the user named it.
-    pub file: String,
-    /// In the order of the file's lines; those about no line last.
-    pub problems: Vec<Problem>,
-}
-
-impl ConfigErrors {
-    fn of(file: &Path, mut problems: Vec<Problem>) -> Self {
-        problems.sort_by_key(|p| (p.line.is_none(), p.line));
-        Self {
-            file: file.display().to_string(),
-            problems,
-        }
-    }
-
-    /// Each error as one line: `FILE:LINE: field: message`.
-    pub fn lines(&self) -> impl Iterator<Item = String> + '_ {
-        self.problems.iter().map(|p| {
-            let at = match p.line {
-                Some(line) => format!("{}:{line}", self.file),
-                None => self.file.clone(),
-            };
-            if p.field.is_empty() {
-                format!("{at}: {}", p.message)
-            } else {
-                format!("{at}: {}: {}", p.field, p.message)
-            }
-        })
-    }
-
-    /// `FILE: 3 errors; nothing was applied`.
-    pub fn summary(&self) -> String {
-        let n = self.problems.len();
-        format!(
-            "{}: {n} error{}; nothing was applied",
-            self.file,
-            if n == 1 { "" } else { "s" }
-        )
-    }
-}
-
-impl fmt::Display for ConfigErrors {
-    /// Every error on its line, then the summary.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for line in self.lines() {
-            writeln!(f, "{line}")?;
-        }
-        f.write_str(&self.summary())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
 
 /// Reads and validates the config file `path` (and the list files it names),
 /// with `cli` on top: what `run`'s rule options set, which the file must not
@@ -110,7 +40,7 @@ pub fn file(path: &Path, cli: &RawConfig) -> Result<RuleSet, ConfigErrors> {
             }],
         )
     };
-    let text = crate::input::read(path, crate::input::Kind::Config, "the config file")
+    let text = crate::host::input::read(path, crate::host::input::Kind::Config, "the config file")
         .map_err(|e| whole(None, e))?;
     let doc = ImDocument::parse(text.as_str()).map_err(|e| {
         let (line, message) = syntax_error(&text, &e);
@@ -186,7 +116,7 @@ pub fn fits(set: &RuleSet, max_rules: u32, max_list_entries: u32) -> Vec<Problem
             ),
         });
     }
-    let listed = lists::trie_entries(set).len();
+    let listed = set.trie_entries().len();
     if listed > max_list_entries as usize {
         out.push(Problem {
             line: None,
@@ -852,7 +782,7 @@ rate = "5/fortnight"
 
     #[test]
     fn a_valid_file_reads_as_the_example_does() {
-        let set = check(include_str!("../../examples/ratelimit.toml")).unwrap();
+        let set = check(include_str!("../../../examples/ratelimit.toml")).unwrap();
         let summary = Summary::of(&set).to_string();
         assert!(
             summary.starts_with(&format!("{} rules", set.rules.len())),

@@ -6,8 +6,8 @@
 use serde_json::{Value, json};
 
 use crate::{
-    rate::{Rate, Unit},
-    rules::{
+    model::rate::{Rate, Unit},
+    model::rules::{
         Action, Algo, HostConnections, Limit, NewSources, Selector, Shared,
         default_aggregate_reserve,
     },
@@ -251,7 +251,7 @@ pub fn span(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate::parse_rate;
+    use crate::model::rate::parse_rate;
 
     #[test]
     fn numbers_are_integers_or_two_decimals() {
@@ -276,7 +276,7 @@ mod tests {
 
     #[test]
     fn an_aggregate_shows_its_reserve_default_or_given() {
-        let mut l = crate::rules::default_limit();
+        let mut l = crate::model::rules::default_limit();
         l.aggregate = Some(Shared::of(parse_rate("--aggregate", "2000/s").unwrap()));
         let reserve = |l: &Limit| limit(l, None)["aggregate"]["reserve"].clone();
         assert_eq!(

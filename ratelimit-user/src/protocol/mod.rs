@@ -19,17 +19,17 @@ use tokio::{
 use crate::{
     config::RawLimit,
     error::{Error, Result},
-    identity::Identity,
-    rundir,
+    host::identity::Identity,
+    host::rundir,
 };
 
 /// The longest request line a daemon reads, bytes: far more than any rule.
 pub const MAX_REQUEST: usize = 64 << 10;
 /// The longest [`Request::LoadList`] line, bytes: room for a list file of
-/// [`crate::input::LIST_MAX_BYTES`] in JSON, where each line's end takes two
+/// [`crate::host::input::LIST_MAX_BYTES`] in JSON, where each line's end takes two
 /// bytes (`\n`). Read by one connection at a time; the CLI refuses a longer
 /// request before it sends it.
-pub const MAX_LIST_REQUEST: usize = 2 * crate::input::LIST_MAX_BYTES as usize + MAX_REQUEST;
+pub const MAX_LIST_REQUEST: usize = 2 * crate::host::input::LIST_MAX_BYTES as usize + MAX_REQUEST;
 
 /// The control socket of `id`'s daemon.
 pub fn socket_path(id: &Identity) -> PathBuf {
@@ -85,7 +85,7 @@ pub enum Request {
         /// The list's name.
         name: String,
         /// Deny or allow.
-        action: crate::lists::ListAction,
+        action: crate::model::lists::ListAction,
         /// Where the CLI read it (a path as typed, or `stdin`), for errors and
         /// `list`.
         source: String,
@@ -103,7 +103,7 @@ pub enum Request {
     /// Switch the mode.
     Mode {
         /// Normal or allowlist-only.
-        mode: crate::rules::Mode,
+        mode: crate::model::rules::Mode,
     },
     /// Read the config file again (keeping live changes unless `replace`).
     Reload {

@@ -1,0 +1,14 @@
+//! The rules as the daemon validates and keeps them, with nothing of the
+//! kernel or the wire: rates and durations ([`rate`]), what a rule matches
+//! ([`matching`]), named source lists ([`lists`]), the rule set
+//! ([`rules`]) and how rules are described to people and scripts
+//! ([`describe`]).
+
+pub mod describe;
+pub mod encode;
+pub mod limit;
+pub mod lists;
+pub mod matching;
+pub mod prefix;
+pub mod rate;
+pub mod rules;

@@ -1,0 +1,325 @@
+//! The validated rule model: prefixes, actions, limits, and the whole rule set,
+//! and their translation into the kernel's `Rule` values. Everything here is
+//! checked before any map is touched.
+
+use std::{collections::BTreeMap, fmt};
+
+pub use crate::model::matching::Selector;
+pub use crate::model::{limit::*, prefix::*};
+use crate::{
+    error::{Error, Result},
+    model::lists::{Allowed, List, ListAction},
+    model::rate::{Rate, Unit},
+};
+
+/// What a rule does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// A limit is a few hundred bytes, kept by value so that an action stays `Copy`.
+#[allow(clippy::large_enum_variant)]
+pub enum Action {
+    /// Never limited.
+    Allow,
+    /// Always dropped (counted as would-drop when `dry_run`).
+    Deny {
+        /// Count instead of dropping.
+        dry_run: bool,
+    },
+    /// Limited.
+    Limit(Limit),
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text(None))
+    }
+}
+
+impl Action {
+    /// The action in words; a limit's key prefixes those of `family_v4` only
+    /// (both for the default rule, `None`).
+    pub fn text(&self, family_v4: Option<bool>) -> String {
+        match self {
+            Action::Allow => "allow".into(),
+            Action::Deny { dry_run: false } => "deny".into(),
+            Action::Deny { dry_run: true } => "deny [dry run]".into(),
+            Action::Limit(l) => l.text(family_v4),
+        }
+    }
+
+    /// The action's name: `allow`, `deny` or `limit`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Deny { .. } => "deny",
+            Action::Limit(_) => "limit",
+        }
+    }
+}
+
+/// Whether malformed IP frames pass or are dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MalformedPolicy {
+    /// Pass them (the default: the kernel's own checks see them next).
+    #[default]
+    Pass,
+    /// Drop them.
+    Drop,
+}
+
+/// What happens to a frame the kernel would deliver as IP that the program
+/// cannot judge: more than eight VLAN tags, an IPv6 extension header chain
+/// longer than eight headers, a first fragment too short for the transport
+/// header fields rules match on (or a TCP fragment at offset 8, RFC 1858),
+/// or a transport header a rule's match needs cut short.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unjudged {
+    /// Dropped (counted `unjudged`, `tiny_fragment`, or `denied` under a
+    /// match). The default: what cannot be judged cannot walk past a rule.
+    #[default]
+    Drop,
+    /// Judged by the rules that need nothing it hides (a match that needs
+    /// what it hides is skipped: the next rule of its source judges it); a
+    /// frame with too many tags has no source to judge by and is dropped.
+    /// Unsafe against a fragmenting attacker: a tiny fragment's SYN is then
+    /// judged by the rule after a `--syn` rule.
+    NextRule,
+    /// Passed (counted `allowed`); in allowlist-only mode, as `next-rule`.
+    Pass,
+}
+
+/// What happens to a non-first fragment (it carries no ports and no TCP
+/// flags) under a rule whose match needs them.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fragments {
+    /// The rules that need ports or flags are skipped: the next rule of its
+    /// source judges it (in the end its rule without matches, or the default
+    /// rule). The default, and safe: the datagram's first fragment carries
+    /// the transport header and is judged whole (a tiny one is dropped), so a
+    /// datagram a rule refuses is never completed, and fragments are never
+    /// unlimited.
+    #[default]
+    NextRule,
+    /// Dropped (counted `denied`): also the fragments of datagrams a rule
+    /// admits (large UDP answers, for one).
+    Drop,
+}
+
+/// Everything the daemon enforces: global settings, the default rule, the rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSet {
+    /// Dry run for everything.
+    pub dry_run: bool,
+    /// What to do with malformed IP frames.
+    pub malformed: MalformedPolicy,
+    /// The rule for sources no prefix matches.
+    pub default: Action,
+    /// Rules by source prefix and match; the longest source prefix with a
+    /// matching rule wins, then the most specific match (see
+    /// [`crate::model::matching`]).
+    pub rules: BTreeMap<Selector, Action>,
+    /// Frames the program cannot judge.
+    pub unjudged: Unjudged,
+    /// Non-first fragments under a match that needs their ports or flags.
+    pub fragments: Fragments,
+    /// The clock decisions are made on.
+    pub clock: Clock,
+    /// The cap on states created per second, all rules together.
+    pub new_states: Shared,
+    /// Normal or allowlist-only.
+    pub mode: Mode,
+    /// Blocklists and allowlists by name: their entries go into the rule
+    /// trie beside the rules (see `kernel::Maps::apply` for the precedence).
+    pub lists: BTreeMap<String, List>,
+}
+
+/// The default limit when nothing is configured: 1000 packets/s per IPv4 address
+/// and per IPv6 /64, with a burst of one second's worth.
+pub fn default_limit() -> Limit {
+    Limit {
+        rate: Rate {
+            tokens: 1000,
+            period_ns: 1_000_000_000,
+            unit: Unit::Packets,
+        },
+        burst: 1000,
+        algo: Algo::Gcra,
+        per_v4: DEFAULT_PER_V4,
+        per_v6: DEFAULT_PER_V6,
+        dry_run: false,
+        new_sources: default_new_sources(),
+        aggregate: None,
+        aggregate_reserve: None,
+        fleet: false,
+        host_connections: HostConnections::Pass,
+        levels: [None, None],
+    }
+}
+
+impl Default for RuleSet {
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            malformed: MalformedPolicy::Pass,
+            default: Action::Limit(default_limit()),
+            rules: BTreeMap::new(),
+            unjudged: Unjudged::Drop,
+            fragments: Fragments::NextRule,
+            clock: Clock::Precise,
+            new_states: default_new_states(),
+            mode: Mode::Normal,
+            lists: BTreeMap::new(),
+        }
+    }
+}
+
+impl RuleSet {
+    /// The entries of the set's lists that take a trie entry of their own (what
+    /// `--max-list-entries` counts), each with its list's action: every list's
+    /// entries but those with exactly the CIDR of a rule without a match
+    /// (explicit beats bulk), those given twice, and deny entries equal to or
+    /// inside an allow list entry (allow wins). See `kernel::Maps::apply` for the
+    /// precedence in the kernel.
+    pub fn trie_entries(&self) -> Vec<(Selector, ListAction)> {
+        let set = self;
+        let allowed = Allowed::of(set.lists.values());
+        let mut taken = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for action in [ListAction::Allow, ListAction::Deny] {
+            for list in set.lists.values().filter(|l| l.action == action) {
+                for p in list.entries.iter() {
+                    let selector = Selector::from(*p);
+                    if (action == ListAction::Deny && allowed.covers(p))
+                        || set.rules.contains_key(&selector)
+                        || !taken.insert(selector)
+                    {
+                        continue;
+                    }
+                    out.push((selector, action));
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether any rule (or the default) is fleet-wide.
+    pub fn has_fleet(&self) -> bool {
+        std::iter::once(&self.default)
+            .chain(self.rules.values())
+            .any(|a| matches!(a, Action::Limit(Limit { fleet: true, .. })))
+    }
+
+    /// Checks every rule, returning the kernel values (default first). Nothing is
+    /// written anywhere; ids are assigned by the caller.
+    pub fn validate(&self) -> Result<()> {
+        if self.new_states.rate.unit != Unit::Packets || self.new_states.rate.tokens == 0 {
+            return Err(Error::invalid(
+                "--new-states",
+                format!(
+                    "{} is not a count of states per period above 0; give a rate like 100k/s",
+                    self.new_states.rate
+                ),
+            ));
+        }
+        self.new_states.params("--new-states")?;
+        self.default.to_kernel(0, "default")?;
+        for (p, a) in &self.rules {
+            a.to_kernel(0, &p.to_string())?;
+        }
+        // The chains of rules with matches fit (indexes do not matter here).
+        let indexes = self.rules.keys().map(|s| (*s, 0)).collect();
+        let policies = crate::model::matching::Policies {
+            unjudged: 0,
+            fragments: 0,
+        };
+        crate::model::matching::compile(
+            &indexes,
+            &crate::model::matching::NoLists,
+            0,
+            policies,
+            0,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_common as common;
+
+    #[test]
+    fn prefixes() {
+        let p = Prefix::parse("cidr", "198.18.7.9/24").unwrap();
+        assert_eq!(p.to_string(), "198.18.7.0/24");
+        assert_eq!(p.lpm().0, 56);
+        // An IPv6 rule's key never covers an IPv4 one: the family comes first.
+        let (bits, key) = Prefix::parse("cidr", "::/0").unwrap().lpm();
+        assert_eq!((bits, key[0].to_ne_bytes()[0]), (32, common::family::V6));
+        let v6 = Prefix::parse("cidr", "2001:db8:7::/48").unwrap();
+        let (bits, key) = v6.lpm();
+        assert_eq!(Prefix::from_lpm(bits, key), v6);
+        let e = Prefix::parse("cidr", "::ffff:198.18.50.0/120")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("write 198.18.50.0/24"), "{e}");
+        let p = Prefix::parse("cidr", "2001:db8::1/32").unwrap();
+        assert_eq!(p.to_string(), "2001:db8::/32");
+        assert_eq!(Prefix::parse("cidr", "198.18.0.1").unwrap().len, 32);
+        let (bits, addr) = Prefix::parse("cidr", "198.19.0.0/16").unwrap().lpm();
+        assert_eq!(Prefix::from_lpm(bits, addr).to_string(), "198.19.0.0/16");
+        for bad in [
+            "300.1.2.3/24",
+            "2001:db8::/129",
+            "198.18.0.0/33",
+            "x",
+            "198.18.0.0/-1",
+            "",
+        ] {
+            let e = Prefix::parse("cidr", bad).expect_err(bad).to_string();
+            assert!(e.starts_with("cidr: invalid prefix"), "{e}");
+            assert!(e.contains("198.18.0.0/15"), "{e}");
+        }
+    }
+
+    #[test]
+    fn limits_are_validated_with_the_field_named() {
+        let mut l = default_limit();
+        l.per_v4 = 33;
+        let e = Action::Limit(l)
+            .to_kernel(1, "198.18.0.0/24")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("198.18.0.0/24.per-v4: "), "{e}");
+        let mut l = default_limit();
+        l.rate = crate::model::rate::parse_rate("--rate", "1/hour").unwrap();
+        l.burst = 1000;
+        let e = Action::Limit(l)
+            .to_kernel(1, "default")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("1.6 days"), "{e}");
+    }
+}

@@ -1,36 +1,15 @@
 //! The real object loaded (not attached) and run on crafted frames with
-//! BPF_PROG_TEST_RUN, which aya 0.14 does not wrap: the `bpf` syscall is called
-//! with the program's fd.
+//! BPF_PROG_TEST_RUN, which aya 0.14 does not wrap: the call is the daemon's
+//! own (`ratelimit_user::kernel::sys`).
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use aya::{Ebpf, EbpfLoader, programs::Xdp};
 use ratelimit_common::{Counter, PROGRAM_NAME, REASON_COUNT, Reason};
-use ratelimit_user::{kernel::Maps, model::rules::RuleSet};
-
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
-
-/// `union bpf_attr` for BPF_PROG_TEST_RUN.
-#[repr(C)]
-#[derive(Default)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    _pad: u32,
-}
+use ratelimit_user::{
+    kernel::{Maps, sys},
+    model::rules::RuleSet,
+};
 
 /// The XDP verdicts.
 pub const XDP_DROP: u32 = 1;
@@ -118,55 +97,18 @@ impl Loaded {
     }
 }
 
-/// Calls BPF_PROG_TEST_RUN; `attr`'s pointers must be valid for the call.
-fn bpf_test_run(attr: &mut TestRunAttr, what: &str) {
-    // SAFETY: attr is a valid bpf_attr prefix and outlives the call; its pointers
-    // are valid (the callers' contract).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            attr as *mut TestRunAttr,
-            std::mem::size_of::<TestRunAttr>(),
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "BPF_PROG_TEST_RUN {what}: {}",
-        std::io::Error::last_os_error()
-    );
+/// The fd `prog_fd`, borrowed for a call.
+fn prog(prog_fd: i32) -> BorrowedFd<'static> {
+    // SAFETY: the callers' program fds stay open while they run it.
+    unsafe { BorrowedFd::borrow_raw(prog_fd) }
 }
 
 /// Runs `frame` through the program `prog_fd` `repeat` times on this CPU; returns
 /// the last verdict and the mean ns per run the kernel measured.
 pub fn test_run(prog_fd: i32, frame: &[u8], repeat: u32) -> (u32, u32) {
-    let mut attr = TestRunAttr {
-        prog_fd: prog_fd as u32,
-        data_size_in: frame.len() as u32,
-        data_in: frame.as_ptr() as u64,
-        repeat,
-        ..Default::default()
-    };
-    bpf_test_run(&mut attr, &format!("on a {}-byte frame", frame.len()));
-    (attr.retval, attr.duration)
+    sys::test_run(prog(prog_fd), frame, repeat)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on a {}-byte frame: {e}", frame.len()))
 }
-
-/// `struct xdp_md`, the context of an XDP test run.
-#[repr(C)]
-#[derive(Default)]
-struct XdpMd {
-    data: u32,
-    data_end: u32,
-    data_meta: u32,
-    ingress_ifindex: u32,
-    rx_queue_index: u32,
-    egress_ifindex: u32,
-}
-
-/// `BPF_F_TEST_XDP_LIVE_FRAMES`: frames the program returns XDP_TX for really
-/// leave through `ingress_ifindex`.
-const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 
 /// Runs `prog_fd` in live-frames mode `frames` times on `frame`, arriving on
 /// `ifindex` (of the calling thread's namespace): a traffic generator.
@@ -178,37 +120,8 @@ pub fn test_run_live(prog_fd: i32, frame: &[u8], ifindex: u32, frames: u32) {
 /// sends each batch at once, and a bigger batch costs the sending CPU less
 /// per frame.
 pub fn test_run_live_batched(prog_fd: i32, frame: &[u8], ifindex: u32, frames: u32, batch: u32) {
-    let ctx = XdpMd {
-        data_end: frame.len() as u32,
-        ingress_ifindex: ifindex,
-        ..Default::default()
-    };
-    let mut attr = TestRunAttr {
-        prog_fd: prog_fd as u32,
-        data_size_in: frame.len() as u32,
-        data_in: frame.as_ptr() as u64,
-        repeat: frames,
-        ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
-        ctx_in: &ctx as *const XdpMd as u64,
-        flags: BPF_F_TEST_XDP_LIVE_FRAMES,
-        batch_size: batch,
-        ..Default::default()
-    };
-    // SAFETY: attr and ctx are valid and outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            &mut attr as *mut TestRunAttr,
-            std::mem::size_of::<TestRunAttr>(),
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "BPF_PROG_TEST_RUN in live-frames mode: {}",
-        std::io::Error::last_os_error()
-    );
+    sys::test_run_live(prog(prog_fd), frame, ifindex, frames, batch)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN in live-frames mode: {e}"));
 }
 
 /// A program of an object loaded for BPF_PROG_TEST_RUN.

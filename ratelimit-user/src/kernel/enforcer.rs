@@ -6,10 +6,7 @@
 use std::{
     ffi::CString,
     fs,
-    os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::ffi::OsStrExt as _,
-    },
+    os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -24,7 +21,7 @@ use aya::{
 use ratelimit_common::{self as common, PROGRAM_NAME};
 use tracing::warn;
 
-use super::{AttachMode, Attached, LINK_PIN, LoadOptions, Maps};
+use super::{AttachMode, Attached, LINK_PIN, LoadOptions, Maps, sys};
 use crate::{
     error::{Error, Result},
     host::identity::{self, Identity},
@@ -96,95 +93,19 @@ fn ifindex(iface: &str) -> u32 {
     unsafe { libc::if_nametoindex(name.as_ptr()) }
 }
 
-const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
-
 /// The link pinned at `path`, or `None` if there is no such link.
 fn open_pinned(path: &Path) -> Option<OwnedFd> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct ObjAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-    }
-    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut attr = ObjAttr {
-        pathname: c.as_ptr() as u64,
-        ..Default::default()
-    };
-    // SAFETY: a valid bpf_attr prefix and C string, outliving the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &mut attr as *mut ObjAttr,
-            std::mem::size_of::<ObjAttr>(),
-        )
-    };
-    // SAFETY: a fresh fd we own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    sys::obj_get(path).ok()
 }
 
 /// The link of id `id`, or `None` if it is gone.
 fn open_link(id: u32) -> Option<OwnedFd> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct IdAttr {
-        link_id: u32,
-        next_id: u32,
-        open_flags: u32,
-    }
-    let mut attr = IdAttr {
-        link_id: id,
-        ..Default::default()
-    };
-    // SAFETY: a valid bpf_attr prefix, outliving the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_GET_FD_BY_ID,
-            &mut attr as *mut IdAttr,
-            std::mem::size_of::<IdAttr>(),
-        )
-    };
-    // SAFETY: a fresh fd we own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    sys::link_by_id(id).ok()
 }
 
 /// An XDP link's id and interface index (0 once its interface is gone).
 fn link_info(fd: &OwnedFd) -> Option<(u32, u32)> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
-    // struct bpf_link_info: type, id, prog_id, then (8-aligned) the union whose
-    // xdp member starts with the ifindex.
-    let mut info = [0u8; 64];
-    let mut attr = InfoAttr {
-        bpf_fd: fd.as_raw_fd() as u32,
-        info_len: info.len() as u32,
-        info: info.as_mut_ptr() as u64,
-    };
-    // SAFETY: a valid bpf_attr prefix; the buffer is `info_len` bytes.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &mut attr as *mut InfoAttr,
-            std::mem::size_of::<InfoAttr>(),
-        )
-    };
-    (rc == 0).then(|| {
-        (
-            u32::from_ne_bytes([info[4], info[5], info[6], info[7]]),
-            u32::from_ne_bytes([info[16], info[17], info[18], info[19]]),
-        )
-    })
+    sys::xdp_link_info(fd.as_fd()).ok()
 }
 
 /// The interface index of the XDP link pinned at `path` (0 once its interface
@@ -193,38 +114,6 @@ fn pinned_link_ifindex(path: &Path) -> Option<u32> {
     open_pinned(path)
         .and_then(|fd| link_info(&fd))
         .map(|(_, i)| i)
-}
-
-const BPF_OBJ_PIN: libc::c_long = 6;
-
-/// Pins the object of `fd` at `path`.
-fn obj_pin(fd: &OwnedFd, path: &Path) -> std::io::Result<()> {
-    #[repr(C)]
-    struct ObjAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-    }
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    let mut attr = ObjAttr {
-        pathname: c.as_ptr() as u64,
-        bpf_fd: fd.as_raw_fd() as u32,
-        file_flags: 0,
-    };
-    // SAFETY: a valid bpf_attr prefix and C string, outliving the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_PIN,
-            &mut attr as *mut ObjAttr,
-            std::mem::size_of::<ObjAttr>(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 impl Enforcer {
@@ -495,7 +384,7 @@ impl Enforcer {
                 source: std::io::Error::last_os_error(),
             })?;
             let _ = fs::remove_file(&link_path);
-            obj_pin(&fd, &link_path).map_err(Error::io(format!(
+            sys::obj_pin(fd.as_fd(), &link_path).map_err(Error::io(format!(
                 "pinning the XDP link again at {}",
                 shown.join(LINK_PIN).display()
             )))?;

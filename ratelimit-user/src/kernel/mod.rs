@@ -1,10 +1,14 @@
-//! The kernel side as the daemon sees it: [`maps`] (the typed maps, rule sets
-//! written whole, counters and states read back) and [`enforcer`] (loading the
-//! embedded object, attaching and pinning, adopting what a previous daemon
-//! pinned, following the interface).
+//! The kernel side as the daemon sees it: [`plan`] (what a rule change
+//! writes, decided without touching the kernel), `maps` (the typed maps,
+//! found by name: a plan executed, counters and states read back),
+//! `enforcer` (loading the embedded object, attaching and pinning, adopting
+//! what a previous daemon pinned, following the interface) and [`sys`] (the
+//! raw `bpf(2)` commands aya does not wrap).
 
 mod enforcer;
 mod maps;
+pub mod plan;
+pub mod sys;
 
 use std::fmt;
 

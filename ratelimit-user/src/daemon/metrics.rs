@@ -37,8 +37,8 @@ use axum::{
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
 use ratelimit_common::{Counter, EVENT_COUNT, Event, REASON_COUNT, Reason, RuleCounter};
@@ -98,38 +98,6 @@ pub struct Snapshot {
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let iface = ("iface", self.iface.clone());
-        let counter = |encoder: &mut DescriptorEncoder,
-                       name: &str,
-                       help: &str,
-                       rows: Vec<(Vec<(&'static str, String)>, u64)>|
-         -> Result<(), std::fmt::Error> {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for (labels, v) in rows {
-                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
-            }
-            Ok(())
-        };
-        let gauge = |encoder: &mut DescriptorEncoder,
-                     name: &str,
-                     help: &str,
-                     rows: Vec<(Vec<(&'static str, String)>, i64)>|
-         -> Result<(), std::fmt::Error> {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            for (labels, v) in rows {
-                ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
-            }
-            Ok(())
-        };
         let by_reason = |f: fn(&Counter) -> u64| {
             Reason::ALL
                 .iter()
@@ -269,6 +237,46 @@ impl Collector for Snapshot {
         }
         Ok(())
     }
+}
+
+/// A metric's labels: (name, value) pairs.
+type Labels = Vec<(&'static str, String)>;
+
+/// One metric family: its descriptor, then each row's value with its labels.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (Labels, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, metric) in rows {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A counter family.
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let rows = rows.into_iter().map(|(l, v)| (l, ConstCounter::new(v)));
+    family(encoder, name, help, MetricType::Counter, rows)
+}
+
+/// A gauge family.
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let rows = rows.into_iter().map(|(l, v)| (l, ConstGauge::new(v)));
+    family(encoder, name, help, MetricType::Gauge, rows)
 }
 
 /// Renders the exposition text (OpenMetrics).

@@ -1,6 +1,6 @@
-//! 10 000 requests per rolling day with at most 1 000 per hour (seed 000's
-//! rolling window with a rate cap), with batches acquired and unused ones
-//! refunded (seed 002).
+//! 10 000 requests per rolling day with at most 1 000 per hour (a rolling
+//! window with a rate cap), with batches acquired and the unused part of each
+//! refunded.
 //!
 //! `cargo run -p ratelimit-common --features std --example daily_quota`
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Seed 000's whois service: 60 lookups per 60 s per client, as a token bucket
+//! A whois-like lookup service: 60 lookups per 60 s per client, as a token bucket
 //! refilled with 60 tokens every 60 s (interval refill).
 //!
 //! `cargo run -p ratelimit-common --features std --example lookups`

@@ -1,5 +1,5 @@
-//! Client-side batching (seed 002: "the client needs to batch-apply for tokens
-//! to reduce pressure on the throttling service"): a client leases a batch of
+//! Client-side batching, so that a busy client does not ask the shared
+//! store for every unit: a client leases a batch of
 //! tokens from Redis, spends it locally, and gives back what it did not spend
 //! when the lease ends.
 //!

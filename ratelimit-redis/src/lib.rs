@@ -4,8 +4,8 @@
 //! once, re-sent when Redis answers NOSCRIPT) on the server's clock (`TIME`), so
 //! any number of clients on any number of hosts share one limit per key. Keys
 //! are `PREFIX{KEY}`: the `{hash tag}` keeps each key whole on one Redis Cluster
-//! slot, and a cluster spreads keys over its masters (seed 002's "N throttling
-//! servers, hashed by user"). Every write sets a TTL at which the state would
+//! slot, and a cluster spreads keys over its masters, as a service of several
+//! throttling servers spreads its users over them by hash. Every write sets a TTL at which the state would
 //! read as a full bucket or an empty window, so idle keys vanish by themselves.
 //!
 //! The decisions are those of [`ratelimit_common::keyed::Limiter`] for the same
@@ -655,8 +655,8 @@ pub struct Reply {
     pub server_time_us: u64,
 }
 
-/// One limit for many keys, in Redis: seed 002's `acquire_token` and
-/// `refill_token` with the meaning of the in-process limiter's.
+/// One limit for many keys, in Redis: acquiring units and refunding the
+/// unused ones, with the meaning of the in-process limiter's.
 #[derive(Clone)]
 pub struct RedisLimiter {
     store: Store,

@@ -1,4 +1,5 @@
-//! `ratelimit serve`: seed 002's throttling service over HTTP and JSON, for
+//! `ratelimit serve`: a throttling service over HTTP and JSON (clients acquire
+//! units for a key and refund what they did not use), for
 //! programs not written in Rust. Stateless: every decision is one atomic script
 //! in Redis ([`ratelimit_redis`]), so any number of replicas behind any load
 //! balancer share every limit.

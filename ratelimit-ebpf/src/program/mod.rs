@@ -9,7 +9,7 @@
 //! | [`untracked`] | a key without state → the doorkeeper's sighting, the new-source budget, or a state of its own |
 //! | [`levels`] | the own level and the rule's shared levels (key levels, aggregate) → taken at all of them or at none |
 //! | [`aggregate`] | the rule's aggregate bucket and its episodes of pressure (young and established sources) |
-//! | [`wide`] | a key under a wide-state algorithm → its decision under the state's lock |
+//! | [`wide`] | a key under a wide-state algorithm → its decision under the state's lock, by ratelimit-common's one dispatch (`dispatch::wide`) |
 //! | [`bucket`] | one GCRA word → peeked, taken or given back with compare-and-swap |
 //! | [`host`] | a frame a limit would drop → whether it belongs to one of the host's own connections |
 //! | [`mod@count`] | the verdict → counters by reason and by rule, events, drops for `top`, the fleet's usage |

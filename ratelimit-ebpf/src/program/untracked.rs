@@ -19,8 +19,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use ratelimit_common::{
-    Config, Event, FlowKey, Reason, Rule, SourceState, Words, algorithm, doorkeeper, family, gcra,
-    known_bit, rule_flags,
+    Config, Event, FlowKey, Reason, Rule, SourceState, Words, algorithm, dispatch::Op, doorkeeper,
+    family, gcra, known_bit, rule_flags,
 };
 
 use super::{
@@ -34,7 +34,7 @@ use super::{
         RL_WIDE_ZERO,
     },
     parse::source_at,
-    wide::{charge_wide, zero_wide},
+    wide::{self, zero_wide},
 };
 
 pub(crate) const EEXIST: i32 = 17;
@@ -320,7 +320,7 @@ pub(crate) fn promote(
     // charged with what the key got before, inserted, and the scratch zeroed.
     if admitted > 0 {
         // SAFETY: this CPU's own map value, zeroed.
-        unsafe { charge_wide(fresh, rule, now, admitted) };
+        unsafe { wide::apply(fresh, rule.algorithm, Op::Charge, rule, now, admitted) };
     }
     // SAFETY: as above.
     unsafe { (*fresh).born = now };

@@ -6,7 +6,8 @@
 //! Enters: the frame's key (found again from the frame), the rule, the clock.
 //! Leaves: the [`Reason`]. Called by the limit ([`super::limit`]) through the
 //! global function [`rl_wide`]; the untracked path builds a new key's state
-//! with [`charge_wide`] and [`zero_wide`].
+//! with [`apply`] and [`zero_wide`]. The algorithms themselves are
+//! ratelimit-common's, behind its one dispatch ([`dispatch::wide`]).
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_xchg},
@@ -15,8 +16,8 @@ use core::{
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use ratelimit_common::{
-    FlowKey, LOCK_RETRIES, Reason, Rule, WIDE_WORDS, WideState, algorithm, fixed_window, interval,
-    rolling_quota, sliding_log, sliding_window,
+    Decision, FlowKey, LOCK_RETRIES, Reason, Rule, WIDE_WORDS, WideState,
+    dispatch::{self, Op},
 };
 
 use super::{
@@ -78,7 +79,7 @@ pub(crate) fn limit_wide(wide: *mut WideState, rule: &'static Rule, len: u64, no
         if !held {
             return Reason::Contended;
         }
-        let mut reason = if decide_wide(wide, rule, now, 1) {
+        let mut reason = if apply(wide, rule.algorithm, Op::Decide, rule, now, 1).allowed {
             Reason::Passed
         } else {
             Reason::Limited
@@ -102,7 +103,11 @@ pub(crate) fn limit_wide(wide: *mut WideState, rule: &'static Rule, len: u64, no
                     Taken::Contended => Reason::Contended,
                 };
                 if reason != Reason::Passed {
-                    refund_wide(wide, rule, now, 1);
+                    // The algorithm read again, not reused from the decision:
+                    // a value the verifier knows per algorithm would make it
+                    // verify everything after the decision five times.
+                    let algorithm = read_volatile(&rule.algorithm);
+                    apply(wide, algorithm, Op::Refund, rule, now, 1);
                 }
             }
         }
@@ -111,98 +116,27 @@ pub(crate) fn limit_wide(wide: *mut WideState, rule: &'static Rule, len: u64, no
     }
 }
 
-/// Decides `cost` against a wide state in place.
+/// Runs `op` for `cost` units on the body of the wide state at `wide`, under
+/// `algorithm` with `rule`'s parameters: ratelimit-common's one dispatch
+/// ([`dispatch::wide`]), for the decision and the refund here and the charge
+/// of a new key's state ([`super::untracked`]).
 ///
 /// # Safety
-/// `wide` is a map value valid for this run whose lock this CPU holds.
+/// `wide` is a map value valid for this run whose body is this CPU's: its
+/// lock is held, or it is this CPU's own scratch value.
 #[inline(always)]
-pub(crate) unsafe fn decide_wide(wide: *mut WideState, rule: &Rule, now: u64, cost: u64) -> bool {
-    // SAFETY: the caller's contract: the body is ours while the lock is held,
-    // and every state fits in it (size asserts in ratelimit-common).
-    unsafe {
-        let body = (&raw mut (*wide).body).cast::<u8>();
-        let params = &rule.params;
-        match rule.algorithm {
-            algorithm::INTERVAL => {
-                interval::decide(&mut *body.cast(), &params.interval, now, cost).allowed
-            }
-            algorithm::FIXED_WINDOW => {
-                fixed_window::decide(&mut *body.cast(), &params.fixed_window, now, cost).allowed
-            }
-            algorithm::SLIDING_LOG => {
-                sliding_log::decide(&mut *body.cast(), &params.sliding_log, now, cost).allowed
-            }
-            algorithm::SLIDING_WINDOW => {
-                sliding_window::decide(&mut *body.cast(), &params.sliding_window, now, cost).allowed
-            }
-            algorithm::ROLLING_QUOTA => {
-                rolling_quota::decide(&mut *body.cast(), &params.rolling_quota, now, cost).allowed
-            }
-            // An algorithm this program does not know: fail open.
-            _ => true,
-        }
-    }
-}
-
-/// Gives `cost` back to a wide state in place.
-///
-/// # Safety
-/// `wide` is a map value valid for this run whose lock this CPU holds.
-#[inline(always)]
-pub(crate) unsafe fn refund_wide(wide: *mut WideState, rule: &Rule, now: u64, cost: u64) {
-    // SAFETY: as in `decide_wide`.
-    unsafe {
-        let body = (&raw mut (*wide).body).cast::<u8>();
-        let params = &rule.params;
-        // Read again, not reused from `decide_wide`: a value the verifier knows
-        // per algorithm would make it verify everything after the decision five
-        // times.
-        match read_volatile(&rule.algorithm) {
-            algorithm::INTERVAL => interval::refund(&mut *body.cast(), &params.interval, now, cost),
-            algorithm::FIXED_WINDOW => {
-                fixed_window::refund(&mut *body.cast(), &params.fixed_window, now, cost)
-            }
-            algorithm::SLIDING_LOG => {
-                sliding_log::refund(&mut *body.cast(), &params.sliding_log, now, cost)
-            }
-            algorithm::SLIDING_WINDOW => {
-                sliding_window::refund(&mut *body.cast(), &params.sliding_window, now, cost)
-            }
-            algorithm::ROLLING_QUOTA => {
-                rolling_quota::refund(&mut *body.cast(), &params.rolling_quota, now, cost)
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Makes the fresh wide state at `wide` one that admitted `n` units at `now`.
-///
-/// # Safety
-/// `wide` is this CPU's scratch map value, zeroed.
-#[inline(always)]
-pub(crate) unsafe fn charge_wide(wide: *mut WideState, rule: &Rule, now: u64, n: u64) {
-    // SAFETY: the caller's contract; every state fits in the body.
-    unsafe {
-        let body = (&raw mut (*wide).body).cast::<u8>();
-        let params = &rule.params;
-        match rule.algorithm {
-            algorithm::INTERVAL => interval::charged(&mut *body.cast(), &params.interval, now, n),
-            algorithm::FIXED_WINDOW => {
-                fixed_window::charged(&mut *body.cast(), &params.fixed_window, now, n)
-            }
-            algorithm::SLIDING_LOG => {
-                sliding_log::charged(&mut *body.cast(), &params.sliding_log, now, n)
-            }
-            algorithm::SLIDING_WINDOW => {
-                sliding_window::charged(&mut *body.cast(), &params.sliding_window, now, n)
-            }
-            algorithm::ROLLING_QUOTA => {
-                rolling_quota::charged(&mut *body.cast(), &params.rolling_quota, now, n)
-            }
-            _ => {}
-        }
-    }
+pub(crate) unsafe fn apply(
+    wide: *mut WideState,
+    algorithm: u8,
+    op: Op,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+) -> Decision {
+    // SAFETY: the caller's contract: the body is ours, and every state fits
+    // in it (size asserts in ratelimit-common).
+    let body = unsafe { &mut (*wide).body };
+    dispatch::wide(algorithm, op, body, &rule.params, now, cost)
 }
 
 /// Zeroes the scratch wide state again.

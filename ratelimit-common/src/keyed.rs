@@ -40,7 +40,9 @@ use std::{
 };
 
 use crate::{
-    Decision, ParamError, fixed_window, gcra, interval, rolling_quota, sliding_log, sliding_window,
+    Decision, ParamError,
+    dispatch::{self, Op, Ops as _},
+    fixed_window, gcra, interval, rolling_quota, sliding_log, sliding_window,
 };
 
 /// A monotonic clock in ns.
@@ -156,37 +158,25 @@ impl AnyState {
         }
     }
 
-    fn decide(&mut self, a: &Algorithm, now: u64, cost: u64) -> Decision {
+    /// `op` on this state by the limiter's algorithm: the one dispatch of
+    /// [`Limiter::decide`], [`Limiter::acquire`] and [`Limiter::refund`].
+    fn apply(&mut self, a: &Algorithm, op: Op, now: u64, cost: u64) -> Decision {
         match (self, a) {
-            (Self::Gcra(s), Algorithm::Gcra(p)) => gcra::decide(s, p, now, cost),
-            (Self::Interval(s), Algorithm::Interval(p)) => interval::decide(s, p, now, cost),
-            (Self::FixedWindow(s), Algorithm::FixedWindow(p)) => {
-                fixed_window::decide(s, p, now, cost)
+            (Self::Gcra(s), Algorithm::Gcra(p)) => dispatch::Gcra::apply(op, s, p, now, cost),
+            (Self::Interval(s), Algorithm::Interval(p)) => {
+                dispatch::Interval::apply(op, s, p, now, cost)
             }
-            (Self::SlidingLog(s), Algorithm::SlidingLog(p)) => sliding_log::decide(s, p, now, cost),
+            (Self::FixedWindow(s), Algorithm::FixedWindow(p)) => {
+                dispatch::FixedWindow::apply(op, s, p, now, cost)
+            }
+            (Self::SlidingLog(s), Algorithm::SlidingLog(p)) => {
+                dispatch::SlidingLog::apply(op, s, p, now, cost)
+            }
             (Self::SlidingWindow(s), Algorithm::SlidingWindow(p)) => {
-                sliding_window::decide(s, p, now, cost)
+                dispatch::SlidingWindow::apply(op, s, p, now, cost)
             }
             (Self::RollingQuota(s), Algorithm::RollingQuota(p)) => {
-                rolling_quota::decide(s, p, now, cost)
-            }
-            _ => unreachable!("a key's state always matches the limiter's algorithm"),
-        }
-    }
-
-    fn refund(&mut self, a: &Algorithm, now: u64, cost: u64) {
-        match (self, a) {
-            (Self::Gcra(s), Algorithm::Gcra(p)) => gcra::refund(s, p, now, cost),
-            (Self::Interval(s), Algorithm::Interval(p)) => interval::refund(s, p, now, cost),
-            (Self::FixedWindow(s), Algorithm::FixedWindow(p)) => {
-                fixed_window::refund(s, p, now, cost)
-            }
-            (Self::SlidingLog(s), Algorithm::SlidingLog(p)) => sliding_log::refund(s, p, now, cost),
-            (Self::SlidingWindow(s), Algorithm::SlidingWindow(p)) => {
-                sliding_window::refund(s, p, now, cost)
-            }
-            (Self::RollingQuota(s), Algorithm::RollingQuota(p)) => {
-                rolling_quota::refund(s, p, now, cost)
+                dispatch::RollingQuota::apply(op, s, p, now, cost)
             }
             _ => unreachable!("a key's state always matches the limiter's algorithm"),
         }
@@ -292,7 +282,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// Decides one arrival of `cost` for `key`.
     pub fn decide(&self, key: &K, cost: u64) -> Decision {
         let algorithm = self.algorithm;
-        self.with_state(key, |s, now| s.decide(&algorithm, now, cost))
+        self.with_state(key, |s, now| s.apply(&algorithm, Op::Decide, now, cost))
     }
 
     /// Whether one more arrival of `key` is allowed now (and counts it if so).
@@ -300,13 +290,14 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         self.decide(key, 1).allowed
     }
 
-    /// Asks for `n` units (seed 002's `acquire_token`): grants all of them if it
-    /// can, else as many as are available now (possibly 0), and says when the
-    /// whole request would be granted.
+    /// Asks for `n` units before the work they pay for (a client asking a
+    /// throttling service for tokens): grants all of them if it can, else as
+    /// many as are available now (possibly 0), and says when the whole request
+    /// would be granted.
     pub fn acquire(&self, key: &K, n: u64) -> Grant {
         let algorithm = self.algorithm;
         self.with_state(key, |s, now| {
-            let whole = s.decide(&algorithm, now, n);
+            let whole = s.apply(&algorithm, Op::Decide, now, n);
             if whole.allowed {
                 return Grant {
                     granted: n,
@@ -314,7 +305,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
                 };
             }
             let part = whole.remaining.min(n);
-            let granted = if part > 0 && s.decide(&algorithm, now, part).allowed {
+            let granted = if part > 0 && s.apply(&algorithm, Op::Decide, now, part).allowed {
                 part
             } else {
                 0
@@ -327,11 +318,14 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         })
     }
 
-    /// Gives back `n` units acquired but not used (seed 002's `refill_token`).
+    /// Gives back `n` units acquired but not used (the work they were for
+    /// turned out smaller, or did not happen).
     /// A bucket or window never ends up holding more than its capacity.
     pub fn refund(&self, key: &K, n: u64) {
         let algorithm = self.algorithm;
-        self.with_state(key, |s, now| s.refund(&algorithm, now, n));
+        self.with_state(key, |s, now| {
+            s.apply(&algorithm, Op::Refund, now, n);
+        });
     }
 }
 

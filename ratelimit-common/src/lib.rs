@@ -13,6 +13,10 @@
 //! | [`sliding_log`] | sliding window log | 8 B + 8 B per unit of the limit |
 //! | [`sliding_window`] | sliding window counter | 16 B |
 //! | [`rolling_quota`] | rolling-window quota with a rate cap | 8 B + 4 B per period |
+//!
+//! [`dispatch`] runs any of them by one [`dispatch::Op`] (decide, charge,
+//! refund): the XDP program's one dispatch over the wide states, and the
+//! keyed limiter's.
 #![no_std]
 
 #[cfg(feature = "std")]
@@ -20,6 +24,7 @@ pub mod keyed;
 
 pub mod clock;
 pub mod decision;
+pub mod dispatch;
 pub mod doorkeeper;
 pub mod episode;
 pub mod fixed_window;

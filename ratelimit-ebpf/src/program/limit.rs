@@ -1,0 +1,307 @@
+//! Limit: a frame under a limit rule. Its key (the source masked to the
+//! rule's key prefix), the aggregate peeked before any lookup, the key's state
+//! found (a GCRA word, a wide state, or none: [`super::untracked`]), then the
+//! levels ([`super::levels`]) or the wide algorithm ([`super::wide`]) judge
+//! it → the [`Reason`].
+//!
+//! Called by the entry through the global function [`rl_limit`], with the
+//! rule's index; the stages it calls answer through global functions too,
+//! read back here with [`reason_of`].
+
+use core::ptr::read_volatile;
+
+use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
+use ratelimit_common::{
+    Config, FlowKey, REASON_COUNT, Reason, Rule, SourceState, V4_MAPPED_WORD, Words, algorithm,
+    doorkeeper, family, rule_flags,
+};
+
+use super::{
+    aggregate::{aggregate, mark_refusal, young},
+    bucket::peek,
+    clock::clock,
+    count::fleet_count,
+    levels::{Level, shared_levels, two_levels},
+    maps::{RL_CONFIG, RL_RULE_STATE, RL_RULE_TABLE, RL_STATE, RL_STATE4, RL_WIDE},
+    parse::source_at,
+    untracked::{
+        UNTRACKED_BUDGET, UNTRACKED_PROMOTED, UNTRACKED_PROMOTED_WIDE, new_source_level, rl_known,
+        rl_untracked,
+    },
+    wide::rl_wide,
+};
+
+/// A frame under the limit rule at `index` in the rule table, whose IP header
+/// starts at `l3`; `packed` holds the family rules see (bits 0-7) and the
+/// frame's length (from bit 16). Answers the [`Reason`].
+///
+/// A global function, as [`super::host::rl_host_connection`]: the parse's
+/// paths (VLAN tags, families, extension headers, fragments) each reach the
+/// limit with registers of their own, and inlined the verifier walked the
+/// whole limit again for each; here it walks it once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_limit(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32) -> u32 {
+    // A rule or config that cannot be read (never, with the daemon's own
+    // indices) leaves the frame unjudged: dropped, never passed.
+    let (Some(rule), Some(config)) = (RL_RULE_TABLE.get(index), RL_CONFIG.get(0)) else {
+        return Reason::Unjudged as u32;
+    };
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    let xdp = XdpContext::new(ctx);
+    // The parse read this very header; should it not read again, the frame
+    // cannot be judged by its limit: dropped as unjudged, never passed.
+    let Ok(source) = source_at(&xdp, l3) else {
+        return Reason::Unjudged as u32;
+    };
+    limit(
+        &xdp,
+        l3,
+        rule,
+        (packed & 0xff) as u8,
+        &source,
+        packed >> 16,
+        config,
+    ) as u32
+}
+
+/// Applies a limit rule to the frame from `source`.
+#[inline(always)]
+pub(crate) fn limit(
+    ctx: &XdpContext,
+    l3: usize,
+    rule: &'static Rule,
+    fam: u8,
+    source: &Words,
+    len: u64,
+    config: &Config,
+) -> Reason {
+    let masked = masked(rule, fam, source);
+    let key = FlowKey::of(&masked, rule.id);
+    let cost = if rule.flags & rule_flags::BYTES != 0 {
+        len
+    } else {
+        1
+    };
+    let now = clock(config);
+    let shared = match RL_RULE_STATE.get_ptr_mut(rule.slot) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    };
+    let agg = aggregate(rule, shared, len);
+    if agg.is_some() && !peek(agg.word, agg.params, now, agg.cost) {
+        // Refused at the aggregate whatever the source's own level and class
+        // say: no need to find its state. Under a flood that empties even the
+        // reserve, this is the whole cost of a frame.
+        mark_refusal(rule, shared, now);
+        return Reason::AggregateLimited;
+    }
+    let mut target = Target::done(Reason::Passed, rule);
+    let mut tracked = false;
+    // A source without a state, or one promoted now, is young.
+    let mut born = u64::MAX;
+    // A key the filter has never seen has no state: a spoofed source skips
+    // the lookup, a miss in millions of buckets. Keys of fleet-wide rules are
+    // looked up whatever it says (the daemon inserts states for them).
+    let known = rl_known(
+        doorkeeper::hash_words(&masked, rule.id, config.hash_seed),
+        u64::from(rule.flags & rule_flags::FLEET),
+    ) != 0;
+    if rule.algorithm == algorithm::GCRA {
+        let state = if fam == family::V4 {
+            known_v4(&key, known)
+        } else {
+            known_v6(&key, known)
+        };
+        if !state.is_null() {
+            target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
+            tracked = true;
+            // SAFETY: a map value valid for this run; written once, at its
+            // creation.
+            born = unsafe { read_volatile(&raw const (*state).born) };
+        }
+    } else if known_wide(&key, known) {
+        target = Target::wide(rule);
+        tracked = true;
+    }
+    if !tracked {
+        let found = rl_untracked(
+            ctx.ctx,
+            l3 as u64,
+            u64::from(fam) | (len << 16),
+            rule.index,
+            now,
+        );
+        target = match found {
+            UNTRACKED_PROMOTED => {
+                let state = if fam == family::V4 {
+                    state_v4(&key)
+                } else {
+                    state_v6(&key)
+                };
+                if state.is_null() {
+                    Target::done(Reason::StateFailed, rule)
+                } else {
+                    Target::gcra(Level::own(state.cast::<u64>(), rule, cost))
+                }
+            }
+            UNTRACKED_PROMOTED_WIDE => Target::wide(rule),
+            UNTRACKED_BUDGET => new_source_level(rule),
+            r => Target::done(reason_of(r), rule),
+        };
+    }
+    let reason = match target.kind {
+        Kind::Gcra => two_levels(
+            target.level,
+            &shared_levels(ctx, l3, rule, fam, len, now, young(rule, shared, born, now)),
+            now,
+        ),
+        // The wide algorithms count packets (the daemon sets BYTES for gcra only).
+        // Key levels are for gcra rules only (the daemon refuses others).
+        Kind::Wide => reason_of(rl_wide(
+            ctx.ctx,
+            l3 as u64,
+            u64::from(fam) | (len << 16),
+            rule.index,
+            now,
+        )),
+        Kind::Done => target.reason,
+    };
+    if matches!(reason, Reason::Passed | Reason::NewSource) {
+        fleet_count(rule, &key, len);
+    }
+    reason
+}
+
+/// What judges a frame under a limit rule (all fields always set; see
+/// [`super::aggregate::Aggregate`]).
+pub(crate) struct Target {
+    pub(crate) kind: Kind,
+    /// For [`Kind::Gcra`]: the source's own bucket, or the new-source budget.
+    pub(crate) level: Level,
+    /// For [`Kind::Done`]: the verdict.
+    pub(crate) reason: Reason,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Gcra,
+    Wide,
+    Done,
+}
+
+impl Target {
+    #[inline(always)]
+    pub(crate) fn gcra(level: Level) -> Self {
+        Self {
+            kind: Kind::Gcra,
+            level,
+            reason: Reason::Passed,
+        }
+    }
+
+    #[inline(always)]
+    /// The key has a wide state ([`rl_wide`] finds it again).
+    pub(crate) fn wide(rule: &Rule) -> Self {
+        Self {
+            kind: Kind::Wide,
+            level: Level::none(rule),
+            reason: Reason::Passed,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn done(reason: Reason, rule: &Rule) -> Self {
+        Self {
+            kind: Kind::Done,
+            level: Level::none(rule),
+            reason,
+        }
+    }
+}
+
+/// The reason a global function answered (`Contended` for a number that is
+/// none: it errs toward limiting).
+#[inline(always)]
+pub(crate) fn reason_of(r: u32) -> Reason {
+    if r < REASON_COUNT {
+        // SAFETY: `Reason` is `repr(u32)` with every value below
+        // `REASON_COUNT` a variant (`Reason::ALL` lists them in order).
+        unsafe { core::mem::transmute::<u32, Reason>(r) }
+    } else {
+        Reason::Contended
+    }
+}
+
+/// The bits of `source` that make its key under `rule`.
+#[inline(always)]
+pub(crate) fn masked(rule: &Rule, fam: u8, source: &Words) -> Words {
+    mask_source(rule.mask_v4, &rule.mask_v6, fam, source)
+}
+
+/// `source` with only the bits of its family's mask kept.
+#[inline(always)]
+pub(crate) fn mask_source(mask_v4: u32, mask_v6: &Words, fam: u8, source: &Words) -> Words {
+    if fam == family::V4 {
+        [0, 0, V4_MAPPED_WORD, source[3] & mask_v4]
+    } else {
+        [
+            source[0] & mask_v6[0],
+            source[1] & mask_v6[1],
+            source[2] & mask_v6[2],
+            source[3] & mask_v6[3],
+        ]
+    }
+}
+
+/// The state of an IPv4 key, or null. Not inlined, nor is [`state_v6`]: with
+/// both lookups in one function LLVM merges them into one call on either map,
+/// and the verifier, which inlines a lookup only when its call site always
+/// sees the same map, then leaves both to the slower generic helper.
+#[inline(never)]
+pub(crate) fn state_v4(key: &FlowKey) -> *mut SourceState {
+    match RL_STATE4.get_ptr_mut(key.v4()) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    }
+}
+
+/// The state of an IPv4 key the filter may know, or null. Apart from the
+/// limit, as are [`known_v6`] and [`known_wide`]: a key the filter does not
+/// know then comes back as a key without a state, and the verifier walks what
+/// follows once for both.
+#[inline(never)]
+pub(crate) fn known_v4(key: &FlowKey, known: bool) -> *mut SourceState {
+    if known {
+        state_v4(key)
+    } else {
+        core::ptr::null_mut()
+    }
+}
+
+/// The state of an IPv6 key the filter may know, or null. See [`known_v4`].
+#[inline(never)]
+pub(crate) fn known_v6(key: &FlowKey, known: bool) -> *mut SourceState {
+    if known {
+        state_v6(key)
+    } else {
+        core::ptr::null_mut()
+    }
+}
+
+/// Whether a key the filter may know has a wide state. See [`known_v4`].
+#[inline(never)]
+pub(crate) fn known_wide(key: &FlowKey, known: bool) -> bool {
+    known && RL_WIDE.get_ptr_mut(key).is_some()
+}
+
+/// The state of an IPv6 key, or null. See [`state_v4`].
+#[inline(never)]
+pub(crate) fn state_v6(key: &FlowKey) -> *mut SourceState {
+    match RL_STATE.get_ptr_mut(*key) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    }
+}

@@ -1,0 +1,83 @@
+//! Every map of the program, in one place: their names are the `MAP_*` consts
+//! of ratelimit-common and their keys and values its types, so the daemon and
+//! the tests find each by name. Read and written by every stage; nothing here
+//! runs.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+};
+use ratelimit_common::{
+    Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS, DEFAULT_STATE_CAPACITY,
+    DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROPS_CAPACITY, DropKey, EVENT_COUNT,
+    FLEET_CAPACITY, FlowKey, FlowKeyV4, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup,
+    REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState, SourceState, WideState, rule_table_len,
+};
+
+// Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
+#[map(name = "RL_RULES")]
+pub(crate) static RL_RULES: LpmTrie<RuleAddr, u32> =
+    LpmTrie::with_max_entries(DEFAULT_RULES_CAPACITY, 0);
+
+#[map(name = "RL_RULES_B")]
+pub(crate) static RL_RULES_B: LpmTrie<RuleAddr, u32> =
+    LpmTrie::with_max_entries(DEFAULT_RULES_CAPACITY, 0);
+
+// Every rule can change at once: twice the rules and the default rule, and
+// the two rules of the unjudged-frame policies (allow, deny) last.
+#[map(name = "RL_RULE_TABLE")]
+pub(crate) static RL_RULE_TABLE: Array<Rule> =
+    Array::with_max_entries(rule_table_len(DEFAULT_RULES_CAPACITY), 0);
+
+#[map(name = "RL_GROUPS")]
+pub(crate) static RL_GROUPS: Array<MatchGroup> = Array::with_max_entries(2 * GROUPS_CAPACITY, 0);
+
+#[map(name = "RL_STATE")]
+pub(crate) static RL_STATE: LruHashMap<FlowKey, SourceState> =
+    LruHashMap::with_max_entries(DEFAULT_STATE_V6_CAPACITY, 0);
+
+#[map(name = "RL_STATE4")]
+pub(crate) static RL_STATE4: LruHashMap<FlowKeyV4, SourceState> =
+    LruHashMap::with_max_entries(DEFAULT_STATE_CAPACITY, 0);
+
+#[map(name = "RL_STATS")]
+pub(crate) static RL_STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(REASON_COUNT, 0);
+
+#[map(name = "RL_CONFIG")]
+pub(crate) static RL_CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+#[map(name = "RL_WIDE")]
+pub(crate) static RL_WIDE: LruHashMap<FlowKey, WideState> =
+    LruHashMap::with_max_entries(DEFAULT_WIDE_CAPACITY, 0);
+
+#[map(name = "RL_WIDE_ZERO")]
+pub(crate) static RL_WIDE_ZERO: PerCpuArray<WideState> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "RL_DROPS")]
+pub(crate) static RL_DROPS: LruHashMap<DropKey, u64> =
+    LruHashMap::with_max_entries(DROPS_CAPACITY, 0);
+
+#[map(name = "RL_SEEN")]
+pub(crate) static RL_SEEN: Array<u64> = Array::with_max_entries(DEFAULT_SEEN_SLOTS, 0);
+
+// One slot per rule plus the default rule's (slot 0).
+#[map(name = "RL_RULE_STATE")]
+pub(crate) static RL_RULE_STATE: Array<RuleState> =
+    Array::with_max_entries(DEFAULT_RULES_CAPACITY + 1, 0);
+
+#[map(name = "RL_RULE_STATS")]
+pub(crate) static RL_RULE_STATS: PerCpuArray<Counter> =
+    PerCpuArray::with_max_entries((DEFAULT_RULES_CAPACITY + 1) * RULE_COUNTERS, 0);
+
+#[map(name = "RL_GLOBAL")]
+pub(crate) static RL_GLOBAL: Array<GlobalState> = Array::with_max_entries(1, 0);
+
+#[map(name = "RL_EVENTS")]
+pub(crate) static RL_EVENTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_COUNT, 0);
+
+#[map(name = "RL_KNOWN")]
+pub(crate) static RL_KNOWN: Array<u64> = Array::with_max_entries(KNOWN_WORDS, 0);
+
+#[map(name = "RL_FLEET_USED")]
+pub(crate) static RL_FLEET_USED: LruHashMap<FlowKey, Counter> =
+    LruHashMap::with_max_entries(FLEET_CAPACITY, 0);

@@ -1,0 +1,284 @@
+//! The `ratelimit` XDP program. A frame meets the stages in the order of
+//! this table, one module each:
+//!
+//! | module | what enters → what leaves |
+//! |---|---|
+//! | [`mod@parse`] | the frame → its source address, where its IP header starts, whether it can be judged (Ethernet, VLAN tags, IPv4, IPv6 and its extension headers, fragments); the transport fields for the stages that match on them |
+//! | [`classify`] | the source (and the transport fields, for a prefix with match groups) → the rule |
+//! | [`limit`] | a frame under a limit rule → its key, the key's state, the [`Reason`] |
+//! | [`untracked`] | a key without state → the doorkeeper's sighting, the new-source budget, or a state of its own |
+//! | [`levels`] | the own level and the rule's shared levels (key levels, aggregate) → taken at all of them or at none |
+//! | [`aggregate`] | the rule's aggregate bucket and its episodes of pressure (young and established sources) |
+//! | [`wide`] | a key under a wide-state algorithm → its decision under the state's lock, by ratelimit-common's one dispatch (`dispatch::wide`) |
+//! | [`bucket`] | one GCRA word → peeked, taken or given back with compare-and-swap |
+//! | [`host`] | a frame a limit would drop → whether it belongs to one of the host's own connections |
+//! | [`mod@count`] | the verdict → counters by reason and by rule, events, drops for `top`, the fleet's usage |
+//! | [`clock`] | → now |
+//! | [`maps`] | every map, named as ratelimit-common's `MAP_*` consts |
+//!
+//! This module is the entry: [`ratelimit`] asks [`try_ratelimit`] for the
+//! frame's outcome (parse, classify, limit), then turns it into the verdict
+//! and the counted reason.
+//!
+//! Fail-open or fail-closed, decided here and only here (for every stage):
+//! - frames that are not IP (ARP, LLDP, …; the kernel does not deliver them as
+//!   IP either): **pass**, counted `not_ip`.
+//! - frames the kernel would deliver as IP but the program cannot judge (more
+//!   than `MAX_VLAN_TAGS` VLAN tags, an IPv6 extension header chain longer than
+//!   `MAX_EXT_HEADERS`, a tiny or overlapping first fragment): the `unjudged`
+//!   policy, **drop** by default (`UNJUDGED_DROP`, counted `unjudged` and
+//!   `tiny_fragment`); `next-rule` lets the rules that need nothing they hide
+//!   judge them, `pass` passes them.
+//! - a non-first fragment (no ports, no TCP flags) under a match that needs
+//!   them: the `fragments` policy, the next rule of its source by default (its
+//!   first fragment was judged whole, so its datagram cannot be completed past
+//!   a rule), or drop (`FRAGMENTS_DROP`).
+//! - truncated or malformed IP: **pass**, counted (the kernel drops it too);
+//!   dropped instead when the daemon sets `DROP_MALFORMED`.
+//! - a source without state is judged by its rule's **new-source budget** (drop
+//!   when it is used up, counted as `new_source_limited`); it gets a state of
+//!   its own only when the doorkeeper has seen it twice (see
+//!   `ratelimit_common::doorkeeper`), and then only within the state-creation
+//!   cap.
+//! - a promoted source whose state cannot be stored: **pass**, counted as
+//!   `state_failed` (an LRU map evicts rather than fail: not seen in practice).
+//! - compare-and-swap retries exhausted on one key: **drop**, counted as
+//!   `contended`; each failed retry means another CPU was admitted on that key in
+//!   between, so it is being flooded.
+//! - the default rule missing (cannot happen for an array map): **pass**.
+//! - dry run (global or per rule): nothing is dropped for a limit or a deny rule;
+//!   what would have been is counted as `would_drop`.
+
+mod aggregate;
+mod bucket;
+mod classify;
+mod clock;
+mod count;
+mod host;
+mod levels;
+mod limit;
+mod maps;
+mod parse;
+mod untracked;
+mod wide;
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_log_ebpf::warn;
+use ratelimit_common::{
+    Config, DROP_SAMPLE, DropKey, Event, RULE_COUNTERS, Reason, Words, action, addr_of,
+    config_flags, family, rule_flags,
+};
+
+use classify::lookup_rule;
+use count::{count, count_drop, count_rule, event};
+use host::rl_host_connection;
+use levels::level_masked;
+use limit::{reason_of, rl_limit};
+use maps::RL_CONFIG;
+use parse::{JUDGED, Malformed, Parsed, TINY, parse};
+
+/// The verdict before dry run is applied.
+struct Outcome {
+    reason: Reason,
+    /// The rule asked for dry run.
+    dry_run: bool,
+    /// What a drop is charged to in `top`: the frame's source address, or
+    /// for a drop at a key level its key (zero when not IP).
+    source: Words,
+    /// The bits of `source` that count: 0 for all of them.
+    prefix: u8,
+    /// 1 for a source, 2 or 3 for a key level.
+    level: u8,
+    /// The rule's counters: its first slot in `RL_RULE_STATS` (`NO_SLOT`
+    /// when no rule judged the frame).
+    counters: u32,
+}
+
+/// No rule's counters.
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+
+impl Outcome {
+    const fn of(reason: Reason) -> Self {
+        Self {
+            reason,
+            dry_run: false,
+            source: [0; 4],
+            prefix: 0,
+            level: 1,
+            counters: NO_SLOT,
+        }
+    }
+}
+
+#[xdp]
+pub fn ratelimit(ctx: XdpContext) -> u32 {
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    let Some(config) = RL_CONFIG.get(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    let mut dropper = None;
+    let (reason, action) = match try_ratelimit(&ctx, len, config) {
+        Ok(Outcome {
+            reason,
+            dry_run,
+            source,
+            prefix,
+            level,
+            counters,
+        }) => {
+            let dry = dry_run || config.flags & config_flags::DRY_RUN != 0;
+            let (reason, action) = if reason.drops() {
+                // `top` ranks sources and networks: a drop for a shared budget
+                // says nothing about the source that happened to meet it.
+                // A would-drop is no drop: `top` ranks what is dropped.
+                if !dry
+                    && matches!(
+                        reason,
+                        Reason::Limited
+                            | Reason::Denied
+                            | Reason::NotAllowed
+                            | Reason::Level2Limited
+                            | Reason::Level3Limited
+                    )
+                {
+                    dropper = Some(DropKey {
+                        addr: addr_of(&source),
+                        prefix,
+                        level,
+                        _pad: [0; 2],
+                    });
+                }
+                if dry {
+                    (Reason::WouldDrop, xdp_action::XDP_PASS)
+                } else {
+                    (reason, xdp_action::XDP_DROP)
+                }
+            } else {
+                (reason, xdp_action::XDP_PASS)
+            };
+            count_rule(counters, reason, len);
+            (reason, action)
+        }
+        Err(Malformed) => {
+            let drop = config.flags & config_flags::DROP_MALFORMED != 0
+                && config.flags & config_flags::DRY_RUN == 0;
+            let action = if drop {
+                xdp_action::XDP_DROP
+            } else {
+                xdp_action::XDP_PASS
+            };
+            (Reason::Malformed, action)
+        }
+    };
+    let n = count(reason, len);
+
+    // `top` needs drops per source, but a hash update per dropped frame would
+    // double the cost of the drop path: one drop in DROP_SAMPLE (per CPU) is
+    // credited DROP_SAMPLE times to its source.
+    if let Some(key) = dropper
+        && n.is_multiple_of(DROP_SAMPLE)
+    {
+        count_drop(&key, DROP_SAMPLE);
+    }
+    if reason == Reason::StateFailed {
+        warn!(&ctx, "storing a promoted source's state failed; passed");
+    }
+    action
+}
+
+#[inline(always)]
+fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome, Malformed> {
+    let Parsed {
+        family,
+        source,
+        l3,
+        judged,
+    } = parse(ctx)?;
+    if judged != JUDGED {
+        // Judged here, once, by the policy; nothing below reads `judged`, so
+        // the verifier walks the rest once for judged and unjudged frames.
+        // Under `next-rule` and `pass` a frame with a source goes on: the
+        // rules that need nothing it hides judge it, and a match that needs
+        // what it hides counts it ([`rl_select`]).
+        let drop = config.flags & config_flags::UNJUDGED_DROP != 0;
+        if drop || family == 0 {
+            event(Event::Unjudged);
+            // Nothing to judge by (no source) is dropped under `next-rule`
+            // too; passed only by `pass`, outside allowlist-only mode.
+            let pass = !drop
+                && config.flags & config_flags::UNJUDGED_PASS != 0
+                && config.flags & config_flags::ALLOWLIST_ONLY == 0;
+            return Ok(Outcome::of(if pass {
+                Reason::Allowed
+            } else if judged == TINY {
+                Reason::TinyFragment
+            } else {
+                Reason::Unjudged
+            }));
+        }
+    }
+    if family == 0 {
+        return Ok(Outcome::of(Reason::NotIp));
+    }
+    let Some(rule) = lookup_rule(ctx, l3, family, &source, config) else {
+        return Ok(Outcome::of(Reason::Passed));
+    };
+    let mut reason = match rule.action {
+        action::LIMIT => reason_of(rl_limit(
+            ctx.ctx,
+            l3 as u64,
+            u64::from(family) | (len << 16),
+            rule.index,
+        )),
+        action::DENY => Reason::Denied,
+        action::ALLOW => Reason::Allowed,
+        // Allowlist-only mode: the daemon marks every other rule so.
+        _ => Reason::NotAllowed,
+    };
+    // A limit never drops the host's own connections; the check is made on
+    // the drop path only, so frames within their limit pay nothing for it.
+    if reason.drops()
+        && reason != Reason::Denied
+        && reason != Reason::NotAllowed
+        && rule.flags & rule_flags::HOST_CONNECTIONS != 0
+        && config.local_ports != 0
+        && rl_host_connection(ctx.ctx, l3 as u64, config.local_ports) != 0
+    {
+        reason = Reason::HostConnection;
+    }
+    // A source is charged whole: prefix 0 stands for all its bits.
+    let (mut charged, mut prefix, mut level) = (source, 0u8, 1u8);
+    if matches!(reason, Reason::Level2Limited | Reason::Level3Limited) {
+        let n = if reason == Reason::Level2Limited {
+            0
+        } else {
+            1
+        };
+        let lv = &rule.levels[n];
+        charged = level_masked(lv, family, &source);
+        prefix = if family == family::V4 {
+            lv.key_prefix_v4
+        } else {
+            lv.key_prefix_v6
+        };
+        level = n as u8 + 2;
+    }
+    Ok(Outcome {
+        reason,
+        dry_run: rule.flags & rule_flags::DRY_RUN != 0,
+        source: charged,
+        prefix,
+        level,
+        counters: rule.slot.wrapping_mul(RULE_COUNTERS),
+    })
+}
+
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic path, so this is never called.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,4 +1,4 @@
-//! Fixed window counter (seed 003): windows are the multiples of `window_ns` on
+//! Fixed window counter: windows are the multiples of `window_ns` on
 //! the clock; an arrival is admitted iff `count + cost ≤ limit` in its window.
 //! Denied arrivals are not counted.
 //!
@@ -30,17 +30,13 @@ pub struct State {
 impl Params {
     /// Checks and builds parameters.
     pub const fn new(window_ns: u64, limit: u64) -> Result<Self, ParamError> {
-        if window_ns == 0 {
-            return Err(ParamError {
-                param: "window",
-                accepted: "must be longer than 0, like 1s or 1min",
-            });
-        }
-        if limit == 0 || limit > u32::MAX as u64 {
-            return Err(ParamError {
-                param: "limit",
-                accepted: "must be 1 to 4294967295",
-            });
+        if let Err(e) = ParamError::window_and_limit(
+            window_ns,
+            limit,
+            u32::MAX as u64,
+            "must be 1 to 4294967295",
+        ) {
+            return Err(e);
         }
         Ok(Self { window_ns, limit })
     }

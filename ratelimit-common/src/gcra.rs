@@ -492,7 +492,8 @@ pub fn charge(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
     state.tat = stored(now_t.wrapping_add(ahead), generation);
 }
 
-/// Returns `cost` unused units to the bucket (seed 002's "refill"): the TAT moves
+/// Returns `cost` unused units to the bucket (a client that took more than it
+/// used gives the rest back): the TAT moves
 /// back by `cost` intervals, but never behind `now` — a bucket never holds more
 /// than its capacity.
 #[inline(always)]

@@ -1,4 +1,4 @@
-//! Token bucket with interval refill (seed 004): every `every_ns` add `amount`
+//! Token bucket with interval refill: every `every_ns` add `amount`
 //! tokens, up to `capacity`. A bucket starts full at the key's first admitted
 //! arrival (a denied one stores nothing), and refills are counted lazily from
 //! that arrival: at `first + k·every_ns`.
@@ -39,24 +39,21 @@ pub const MAX: u64 = 1 << 32;
 impl Params {
     /// Checks and builds parameters.
     pub const fn new(every_ns: u64, amount: u64, capacity: u64) -> Result<Self, ParamError> {
-        if every_ns == 0 {
-            return Err(ParamError {
-                param: "refill_every",
-                accepted: "must be longer than 0, like 1s or 200ms",
-            });
-        }
-        if amount == 0 || amount > MAX {
-            return Err(ParamError {
-                param: "refill_amount",
-                accepted: "must be 1 to 2^32",
-            });
-        }
-        if capacity == 0 || capacity > MAX {
-            return Err(ParamError {
-                param: "capacity",
-                accepted: "must be 1 to 2^32",
-            });
-        }
+        ensure!(
+            every_ns > 0,
+            "refill_every",
+            "must be longer than 0, like 1s or 200ms"
+        );
+        ensure!(
+            amount > 0 && amount <= MAX,
+            "refill_amount",
+            "must be 1 to 2^32"
+        );
+        ensure!(
+            capacity > 0 && capacity <= MAX,
+            "capacity",
+            "must be 1 to 2^32"
+        );
         Ok(Self {
             every_ns,
             amount,

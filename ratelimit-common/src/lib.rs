@@ -19,6 +19,20 @@
 //! keyed limiter's.
 #![no_std]
 
+/// Returns `Err(ParamError { param, accepted })` from the calling function
+/// unless `ok`: one line per parameter check, usable in a `const fn` (where
+/// `?` is not).
+macro_rules! ensure {
+    ($ok:expr, $param:expr, $accepted:expr) => {
+        if !$ok {
+            return Err($crate::ParamError {
+                param: $param,
+                accepted: $accepted,
+            });
+        }
+    };
+}
+
 #[cfg(feature = "std")]
 pub mod keyed;
 
@@ -51,6 +65,26 @@ pub struct ParamError {
 impl core::fmt::Display for ParamError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "{} {}", self.param, self.accepted)
+    }
+}
+
+impl ParamError {
+    /// The checks every algorithm counted over a window makes: the window is
+    /// longer than 0 and the limit from 1 to `max` (`limit_accepted` says so
+    /// in the algorithm's words).
+    pub(crate) const fn window_and_limit(
+        window_ns: u64,
+        limit: u64,
+        max: u64,
+        limit_accepted: &'static str,
+    ) -> Result<(), ParamError> {
+        ensure!(
+            window_ns > 0,
+            "window",
+            "must be longer than 0, like 1s or 1min"
+        );
+        ensure!(limit > 0 && limit <= max, "limit", limit_accepted);
+        Ok(())
     }
 }
 

@@ -1,4 +1,4 @@
-//! Rolling-window quota with a rate cap (seed 000): time is cut into periods of
+//! Rolling-window quota with a rate cap: time is cut into periods of
 //! `period_ns` (multiples of it on the clock) and a window is the last
 //! `periods = window / period` of them, the current one included. An arrival of
 //! cost `n` is admitted iff this period's count + n ≤ `rate_cap` and the window's
@@ -54,37 +54,28 @@ impl Params {
         quota: u64,
         rate_cap: u64,
     ) -> Result<Self, ParamError> {
-        if period_ns == 0 {
-            return Err(ParamError {
-                param: "period",
-                accepted: "must be longer than 0, like 1h",
-            });
-        }
-        if window_ns == 0 || !window_ns.is_multiple_of(period_ns) {
-            return Err(ParamError {
-                param: "window",
-                accepted: "must be a whole number of periods, like 24h for a period of 1h",
-            });
-        }
+        ensure!(period_ns > 0, "period", "must be longer than 0, like 1h");
+        ensure!(
+            window_ns > 0 && window_ns.is_multiple_of(period_ns),
+            "window",
+            "must be a whole number of periods, like 24h for a period of 1h"
+        );
         let periods = window_ns / period_ns;
-        if periods > MAX_PERIODS {
-            return Err(ParamError {
-                param: "window",
-                accepted: "must be at most 64 periods (make the period longer)",
-            });
-        }
-        if quota == 0 || quota > u32::MAX as u64 {
-            return Err(ParamError {
-                param: "quota",
-                accepted: "must be 1 to 4294967295",
-            });
-        }
-        if rate_cap == 0 || rate_cap > quota {
-            return Err(ParamError {
-                param: "rate_cap",
-                accepted: "must be 1 to the quota",
-            });
-        }
+        ensure!(
+            periods <= MAX_PERIODS,
+            "window",
+            "must be at most 64 periods (make the period longer)"
+        );
+        ensure!(
+            quota > 0 && quota <= u32::MAX as u64,
+            "quota",
+            "must be 1 to 4294967295"
+        );
+        ensure!(
+            rate_cap > 0 && rate_cap <= quota,
+            "rate_cap",
+            "must be 1 to the quota"
+        );
         Ok(Self {
             period_ns,
             periods,

@@ -1,4 +1,4 @@
-//! Sliding window log (seed 003): an arrival of cost `n` at `now` is admitted iff
+//! Sliding window log: an arrival of cost `n` at `now` is admitted iff
 //! the cost admitted in `(now − window, now]` plus `n` is at most `limit`. Only
 //! admitted arrivals are logged, one entry per unit of cost, so memory is
 //! O(limit): limits above [`MAX_LIMIT`] are refused (use the sliding window
@@ -46,17 +46,13 @@ impl Default for State {
 impl Params {
     /// Checks and builds parameters.
     pub const fn new(window_ns: u64, limit: u64) -> Result<Self, ParamError> {
-        if window_ns == 0 {
-            return Err(ParamError {
-                param: "window",
-                accepted: "must be longer than 0, like 1s or 1min",
-            });
-        }
-        if limit == 0 || limit > MAX_LIMIT {
-            return Err(ParamError {
-                param: "limit",
-                accepted: "must be 1 to 64 for the sliding window log (one timestamp per unit is kept); use the sliding-window algorithm for larger limits",
-            });
+        if let Err(e) = ParamError::window_and_limit(
+            window_ns,
+            limit,
+            MAX_LIMIT,
+            "must be 1 to 64 for the sliding window log (one timestamp per unit is kept); use the sliding-window algorithm for larger limits",
+        ) {
+            return Err(e);
         }
         Ok(Self { window_ns, limit })
     }

@@ -1,4 +1,4 @@
-//! Sliding window counter (seed 003): counts of the previous and the current
+//! Sliding window counter: counts of the previous and the current
 //! aligned window; with `e` the time into the current window, an arrival of cost
 //! `n` is admitted iff `prev·(W − e) + (cur + n)·W ≤ limit·W`, the previous window
 //! weighted by how much of it the sliding window still covers.
@@ -43,17 +43,10 @@ pub const MAX_LIMIT: u64 = 1 << 31;
 impl Params {
     /// Checks and builds parameters.
     pub const fn new(window_ns: u64, limit: u64) -> Result<Self, ParamError> {
-        if window_ns == 0 {
-            return Err(ParamError {
-                param: "window",
-                accepted: "must be longer than 0, like 1s or 1min",
-            });
-        }
-        if limit == 0 || limit > MAX_LIMIT {
-            return Err(ParamError {
-                param: "limit",
-                accepted: "must be 1 to 2^31",
-            });
+        if let Err(e) =
+            ParamError::window_and_limit(window_ns, limit, MAX_LIMIT, "must be 1 to 2^31")
+        {
+            return Err(e);
         }
         // The finest unit (1 ns when it fits) for which the weighted sums stay
         // in 64 bits: limit × window units ≤ 2^62.

@@ -10,10 +10,12 @@
 //! - [`config`]: the TOML schema, and reading a file with every error located.
 //! - [`kernel`]: the XDP program loaded, attached and pinned; its maps written
 //!   and read.
-//! - [`protocol`]: the control socket's requests and answers.
 //! - [`fleet`]: fleet-wide limits through Redis.
-//! - [`daemon`]: the daemon's loop, its control server, metrics, persistence
-//!   and the read-only path when no daemon runs.
+//! - [`protocol`]: the control socket's requests and answers, typed on both
+//!   ends, and the CLI's side of the socket.
+//! - [`daemon`]: the daemon's loop, its control server, a handler per
+//!   request, metrics, persistence and the read-only path when no daemon
+//!   runs.
 //! - [`serve`]: `ratelimit serve`, the throttling service over HTTP.
 //! - [`cli`]: the command line, its printers, man pages and help.
 

@@ -115,7 +115,7 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
     assert_eq!(json_error(&out, "not root")["kind"], "permission");
 
     let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
-    // 2: invalid input the daemon found (it parses the CIDR), with its field.
+    // 2: invalid input, with its field (the CIDR, parsed once a daemon is found).
     let out = d.cli(&["deny", "198.18.0.0/33"]);
     fails_with(&out, 2, "ratelimit: CIDR: invalid prefix", "bad CIDR");
     assert!(

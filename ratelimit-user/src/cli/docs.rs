@@ -21,7 +21,7 @@ use clap_mangen::{
 };
 
 use crate::{
-    cli::Cli,
+    cli::args::Cli,
     error::{Error, Kind, Result},
 };
 

@@ -138,7 +138,7 @@ mod tests {
     use clap::{CommandFactory as _, Parser as _};
 
     use super::*;
-    use crate::cli::Cli;
+    use crate::cli::args::Cli;
 
     #[test]
     fn every_command_has_examples_and_every_example_parses() {

@@ -12,21 +12,41 @@
 
 use std::{ffi::OsString, process::ExitCode};
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::error::{Error, Kind};
 
-/// The JSON object of a failure.
+/// What `--json` prints for a failure.
+#[derive(Serialize)]
+struct Failure<'a> {
+    error: FailureOf<'a>,
+}
+
+#[derive(Serialize)]
+struct FailureOf<'a> {
+    /// [`Kind::name`].
+    kind: &'static str,
+    /// The error and everything it came from.
+    message: &'a str,
+    /// The option, key or argument at fault: for invalid input only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+    /// What the process exits with.
+    exit_code: u8,
+}
+
+/// The JSON object of a failure, its fields sorted by name.
 pub fn error_json(kind: Kind, message: &str, field: Option<&str>) -> Value {
-    let mut error = json!({
-        "kind": kind.name(),
-        "message": message,
-        "exit_code": kind.exit_code(),
-    });
-    if let (Some(field), Kind::Invalid) = (field, kind) {
-        error["field"] = json!(field);
-    }
-    json!({ "error": error })
+    let failure = Failure {
+        error: FailureOf {
+            kind: kind.name(),
+            message,
+            field: field.filter(|_| kind == Kind::Invalid),
+            exit_code: kind.exit_code(),
+        },
+    };
+    serde_json::to_value(failure).expect("failures serialize")
 }
 
 /// Reports `e`; returns the exit code to exit with.
@@ -98,9 +118,10 @@ fn usage_field(e: &clap::Error) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
+    use serde_json::json;
 
     use super::*;
-    use crate::cli::Cli;
+    use crate::cli::args::Cli;
 
     fn args(a: &[&str]) -> Vec<OsString> {
         a.iter().map(OsString::from).collect()
@@ -119,8 +140,15 @@ mod tests {
             "no ratelimit daemon runs on eth0",
             Some("x"),
         );
-        assert_eq!(v["error"].get("field"), None, "{v}");
-        assert_eq!(v["error"]["exit_code"], 3);
+        assert_eq!(
+            v,
+            json!({"error": {"kind": "no-daemon", "message": "no ratelimit daemon runs on eth0", "exit_code": 3}})
+        );
+        // As printed: one line, its fields sorted by name.
+        assert_eq!(
+            v.to_string(),
+            r#"{"error":{"exit_code":3,"kind":"no-daemon","message":"no ratelimit daemon runs on eth0"}}"#
+        );
     }
 
     #[test]

@@ -4,8 +4,15 @@
 //!
 //! - [`store`]: where the rules come from (the file, live changes on top, the
 //!   kernel as the fallback) and where they are saved;
-//! - [`server`]: the control socket (concurrent connections, one writer);
-//! - `requests`: what each request does.
+//! - [`control`]: the control socket's server (concurrent connections, one
+//!   writer);
+//! - `handlers`: a handler per request; the loop only dispatches;
+//! - `read`: the read-only answers, built alike for the daemon and
+//!   [`offline`] (a program read from its pins with no daemon);
+//! - `reload`: the config file read again, off the loop;
+//! - `upkeep`: what the loop does on its timers (samples, the idle sweep,
+//!   the interface and the pins) and for metrics and the fleet sync;
+//! - [`metrics`]: Prometheus metrics.
 //!
 //! Order at start, so that a failure anywhere leaves what enforced before
 //! enforcing, with its pins and saved rules: the user's input is checked; the
@@ -14,11 +21,14 @@
 //! trie the running program does not read); only then is the program attached
 //! or swapped into the pinned link.
 
+pub mod control;
+mod handlers;
 pub mod metrics;
 pub mod offline;
-mod requests;
-pub mod server;
+mod read;
+mod reload;
 pub mod store;
+mod upkeep;
 
 use std::{
     fs::File,
@@ -28,11 +38,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ratelimit_common::{Counter, Event, REASON_COUNT, gcra};
+use ratelimit_common::{Counter, Event, REASON_COUNT};
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
-    sync::{mpsc, oneshot, watch},
+    sync::{mpsc, watch},
 };
 use tracing::{error, info, warn};
 
@@ -42,12 +52,12 @@ use crate::{
     error::{Error, Result, chain},
     host::identity::Identity,
     host::rundir,
-    kernel::monotonic_ns,
     kernel::{AttachMode, Enforcer, InterfaceState, LoadOptions},
-    model::rules::{Action, RuleSet},
-    protocol::{Response, socket_path},
+    model::rules::RuleSet,
+    protocol::socket_path,
 };
-use store::Rules;
+use reload::{ReadDone, ReloadAsk, Reloads};
+use store::{Rules, now_ms};
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -107,15 +117,8 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const EXPIRE_EVERY: Duration = Duration::from_millis(200);
 /// How stale the tracked-sources gauge may be.
 const TRACKED_MAX_AGE: Duration = Duration::from_secs(10);
-/// How long a reload may take to read and check the config file and its
-/// lists before it is refused (the read is left to finish on its own, its
-/// result unused): under the CLI's wait for an answer, so `ratelimit reload`
-/// says why.
-const RELOAD_READ_TIMEOUT: Duration = Duration::from_secs(25);
-/// Reloads asked for by `ratelimit reload` that may wait behind the one being
-/// read; past it, one is refused (SIGHUPs that wait are one).
-const RELOADS_WAITING_MAX: usize = 8;
 
+/// A reading of the counters by reason, for per-second rates.
 pub(super) struct Sample {
     at: Instant,
     counters: [Counter; REASON_COUNT as usize],
@@ -129,31 +132,6 @@ struct Baseline {
     created: u64,
     swept: u64,
 }
-
-/// A reload asked for: by SIGHUP (nobody waits for its answer) or by
-/// `ratelimit reload` (its connection does).
-struct ReloadAsk {
-    replace: bool,
-    reply: Option<oneshot::Sender<Response>>,
-}
-
-/// The reloads: the config file and its lists are read and checked off the
-/// loop, one reload at a time, so that a slow read holds up no change, stats
-/// or expiry; the result is applied by the loop when it comes, on top of the
-/// live changes as they are then.
-#[derive(Default)]
-struct Reloads {
-    /// The reload being read: its ask, its number, when it started.
-    reading: Option<(ReloadAsk, u64, Instant)>,
-    /// Those asked for since, in order.
-    waiting: std::collections::VecDeque<ReloadAsk>,
-    /// The number of the last read started (a late result of an abandoned
-    /// read is known by its number and dropped).
-    started: u64,
-}
-
-/// What a reload's read gives back: its number and the checked base rules.
-type ReadDone = (u64, Result<RuleSet>);
 
 struct Daemon {
     opts: RunOptions,
@@ -288,8 +266,8 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             return Err(e);
         }
     };
-    let (jobs_tx, jobs_rx) = mpsc::channel::<server::Job>(64);
-    tokio::spawn(server::serve(listener, jobs_tx));
+    let (jobs_tx, jobs_rx) = mpsc::channel::<control::Job>(64);
+    tokio::spawn(control::serve(listener, jobs_tx));
     let (fleet_tx, fleet_rx) = mpsc::channel::<crate::fleet::Job>(4);
     if let Some(url) = daemon.opts.fleet.clone() {
         let (status_tx, status_rx) = watch::channel(crate::fleet::Status::default());
@@ -347,7 +325,7 @@ impl Daemon {
     async fn run_loop(
         &mut self,
         shutdown: impl Future<Output = ()>,
-        mut jobs: mpsc::Receiver<server::Job>,
+        mut jobs: mpsc::Receiver<control::Job>,
         mut metrics_rx: mpsc::Receiver<SnapshotRequest>,
         mut fleet_rx: mpsc::Receiver<crate::fleet::Job>,
     ) -> Result<()> {
@@ -361,11 +339,7 @@ impl Daemon {
         sweep.tick().await;
         tokio::pin!(shutdown);
         loop {
-            let read_deadline = self
-                .reloads
-                .reading
-                .as_ref()
-                .map(|(_, _, at)| tokio::time::Instant::from_std(*at + RELOAD_READ_TIMEOUT));
+            let read_deadline = self.reload_deadline();
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 _ = hup.recv() => self.ask_reload(ReloadAsk { replace: false, reply: None }, &read_tx),
@@ -379,11 +353,7 @@ impl Daemon {
                 _ = expire.tick() => self.expire(),
                 // Once nothing else waits: the trie the program does not read
                 // catches up with a list change, so the next change is cheap.
-                () = tokio::task::yield_now(), if self.enforcer.maps.unsettled() => {
-                    if let Err(e) = self.enforcer.maps.settle() {
-                        warn!(error = %chain(&e), "bringing the idle rule trie up to date failed; the next change does it");
-                    }
-                }
+                () = tokio::task::yield_now(), if self.enforcer.maps.unsettled() => self.settle(),
                 Some(reply) = metrics_rx.recv() => {
                     let _ = reply.send(self.metrics());
                 }
@@ -394,52 +364,7 @@ impl Daemon {
                         self.ask_reload(ReloadAsk { replace, reply: Some(reply) }, &read_tx);
                         continue;
                     }
-                    let response = match self.handle(request) {
-                        Ok(data) => Response::ok(data),
-                        Err(e) => Response::refused_for(&e),
-                    };
-                    let _ = reply.send(response);
-                }
-            }
-        }
-    }
-
-    /// Answers the fleet sync task: what keys were admitted; raises buckets.
-    fn fleet_job(&mut self, job: crate::fleet::Job) {
-        use crate::fleet::{FleetRule, Job, Snapshot};
-        match job {
-            Job::Read(reply) => {
-                let set = self.rules.effective();
-                let mut rules = std::collections::HashMap::new();
-                let mut add =
-                    |name: String, rule: &ratelimit_common::Rule, action: Option<&Action>| {
-                        if let Some(r) = FleetRule::of(name, rule, action) {
-                            rules.insert(rule.id, r);
-                        }
-                    };
-                if let Ok(d) = self.enforcer.maps.default_rule() {
-                    add("default".into(), &d, Some(&set.default));
-                }
-                if let Ok(kernel) = self.enforcer.maps.rules() {
-                    for (prefix, rule) in &kernel {
-                        add(prefix.to_string(), rule, set.rules.get(prefix));
-                    }
-                }
-                let used = self.enforcer.maps.fleet_used();
-                let _ = reply.send(Snapshot { rules, used });
-            }
-            Job::Write(raises) => {
-                for r in raises {
-                    let (debt, add) = match r.at {
-                        Some(at) => (
-                            r.debt_ns.saturating_sub(
-                                at.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64,
-                            ),
-                            false,
-                        ),
-                        None => (r.debt_ns, true),
-                    };
-                    self.enforcer.maps.raise(&r.key, &r.params, debt, add);
+                    let _ = reply.send(self.handle(request));
                 }
             }
         }
@@ -471,6 +396,24 @@ impl Daemon {
         }
         self.rules = next;
         Ok(())
+    }
+
+    /// Ends the temporary rules and lists whose time came; logs what ended.
+    fn expire(&mut self) {
+        let now = now_ms();
+        if !self.rules.has_due(now) {
+            return;
+        }
+        let mut next = self.rules.clone();
+        let ended = next.expire(now);
+        match self.apply_expired(next) {
+            Ok(()) => info!(ended = %ended.join(", "), "temporary rules ended"),
+            Err(e) => {
+                // Tried again in a minute; until then what was set stays.
+                error!(ended = %ended.join(", "), error = %chain(&e), "ending temporary rules failed; they stay until the next try");
+                self.rules.postpone_due(now, 60_000);
+            }
+        }
     }
 
     /// Ends what expired: in the kernel even when the record cannot be saved
@@ -529,274 +472,6 @@ impl Daemon {
                 l.source
             ));
         }
-    }
-
-    /// Asks for a reload: started at once when none is being read, else
-    /// after those before it.
-    fn ask_reload(&mut self, ask: ReloadAsk, read_tx: &mpsc::Sender<ReadDone>) {
-        let r = &mut self.reloads;
-        if r.reading.is_some() {
-            if ask.reply.is_none() && r.waiting.iter().any(|w| w.reply.is_none() && !w.replace) {
-                // SIGHUPs that wait together are one.
-                return;
-            }
-            if r.waiting.len() >= RELOADS_WAITING_MAX {
-                let e = Error::Refused(format!(
-                    "{} reloads are waiting for the one being read; try again when it is done",
-                    r.waiting.len()
-                ));
-                self.reload_done(ask, Err(e), None);
-                return;
-            }
-            r.waiting.push_back(ask);
-            return;
-        }
-        self.start_reload(ask, read_tx);
-    }
-
-    /// Starts a reload: a daemon started without --config answers at once;
-    /// else its file and lists are read and checked on a thread of their own
-    /// (a file system that hangs holds up that thread alone; a thread, not
-    /// the runtime's blocking pool, whose end the runtime would wait for at
-    /// exit), and [`Daemon::reload_read`] applies what it read.
-    fn start_reload(&mut self, ask: ReloadAsk, read_tx: &mpsc::Sender<ReadDone>) {
-        if self.opts.config.is_none() {
-            let before = self.rules.clone();
-            let done = if ask.replace {
-                let next = Rules::of(self.rules.base.clone());
-                self.apply(next).inspect(|()| info!("live changes dropped"))
-            } else {
-                warn!("reload without --config: nothing to read");
-                Err(Error::Refused(
-                    "the daemon was started without --config: there is no file to reload".into(),
-                ))
-            };
-            self.reload_done(ask, done, Some(&before));
-            return;
-        }
-        self.reloads.started += 1;
-        let n = self.reloads.started;
-        let opts = self.opts.clone();
-        let tx = read_tx.clone();
-        let spawned = std::thread::Builder::new()
-            .name("reload".into())
-            .spawn(move || {
-                let read = opts
-                    .given()
-                    .map(|set| set.expect("a config file gives a base"));
-                let _ = tx.blocking_send((n, read));
-            });
-        match spawned {
-            Ok(_) => self.reloads.reading = Some((ask, n, Instant::now())),
-            Err(e) => {
-                let e = Error::Io {
-                    what: "starting a thread to read the config file".into(),
-                    source: e,
-                };
-                self.reload_done(ask, Err(e), None);
-            }
-        }
-    }
-
-    /// A reload's read came back (`n`: its number): the new base with the
-    /// live changes as they are now on top (or alone, with `replace`),
-    /// applied whole or not at all; then the next reload waiting starts.
-    fn reload_read(&mut self, n: u64, read: Result<RuleSet>, read_tx: &mpsc::Sender<ReadDone>) {
-        let Some((ask, _, _)) = self.reloads.reading.take_if(|(_, m, _)| *m == n) else {
-            // The late result of a read given up on.
-            return;
-        };
-        let before = self.rules.clone();
-        let done = read.and_then(|base| {
-            let live = if ask.replace {
-                store::Overlay::default()
-            } else {
-                self.rules.live.clone()
-            };
-            self.apply(Rules { base, live })?;
-            let path = self.opts.config.clone().unwrap_or_default();
-            info!(config = %path.display(), replace = ask.replace, "reloaded");
-            self.announce();
-            Ok(())
-        });
-        self.reload_done(ask, done, Some(&before));
-        if let Some(next) = self.reloads.waiting.pop_front() {
-            self.start_reload(next, read_tx);
-        }
-    }
-
-    /// The reload being read took too long: refused (its read, if it ever
-    /// ends, is dropped).
-    fn reload_timed_out(&mut self, read_tx: &mpsc::Sender<ReadDone>) {
-        let Some((_, n, _)) = &self.reloads.reading else {
-            return;
-        };
-        let path = self.opts.config.clone().unwrap_or_default();
-        let e = Error::Refused(format!(
-            "reading {} and its lists took more than {} s (a slow or hung file system?); nothing changed",
-            path.display(),
-            RELOAD_READ_TIMEOUT.as_secs()
-        ));
-        self.reload_read(*n, Err(e), read_tx);
-    }
-
-    /// Says how a reload went: to its client (the rules and what changed
-    /// since `before`), and in the log.
-    fn reload_done(&mut self, ask: ReloadAsk, done: Result<()>, before: Option<&Rules>) {
-        match &done {
-            Ok(()) => {}
-            // One log line per error of the file, each with its line.
-            Err(Error::Config(errors)) => {
-                for line in errors.lines() {
-                    error!("{line}");
-                }
-                error!(
-                    "reload refused: {}; the rules enforced before stay",
-                    errors.summary()
-                );
-            }
-            Err(e) => error!(error = %chain(e), "reload refused; nothing changed"),
-        }
-        if let Some(reply) = ask.reply {
-            let response = match done {
-                Ok(()) => Response::ok(self.reloaded(before.unwrap_or(&self.rules))),
-                Err(e) => Response::refused_for(&e),
-            };
-            let _ = reply.send(response);
-        }
-    }
-
-    /// The sample rates are computed from (to now): the newest at least
-    /// [`RATE_WINDOW`] old, else the oldest (a daemon started less than a
-    /// second ago); `None` when there is none older than a tenth of a second.
-    pub(super) fn rate_window(&self) -> Option<&Sample> {
-        self.samples
-            .iter()
-            .rev()
-            .find(|s| s.at.elapsed() >= RATE_WINDOW)
-            .or_else(|| self.samples.front())
-            .filter(|s| s.at.elapsed() >= Duration::from_millis(100))
-    }
-
-    fn sample(&mut self) {
-        match self.enforcer.maps.counters() {
-            Ok(counters) => {
-                let now = Sample {
-                    at: Instant::now(),
-                    counters,
-                };
-                if self.samples.len() == SAMPLES_KEPT {
-                    self.samples.pop_front();
-                }
-                self.samples.push_back(now);
-            }
-            Err(e) => warn!(error = %chain(&e), "reading counters failed"),
-        }
-    }
-
-    /// Deletes states idle for longer than any bucket takes to refill: they read
-    /// as full buckets anyway, and deleting them keeps the tick wrap harmless.
-    fn sweep(&mut self) {
-        let now = monotonic_ns();
-        let limit_ns = gcra::TAU_MAX >> ratelimit_common::TICK_SHIFT;
-        let idle: Vec<_> = self
-            .enforcer
-            .maps
-            .states()
-            .filter_map(|e| e.ok())
-            .filter(|(_, s)| gcra::idle_for_ns(s, now).is_some_and(|idle| idle > limit_ns))
-            .map(|(k, _)| k)
-            .collect();
-        for key in &idle {
-            if self.enforcer.maps.remove_state(key).is_ok() {
-                self.baseline.swept += 1;
-            }
-        }
-        if !idle.is_empty() {
-            info!(removed = idle.len(), "idle sweep");
-        }
-    }
-
-    /// Follows the interface: when it is deleted, nothing is enforced (said
-    /// once, and in `status`); when one of that name comes back, the program is
-    /// attached to it again with its rules and buckets.
-    fn watch(&mut self) {
-        match self.enforcer.check_pins() {
-            Ok(false) => self.pins_failing = false,
-            Ok(true) => {
-                self.pins_failing = false;
-                warn!(iface = %self.id, pins = %self.enforcer.pin_dir().display(), "the pins were removed under the daemon: pinned again from its own handles (a restart adopts them, --keep-attached keeps them)");
-            }
-            Err(e) => {
-                if !self.pins_failing {
-                    error!(iface = %self.id, error = %chain(&e), "the pins were removed under the daemon and pinning them again failed (tried every second): a restart will not adopt this program, and an exit detaches it");
-                }
-                self.pins_failing = true;
-            }
-        }
-        let now = self.enforcer.check_interface();
-        match (self.interface, now) {
-            (_, InterfaceState::Recreated) => match self.enforcer.reattach() {
-                Ok(()) => {
-                    warn!(iface = %self.id, mode = %self.enforcer.mode(), "the interface was re-created: attached to it again, rules and buckets kept");
-                    self.interface = InterfaceState::Attached;
-                }
-                Err(e) => {
-                    if self.interface != InterfaceState::Recreated {
-                        error!(iface = %self.id, error = %chain(&e), "the interface was re-created but attaching to it failed; nothing is enforced on it");
-                    }
-                    self.interface = InterfaceState::Recreated;
-                }
-            },
-            (InterfaceState::Attached, InterfaceState::Gone) => {
-                error!(iface = %self.id, "the interface is gone: nothing is enforced until it comes back");
-                self.interface = InterfaceState::Gone;
-            }
-            (_, state) => self.interface = state,
-        }
-    }
-
-    fn metrics(&mut self) -> metrics::Snapshot {
-        if self
-            .tracked
-            .is_none_or(|(at, _)| at.elapsed() > TRACKED_MAX_AGE)
-        {
-            let (gcra_keys, wide_keys) = self.enforcer.maps.tracked().unwrap_or_default();
-            self.tracked = Some((Instant::now(), gcra_keys + wide_keys));
-        }
-        metrics::Snapshot {
-            iface: self.enforcer.iface().to_string(),
-            mode: self.enforcer.mode(),
-            attached: self.interface == InterfaceState::Attached,
-            counters: self.enforcer.maps.counters().unwrap_or_default(),
-            events: self.enforcer.maps.events().unwrap_or_default(),
-            tracked: self.tracked.map_or(0, |(_, n)| n),
-            rules: self.rules.effective().rules.len(),
-            rule_counters: self.rule_counters(),
-            fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
-        }
-    }
-
-    /// Each rule's counters, the default rule's first (a rule whose counters
-    /// cannot be read is left out).
-    fn rule_counters(
-        &self,
-    ) -> Vec<(
-        String,
-        [ratelimit_common::Counter; ratelimit_common::RuleCounter::ALL.len()],
-    )> {
-        let maps = &self.enforcer.maps;
-        let mut out: Vec<_> = maps
-            .rule_counters(0)
-            .map(|c| ("default".to_string(), c))
-            .into_iter()
-            .collect();
-        for (p, rule) in maps.rules().unwrap_or_default() {
-            if let Ok(c) = maps.rule_counters(rule.slot) {
-                out.push((p.to_string(), c));
-            }
-        }
-        out
     }
 
     fn shutdown(self, keep: bool) {

@@ -1,23 +1,25 @@
 //! A program enforcing with no daemon (left by `--keep-attached`, or its
 //! daemon killed): the read-only commands (`list`, `stats`, `status`, `top`)
-//! answer from its pinned maps and the saved record, as the daemon would,
-//! marked `"daemon": false`. Nothing here writes: changes need a daemon, and
+//! answer from its pinned maps and the saved record, with the daemon's own
+//! builders (`daemon::read`), marked `"daemon": false`. The CLI asks here when
+//! no daemon answers. Nothing here writes: changes need a daemon, and
 //! `ratelimit run --iface IFACE` adopts the program with its rules and buckets.
 
 use std::{path::PathBuf, time::Duration};
 
-use serde_json::{Value, json};
-
 use super::{
-    requests::{add_counters, drops_of, list_of, stats_of},
-    server::{TOP_WINDOW, rank},
+    control::TOP_WINDOW,
+    read::{self, Teller},
     store::{self, Found, Rules},
 };
 use crate::{
     error::{Error, Result},
     host::identity::{self, Identity},
     kernel::{LINK_PIN, Maps},
-    protocol::Request,
+    protocol::{
+        Request,
+        answer::{self, Answer, Interface, Offline, RulesFrom},
+    },
 };
 
 /// A pinned program of this network namespace, opened read-only.
@@ -50,17 +52,17 @@ pub fn pinned_here() -> Result<Vec<String>> {
     Ok(found)
 }
 
-/// `attached` if an interface of that name exists in this namespace (the
-/// pinned link leads to one), else `gone`.
-fn interface_state(iface: &str) -> &'static str {
+/// Attached if an interface of that name exists in this namespace (the
+/// pinned link leads to one), else gone.
+fn interface_state(iface: &str) -> Interface {
     let Ok(name) = std::ffi::CString::new(iface) else {
-        return "gone";
+        return Interface::Gone;
     };
     // SAFETY: a C string.
     if unsafe { libc::if_nametoindex(name.as_ptr()) } == 0 {
-        "gone"
+        Interface::Gone
     } else {
-        "attached"
+        Interface::Attached
     }
 }
 
@@ -98,15 +100,19 @@ impl Pinned {
     }
 
     /// Answers a read-only request from the pins.
-    pub async fn answer(&self, request: &Request) -> Result<Value> {
+    pub async fn answer(&self, request: &Request) -> Result<Answer> {
         let iface = self.id.iface.as_str();
-        let mut data = match request {
+        let pins = Some(self.shown.display().to_string());
+        let offline = Some(self.offline());
+        Ok(match request {
             Request::List { counters } => {
-                let mut data = list_of(&self.rules);
-                if *counters {
-                    add_counters(&self.maps, &mut data)?;
+                let list = read::list_of(&self.rules, counters.then_some(&self.maps))?;
+                answer::Rules {
+                    pins,
+                    offline,
+                    ..list
                 }
-                data
+                .into()
             }
             Request::Stats => {
                 // Rates over a short span, read now.
@@ -114,56 +120,53 @@ impl Pinned {
                 let before = self.maps.counters()?;
                 tokio::time::sleep(span).await;
                 let after = self.maps.counters()?;
-                stats_of(&self.maps, iface, |r| {
+                let stats = read::stats_of(&self.maps, iface, |r| {
                     let (a, b) = (after[r as usize], before[r as usize]);
                     Some((
                         a.packets.saturating_sub(b.packets) as f64 / span.as_secs_f64(),
                         a.bytes.saturating_sub(b.bytes) as f64 / span.as_secs_f64(),
                     ))
-                })?
+                })?;
+                answer::Stats {
+                    pins,
+                    offline,
+                    ..stats
+                }
+                .into()
             }
             Request::Top { n } => {
-                let first = drops_of(&self.maps, iface)?;
+                let first = read::drops_of(&self.maps, iface)?;
                 tokio::time::sleep(TOP_WINDOW).await;
-                let second = drops_of(&self.maps, iface)?;
-                rank(&first, &second, TOP_WINDOW, *n)
-                    .ok_or_else(|| Error::Refused("unreadable drop counters".into()))?
+                let second = read::drops_of(&self.maps, iface)?;
+                answer::Top {
+                    pins,
+                    offline,
+                    ..read::top_of(&first, second, TOP_WINDOW, *n)
+                }
+                .into()
             }
-            Request::Status => {
-                let (v4, v6, wide) = self.maps.tracked_by_map()?;
-                let sizes = self.maps.capacities();
-                let set = self.rules.effective();
-                json!({
-                    "iface": iface,
-                    "netns": self.id.netns_inode,
-                    "netns_cookie": self.id.netns,
-                    "interface": interface_state(iface),
-                    "pid": Value::Null,
-                    "tracked_sources": v4 + v6 + wide,
-                    "ipv4_sources": v4,
-                    "ipv4_capacity": sizes.state_capacity,
-                    "ipv6_sources": v6,
-                    "ipv6_capacity": sizes.state_capacity_v6,
-                    "wide_sources": wide,
-                    "wide_capacity": sizes.wide_capacity,
-                    "rules_capacity": sizes.rules_capacity,
-                    "rules": set.rules.len(),
-                    "lists": set.lists.len(),
-                    "dry_run": set.dry_run,
-                    "pins": self.shown.display().to_string(),
-                    "notes": [self.note()],
-                })
-            }
-            _ => {
-                return Err(Error::Refused(self.note()));
-            }
-        };
-        data["daemon"] = json!(false);
-        data["pins"] = json!(self.shown.display().to_string());
-        if self.from_kernel {
-            data["rules_from"] = json!("kernel");
+            Request::Status => read::status_of(
+                &self.maps,
+                &self.rules.effective(),
+                &self.id,
+                self.shown.display().to_string(),
+                Teller::Pins {
+                    interface: interface_state(iface),
+                    note: self.note(),
+                    offline: self.offline(),
+                },
+            )?
+            .into(),
+            _ => return Err(Error::Refused(self.note())),
+        })
+    }
+
+    /// How the pins were read.
+    fn offline(&self) -> Offline {
+        Offline {
+            daemon: false,
+            rules_from: self.from_kernel.then_some(RulesFrom::Kernel),
         }
-        Ok(data)
     }
 
     /// What the operator should know: no daemon, where the answer came from,

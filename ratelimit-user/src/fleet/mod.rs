@@ -61,7 +61,7 @@ use std::{
 
 use ratelimit_common::{Counter, FlowKey, addr_of, gcra, words};
 use ratelimit_redis::{Limit, Store};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinSet,
@@ -87,7 +87,7 @@ const IN_FLIGHT: usize = 64;
 pub const PREFIX: &str = "ratelimit:fleet:";
 
 /// What fleet-wide rules do while Redis cannot be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fallback {
     /// Each daemon charges what it admits `N` times (`N` the daemons last
@@ -174,7 +174,7 @@ pub enum Job {
 }
 
 /// The fleet as this daemon sees it, for `status`, `top --fleet` and metrics.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
     /// Where.
     pub redis: String,
@@ -470,9 +470,33 @@ async fn probe(url: String, answers: Arc<AtomicBool>) {
     }
 }
 
+/// A fleet-wide rule's use of its keys, all daemons together, from Redis.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleUse {
+    /// The rule: `default` or its selector.
+    pub rule: String,
+    /// Units admitted this minute, by the keys shown.
+    pub this_minute: u64,
+    /// Units admitted last minute, by the keys shown.
+    pub last_minute: u64,
+    /// The keys that admitted the most, this minute and the last together.
+    pub keys: Vec<KeyUse>,
+}
+
+/// One key's use across the fleet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyUse {
+    /// `RULE|ADDRESS/BITS`.
+    pub key: String,
+    /// Units admitted this minute.
+    pub this_minute: u64,
+    /// Units admitted last minute.
+    pub last_minute: u64,
+}
+
 /// The fleet's use of each key of `rules` (by name) in this minute and the
 /// last, busiest first, at most `n` per rule: what `top --fleet` shows.
-pub async fn top(url: &str, rules: &[String], n: usize) -> Result<serde_json::Value, String> {
+pub async fn top(url: &str, rules: &[String], n: usize) -> Result<Vec<RuleUse>, String> {
     let store = Store::connect(url)
         .await
         .map_err(|e| format!("the fleet's Redis {url}: {e}"))?;
@@ -498,14 +522,19 @@ pub async fn top(url: &str, rules: &[String], n: usize) -> Result<serde_json::Va
         let mut keys: Vec<_> = by.into_iter().collect();
         keys.sort_by(|a, b| (b.1.0 + b.1.1).cmp(&(a.1.0 + a.1.1)).then(a.0.cmp(&b.0)));
         keys.truncate(n);
-        out.push(serde_json::json!({
-            "rule": rule,
-            "this_minute": keys.iter().map(|k| k.1.0).sum::<u64>(),
-            "last_minute": keys.iter().map(|k| k.1.1).sum::<u64>(),
-            "keys": keys.iter().map(|(k, (a, b))| serde_json::json!({
-                "key": k, "this_minute": a, "last_minute": b,
-            })).collect::<Vec<_>>(),
-        }));
+        out.push(RuleUse {
+            rule: rule.clone(),
+            this_minute: keys.iter().map(|k| k.1.0).sum(),
+            last_minute: keys.iter().map(|k| k.1.1).sum(),
+            keys: keys
+                .into_iter()
+                .map(|(key, (this_minute, last_minute))| KeyUse {
+                    key,
+                    this_minute,
+                    last_minute,
+                })
+                .collect(),
+        });
     }
-    Ok(serde_json::Value::Array(out))
+    Ok(out)
 }

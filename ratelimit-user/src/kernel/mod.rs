@@ -38,7 +38,7 @@ pub enum AttachMode {
 }
 
 /// The mode a program runs in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Attached {
     /// In the driver.

@@ -1,8 +1,8 @@
 //! The rules as the daemon validates and keeps them, with nothing of the
 //! kernel or the wire: rates and durations ([`rate`]), what a rule matches
 //! ([`matching`]), named source lists ([`lists`]), the rule set
-//! ([`rules`]) and how rules are described to people and scripts
-//! ([`describe`]).
+//! ([`rules`]) and how their numbers and times are written for people
+//! and scripts ([`describe`]).
 
 pub mod describe;
 pub mod encode;

@@ -7,7 +7,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 
 /// What a rule's tokens count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Unit {
     /// One token per packet.

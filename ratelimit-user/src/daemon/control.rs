@@ -1,6 +1,9 @@
 //! The control socket's server: connections are served concurrently, so that a
 //! slow or idle client holds up nobody; each request is handed to the daemon's
-//! loop, which carries them out one at a time (one writer of the maps).
+//! loop, which carries them out one at a time (one writer of the maps), and its
+//! answer written back. `top` and `top --fleet` are made here from what the
+//! loop answers, so the loop never waits a second, nor on Redis. Started by
+//! [`super::run`]; its clients are [`crate::protocol::socket`]'s.
 //!
 //! Bounded: at most [`MAX_CONNECTIONS`] at a time (past it the oldest idle one
 //! is closed for the newcomer), a request line of at most [`MAX_REQUEST`] bytes
@@ -8,22 +11,26 @@
 //! list (`deny --from FILE`) may be longer, up to [`MAX_LIST_REQUEST`] within
 //! [`LIST_TIMEOUT`], read by one connection at a time.
 
-use std::{collections::HashMap, time::Duration};
+use std::time::Duration;
 
-use serde_json::{Value, json};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
     sync::{mpsc, oneshot},
 };
 
+use super::read::top_of;
 use crate::{
+    error::{Error, Result},
     host::slots::{AcceptBackoff, Slot, Slots},
-    protocol::{MAX_LIST_REQUEST, MAX_REQUEST, Request, Response},
+    protocol::{
+        MAX_LIST_REQUEST, MAX_REQUEST, Request, Response,
+        answer::{Answer, Drops, FleetRules, FleetTop, Top},
+    },
 };
 
 /// A request and where its answer goes.
-pub type Job = (Request, oneshot::Sender<Response>);
+pub type Job = (Request, oneshot::Sender<Result<Answer>>);
 
 /// Control connections open at once; past it, the oldest idle one is closed
 /// to make room (see [`crate::host::slots`]).
@@ -103,9 +110,11 @@ async fn connection(
                 Response::refused(format!("request longer than {MAX_REQUEST} bytes"))
             }
             Err(e) => Response::refused(format!("bad request: {e}")),
-            Ok(Request::Top { n }) => top(n, jobs).await,
-            Ok(Request::FleetTop { n }) => fleet_top(n, jobs).await,
-            Ok(request) => ask(jobs, request).await,
+            Ok(Request::Top { n }) => Response::of(&top(n, jobs).await.map(Answer::from)),
+            Ok(Request::FleetTop { n }) => {
+                Response::of(&fleet_top(n, jobs).await.map(Answer::from))
+            }
+            Ok(request) => Response::of(&ask(jobs, request).await),
         },
     };
     let mut out = serde_json::to_vec(&response).expect("responses serialize");
@@ -113,77 +122,39 @@ async fn connection(
     let _ = tokio::time::timeout(REQUEST_TIMEOUT, write.write_all(&out)).await;
 }
 
-async fn ask(jobs: &mpsc::Sender<Job>, request: Request) -> Response {
+async fn ask(jobs: &mpsc::Sender<Job>, request: Request) -> Result<Answer> {
+    let stopping = || Error::Refused("the daemon is stopping".into());
     let (reply, answer) = oneshot::channel();
     if jobs.send((request, reply)).await.is_err() {
-        return Response::refused("the daemon is stopping");
+        return Err(stopping());
     }
-    answer
-        .await
-        .unwrap_or_else(|_| Response::refused("the daemon is stopping"))
+    answer.await.unwrap_or_else(|_| Err(stopping()))
+}
+
+/// Asks the loop for `request`, whose answer is an `A`.
+async fn ask_for<A: TryFrom<Answer, Error = Answer>>(
+    jobs: &mpsc::Sender<Job>,
+    request: Request,
+) -> Result<A> {
+    A::try_from(ask(jobs, request).await?)
+        .map_err(|other| Error::Refused(format!("the daemon's loop answered {other:?}")))
 }
 
 /// The fleet's use of the fleet-wide rules' keys, read from Redis here (the
 /// daemon's loop never waits on Redis).
-async fn fleet_top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
-    let info = ask(jobs, Request::FleetRules).await;
-    if !info.ok {
-        return info;
-    }
-    let url = info.data["redis"].as_str().unwrap_or_default().to_string();
-    let rules: Vec<String> = serde_json::from_value(info.data["rules"].clone()).unwrap_or_default();
-    match crate::fleet::top(&url, &rules, n).await {
-        Ok(rows) => Response::ok(json!({"redis": url, "rules": rows})),
-        Err(e) => Response::refused(e),
-    }
+async fn fleet_top(n: usize, jobs: &mpsc::Sender<Job>) -> Result<FleetTop> {
+    let FleetRules { redis, rules } = ask_for(jobs, Request::FleetRules).await?;
+    let rules = crate::fleet::top(&redis, &rules, n)
+        .await
+        .map_err(Error::Refused)?;
+    Ok(FleetTop { redis, rules })
 }
 
 /// The sources with the most drops: two readings of the drop counters a little
 /// apart, ranked by the drop rate between them (then by total).
-async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Response {
-    let first = ask(jobs, Request::Drops).await;
-    if !first.ok {
-        return first;
-    }
+async fn top(n: usize, jobs: &mpsc::Sender<Job>) -> Result<Top> {
+    let first: Drops = ask_for(jobs, Request::Drops).await?;
     tokio::time::sleep(TOP_WINDOW).await;
-    let second = ask(jobs, Request::Drops).await;
-    if !second.ok {
-        return second;
-    }
-    match rank(&first.data, &second.data, TOP_WINDOW, n) {
-        Some(data) => Response::ok(data),
-        None => Response::refused("the daemon sent unreadable drop counters"),
-    }
-}
-
-/// `top`'s answer from two readings of the drop counters (`Request::Drops`)
-/// `window` apart: the `n` sources and networks dropping the most now, each
-/// with its rate and its total.
-pub(crate) fn rank(first: &Value, second: &Value, window: Duration, n: usize) -> Option<Value> {
-    let read = |v: &Value| -> Option<HashMap<String, u64>> {
-        serde_json::from_value(v.get("drops")?.clone()).ok()
-    };
-    let iface = second.get("iface").cloned().unwrap_or(Value::Null);
-    let levels = second.get("levels").cloned().unwrap_or(Value::Null);
-    let (before, after) = (read(first)?, read(second)?);
-    let mut rows: Vec<(String, u64, f64)> = after
-        .into_iter()
-        .map(|(source, total)| {
-            let was = before.get(&source).copied().unwrap_or(0);
-            let rate = total.saturating_sub(was) as f64 / window.as_secs_f64();
-            (source, total, rate)
-        })
-        .collect();
-    rows.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.1.cmp(&a.1)));
-    rows.truncate(n);
-    let rows: Vec<Value> = rows
-        .into_iter()
-        .map(|(source, total, rate)| {
-            // 1: the source's own level (or a deny); 2 and 3: a rule's key
-            // levels, whose keys are networks.
-            let level = levels.get(&source).and_then(Value::as_u64).unwrap_or(1);
-            json!({"source": source, "level": level, "dropped": total, "dropped_per_s": rate.round() as u64})
-        })
-        .collect();
-    Some(json!({"iface": iface, "window_s": window.as_secs_f64(), "top": rows}))
+    let second: Drops = ask_for(jobs, Request::Drops).await?;
+    Ok(top_of(&first, second, TOP_WINDOW, n))
 }

@@ -1,0 +1,357 @@
+//! Runs a command line: [`main`] dispatches to one small function per
+//! command. Changes go to the daemon of `--iface` (or the only one of this
+//! network namespace); reads fall back on a program's pins when no daemon
+//! runs. Called by the binary's `main` with what clap parsed.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use super::{
+    args::{
+        Cli, Command, ListArgs, ListableArgs, ModeArgs, ReadArgs, ReloadArgs, SetArgs, StatsArgs,
+        Target, TopArgs, UnsetArgs,
+    },
+    print,
+};
+use crate::{
+    daemon::{self, offline},
+    error::{Error, Result},
+    host::input,
+    model::lists::{self, ListAction},
+    protocol::{
+        self, Connection, Request,
+        answer::{Answer, Changed, FleetTop, ListLoaded, Rules, Stats, Status, Top},
+    },
+};
+
+/// Runs the command line.
+pub async fn main(cli: Cli) -> Result<()> {
+    if !matches!(cli.command, Command::Run(_) | Command::Serve(_)) {
+        // A command's output piped into `head` ends quietly when the reader
+        // goes, as other tools' do (Rust ignores SIGPIPE, and printing would
+        // panic). Not for the daemons, whose sockets' peers may go any time.
+        // SAFETY: setting a signal's disposition to the default.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    let change = cli.command.change_target().map(|t| t.map(str::to_string));
+    let done = run_command(cli.command).await;
+    if let (Some(want), Err(Error::NoDaemon { .. } | Error::NoDaemonHere { .. })) = (&change, &done)
+    {
+        adopt_hint(want.as_deref());
+    }
+    done
+}
+
+async fn run_command(command: Command) -> Result<()> {
+    match command {
+        Command::Run(args) => {
+            let opts = args.options()?;
+            daemon::run(opts, shutdown_signal()).await
+        }
+        Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
+        Command::Check(a) => {
+            if !crate::config::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
+                // The report is printed; 2 is invalid input's exit status.
+                std::process::exit(2);
+            }
+            Ok(())
+        }
+        Command::Completions(c) => super::docs::print_completions(c.shell),
+        Command::Man(m) => super::docs::print_man(m.out.as_deref()),
+        Command::Set(a) => set(a).await,
+        Command::Allow(a) => listable(a, ListAction::Allow).await,
+        Command::Deny(a) => listable(a, ListAction::Deny).await,
+        Command::Unset(a) => unset(a).await,
+        Command::Mode(m) => mode(m).await,
+        Command::Reload(r) => reload(r).await,
+        Command::List(l) => list(l).await,
+        Command::Status(r) => status(r).await,
+        Command::Stats(s) => stats(s).await,
+        Command::Top(t) if t.fleet => fleet_top(t).await,
+        Command::Top(t) => top(t).await,
+    }
+}
+
+/// Asks `daemon` for a change and says what changed.
+async fn change(daemon: Connection, request: &Request, quiet: bool) -> Result<()> {
+    let changed: Changed = daemon.ask(request).await?;
+    print::changes(&changed.changes, quiet);
+    Ok(())
+}
+
+/// `ratelimit set`.
+async fn set(a: SetArgs) -> Result<()> {
+    let checked = a.check()?;
+    let daemon = protocol::connect(&iface(&a.target_daemon)?).await?;
+    change(daemon, &checked.request()?, a.change.quiet).await
+}
+
+/// `allow` or `deny`: one CIDR, or a list of `action` (`--from`).
+async fn listable(a: ListableArgs, action: ListAction) -> Result<()> {
+    let for_ms = a.change.for_ms()?;
+    let Some(from) = &a.from else {
+        let Some(cidr) = &a.cidr else {
+            return Err(Error::invalid("CIDR", "give a CIDR, or --from FILE"));
+        };
+        let daemon = protocol::connect(&iface(&a.target)?).await?;
+        let rule = a.matches.selector(cidr)?;
+        let request = match action {
+            ListAction::Allow => Request::Allow { rule, for_ms },
+            ListAction::Deny => Request::Deny { rule, for_ms },
+        };
+        return change(daemon, &request, a.change.quiet).await;
+    };
+    if a.matches.any() {
+        return Err(Error::invalid(
+            "--from",
+            "list entries match the source alone: leave out --proto, --dport, --syn, --icmp-type and --to (or give such rules with `ratelimit set`)",
+        ));
+    }
+    // A regular file (or standard input), at most LIST_MAX_BYTES.
+    let (source, text) = if from == "-" {
+        let text = input::read_stdin(input::Kind::List).map_err(|e| Error::invalid("--from", e))?;
+        ("stdin".to_string(), text)
+    } else {
+        let text = input::read(std::path::Path::new(from), input::Kind::List, from)
+            .map_err(|e| Error::invalid("--from", e))?;
+        (from.clone(), text)
+    };
+    let name = match (&a.name, from.as_str()) {
+        (Some(n), _) => n.clone(),
+        (None, "-") => {
+            return Err(Error::invalid(
+                "--name",
+                "a list read from standard input (--from -) needs a name: add --name NAME",
+            ));
+        }
+        (None, path) => lists::default_name(path).unwrap_or_default(),
+    };
+    lists::check_name("--name", &name)?;
+    // Checked here too, so a bad file is reported before the daemon is asked
+    // (the daemon checks it again: it is the one writer).
+    lists::parse("--from", &source, &text)?;
+    let request = Request::LoadList {
+        name,
+        action,
+        source,
+        text,
+        for_ms,
+    };
+    let loaded: ListLoaded = protocol::call(&iface(&a.target)?, &request).await?;
+    if !a.change.quiet {
+        println!("{}", loaded.loaded.summary);
+    }
+    Ok(())
+}
+
+/// `ratelimit unset`: a selector's rule, or a list.
+async fn unset(a: UnsetArgs) -> Result<()> {
+    let iface = iface(&a.target)?;
+    let cidr = match (&a.list, &a.cidr) {
+        (Some(name), _) => {
+            if a.matches.any() {
+                return Err(Error::invalid(
+                    "--list",
+                    "a list is removed by its name alone: leave out --proto, --dport, --syn, --icmp-type and --to",
+                ));
+            }
+            let request = Request::UnsetList { name: name.clone() };
+            return change(protocol::connect(&iface).await?, &request, a.quiet.quiet).await;
+        }
+        (None, Some(cidr)) => cidr,
+        (None, None) => {
+            return Err(Error::invalid("CIDR", "give a CIDR, or --list NAME"));
+        }
+    };
+    let daemon = protocol::connect(&iface).await?;
+    let request = Request::Unset {
+        rule: a.matches.selector(cidr)?,
+        only_temporary: a.only_temporary,
+    };
+    change(daemon, &request, a.quiet.quiet).await
+}
+
+/// `ratelimit mode`.
+async fn mode(m: ModeArgs) -> Result<()> {
+    let daemon = protocol::connect(&iface(&m.target)?).await?;
+    change(daemon, &Request::Mode { mode: m.mode }, m.quiet.quiet).await
+}
+
+/// `ratelimit reload`.
+async fn reload(r: ReloadArgs) -> Result<()> {
+    let daemon = protocol::connect(&iface(&r.target)?).await?;
+    let request = Request::Reload { replace: r.replace };
+    change(daemon, &request, r.quiet.quiet).await
+}
+
+/// `ratelimit list`.
+async fn list(l: ListArgs) -> Result<()> {
+    let rules: Rules = read(&l.read.target, &Request::List { counters: l.stats }).await?;
+    if l.read.json {
+        print::json(&rules);
+    } else {
+        print::list(&rules);
+        if l.stats {
+            print::rule_counters(&rules);
+        }
+    }
+    Ok(())
+}
+
+/// `ratelimit status`.
+async fn status(r: ReadArgs) -> Result<()> {
+    let status: Status = read(&r.target, &Request::Status).await?;
+    if r.json {
+        print::json(&status);
+    } else {
+        print::status(&status);
+    }
+    Ok(())
+}
+
+/// `ratelimit stats`, once or `--watch`.
+async fn stats(s: StatsArgs) -> Result<()> {
+    // On a terminal the screen is refreshed in place; into a pipe or a file
+    // each reading follows the last (with --json, one object per line).
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    loop {
+        let stats: Stats = read(&s.read.target, &Request::Stats).await?;
+        if s.watch && tty {
+            // Clear the screen and home the cursor.
+            print!("\x1b[2J\x1b[H");
+        }
+        match (s.read.json, s.watch && !tty) {
+            (true, true) => print::json_line(&stats),
+            (true, false) => print::json(&stats),
+            (false, _) => print::stats(&stats),
+        }
+        if s.watch && !tty {
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+        }
+        if !s.watch {
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = shutdown_signal() => return Ok(()),
+        }
+    }
+}
+
+/// `ratelimit top --fleet`: from the daemon's Redis, so a daemon must run.
+async fn fleet_top(t: TopArgs) -> Result<()> {
+    let fleet: FleetTop =
+        protocol::call(&iface(&t.read.target)?, &Request::FleetTop { n: t.n }).await?;
+    if t.read.json {
+        print::json(&fleet);
+    } else {
+        print::fleet_top(&fleet);
+    }
+    Ok(())
+}
+
+/// `ratelimit top`.
+async fn top(t: TopArgs) -> Result<()> {
+    let top: Top = read(&t.read.target, &Request::Top { n: t.n }).await?;
+    if t.read.json {
+        print::json(&top);
+    } else {
+        print::top(&top);
+    }
+    Ok(())
+}
+
+/// The daemon a change goes to.
+fn iface(t: &Target) -> Result<String> {
+    match &t.iface {
+        Some(i) => Ok(i.clone()),
+        None => protocol::only_daemon(),
+    }
+}
+
+/// After a change found no daemon: for each program of this namespace
+/// pinned and enforcing on its own (`want`: the one of `--iface`), says how
+/// to adopt it.
+fn adopt_hint(want: Option<&str>) {
+    for iface in offline::pinned_here()
+        .unwrap_or_default()
+        .iter()
+        .filter(|i| want.is_none_or(|w| w == *i))
+    {
+        eprintln!(
+            "ratelimit: the program pinned for {iface} enforces without a daemon: `ratelimit run --iface {iface}` adopts it (rules and buckets kept), then changes can be made"
+        );
+    }
+}
+
+/// Sends a read-only request to the daemon; with no daemon, answers it from
+/// the pinned maps of a program that enforces on its own (and says so on
+/// stderr). `A`: the request's answer.
+async fn read<A>(t: &Target, request: &Request) -> Result<A>
+where
+    A: DeserializeOwned + TryFrom<Answer, Error = Answer>,
+{
+    let daemon = match &t.iface {
+        Some(i) => Ok(i.clone()),
+        None => protocol::only_daemon(),
+    };
+    let (want, no_daemon) = match daemon {
+        Ok(iface) => match protocol::call(&iface, request).await {
+            Err(e @ Error::NoDaemon { .. }) => (Some(iface), e),
+            answer => return answer,
+        },
+        Err(e @ Error::NoDaemonHere { .. }) => (None, e),
+        // Several daemons (--iface says which), not root, …
+        Err(e) => return Err(e),
+    };
+    let iface = match want {
+        Some(i) => i,
+        None => {
+            let mut pinned = offline::pinned_here().unwrap_or_default();
+            match pinned.len() {
+                0 => return Err(no_daemon),
+                1 => pinned.remove(0),
+                _ => {
+                    return Err(Error::invalid(
+                        "--iface",
+                        format!(
+                            "no daemon runs in this network namespace, and programs are pinned for {}: say which with --iface",
+                            pinned.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    match offline::Pinned::open(&iface)? {
+        Some(p) => {
+            // Once, also under `stats --watch`.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("ratelimit: {}", p.note());
+            }
+            A::try_from(p.answer(request).await?).map_err(|other| {
+                Error::Refused(format!("the pins answered another request: {other:?}"))
+            })
+        }
+        None => Err(no_daemon),
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without handlers the default action (exit) applies.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}

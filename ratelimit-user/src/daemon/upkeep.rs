@@ -1,0 +1,200 @@
+//! What the daemon's loop does besides requests, on its timers and for its
+//! helpers: counter samples for `stats`' rates, the idle sweep, following the
+//! interface and the pins, metrics snapshots, and the fleet sync's reads and
+//! raises. Each runs on the loop (the one writer of the maps).
+
+use std::time::{Duration, Instant};
+
+use ratelimit_common::gcra;
+use tracing::{error, info, warn};
+
+use super::{Daemon, RATE_WINDOW, SAMPLES_KEPT, Sample, TRACKED_MAX_AGE, metrics};
+use crate::{
+    error::chain,
+    kernel::{InterfaceState, monotonic_ns},
+    model::rules::Action,
+};
+
+impl Daemon {
+    /// Brings the rule trie the program does not read up to date with a
+    /// list change.
+    pub(super) fn settle(&mut self) {
+        if let Err(e) = self.enforcer.maps.settle() {
+            warn!(error = %chain(&e), "bringing the idle rule trie up to date failed; the next change does it");
+        }
+    }
+
+    /// The sample rates are computed from (to now): the newest at least
+    /// [`RATE_WINDOW`] old, else the oldest (a daemon started less than a
+    /// second ago); `None` when there is none older than a tenth of a second.
+    pub(super) fn rate_window(&self) -> Option<&Sample> {
+        self.samples
+            .iter()
+            .rev()
+            .find(|s| s.at.elapsed() >= RATE_WINDOW)
+            .or_else(|| self.samples.front())
+            .filter(|s| s.at.elapsed() >= Duration::from_millis(100))
+    }
+
+    pub(super) fn sample(&mut self) {
+        match self.enforcer.maps.counters() {
+            Ok(counters) => {
+                let now = Sample {
+                    at: Instant::now(),
+                    counters,
+                };
+                if self.samples.len() == SAMPLES_KEPT {
+                    self.samples.pop_front();
+                }
+                self.samples.push_back(now);
+            }
+            Err(e) => warn!(error = %chain(&e), "reading counters failed"),
+        }
+    }
+
+    /// Deletes states idle for longer than any bucket takes to refill: they read
+    /// as full buckets anyway, and deleting them keeps the tick wrap harmless.
+    pub(super) fn sweep(&mut self) {
+        let now = monotonic_ns();
+        let limit_ns = gcra::TAU_MAX >> ratelimit_common::TICK_SHIFT;
+        let idle: Vec<_> = self
+            .enforcer
+            .maps
+            .states()
+            .filter_map(|e| e.ok())
+            .filter(|(_, s)| gcra::idle_for_ns(s, now).is_some_and(|idle| idle > limit_ns))
+            .map(|(k, _)| k)
+            .collect();
+        for key in &idle {
+            if self.enforcer.maps.remove_state(key).is_ok() {
+                self.baseline.swept += 1;
+            }
+        }
+        if !idle.is_empty() {
+            info!(removed = idle.len(), "idle sweep");
+        }
+    }
+
+    /// Follows the interface: when it is deleted, nothing is enforced (said
+    /// once, and in `status`); when one of that name comes back, the program is
+    /// attached to it again with its rules and buckets.
+    pub(super) fn watch(&mut self) {
+        match self.enforcer.check_pins() {
+            Ok(false) => self.pins_failing = false,
+            Ok(true) => {
+                self.pins_failing = false;
+                warn!(iface = %self.id, pins = %self.enforcer.pin_dir().display(), "the pins were removed under the daemon: pinned again from its own handles (a restart adopts them, --keep-attached keeps them)");
+            }
+            Err(e) => {
+                if !self.pins_failing {
+                    error!(iface = %self.id, error = %chain(&e), "the pins were removed under the daemon and pinning them again failed (tried every second): a restart will not adopt this program, and an exit detaches it");
+                }
+                self.pins_failing = true;
+            }
+        }
+        let now = self.enforcer.check_interface();
+        match (self.interface, now) {
+            (_, InterfaceState::Recreated) => match self.enforcer.reattach() {
+                Ok(()) => {
+                    warn!(iface = %self.id, mode = %self.enforcer.mode(), "the interface was re-created: attached to it again, rules and buckets kept");
+                    self.interface = InterfaceState::Attached;
+                }
+                Err(e) => {
+                    if self.interface != InterfaceState::Recreated {
+                        error!(iface = %self.id, error = %chain(&e), "the interface was re-created but attaching to it failed; nothing is enforced on it");
+                    }
+                    self.interface = InterfaceState::Recreated;
+                }
+            },
+            (InterfaceState::Attached, InterfaceState::Gone) => {
+                error!(iface = %self.id, "the interface is gone: nothing is enforced until it comes back");
+                self.interface = InterfaceState::Gone;
+            }
+            (_, state) => self.interface = state,
+        }
+    }
+
+    pub(super) fn metrics(&mut self) -> metrics::Snapshot {
+        if self
+            .tracked
+            .is_none_or(|(at, _)| at.elapsed() > TRACKED_MAX_AGE)
+        {
+            let (gcra_keys, wide_keys) = self.enforcer.maps.tracked().unwrap_or_default();
+            self.tracked = Some((Instant::now(), gcra_keys + wide_keys));
+        }
+        metrics::Snapshot {
+            iface: self.enforcer.iface().to_string(),
+            mode: self.enforcer.mode(),
+            attached: self.interface == InterfaceState::Attached,
+            counters: self.enforcer.maps.counters().unwrap_or_default(),
+            events: self.enforcer.maps.events().unwrap_or_default(),
+            tracked: self.tracked.map_or(0, |(_, n)| n),
+            rules: self.rules.effective().rules.len(),
+            rule_counters: self.rule_counters(),
+            fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
+        }
+    }
+
+    /// Each rule's counters, the default rule's first (a rule whose counters
+    /// cannot be read is left out).
+    fn rule_counters(
+        &self,
+    ) -> Vec<(
+        String,
+        [ratelimit_common::Counter; ratelimit_common::RuleCounter::ALL.len()],
+    )> {
+        let maps = &self.enforcer.maps;
+        let mut out: Vec<_> = maps
+            .rule_counters(0)
+            .map(|c| ("default".to_string(), c))
+            .into_iter()
+            .collect();
+        for (p, rule) in maps.rules().unwrap_or_default() {
+            if let Ok(c) = maps.rule_counters(rule.slot) {
+                out.push((p.to_string(), c));
+            }
+        }
+        out
+    }
+
+    /// Answers the fleet sync task: what keys were admitted; raises buckets.
+    pub(super) fn fleet_job(&mut self, job: crate::fleet::Job) {
+        use crate::fleet::{FleetRule, Job, Snapshot};
+        match job {
+            Job::Read(reply) => {
+                let set = self.rules.effective();
+                let mut rules = std::collections::HashMap::new();
+                let mut add =
+                    |name: String, rule: &ratelimit_common::Rule, action: Option<&Action>| {
+                        if let Some(r) = FleetRule::of(name, rule, action) {
+                            rules.insert(rule.id, r);
+                        }
+                    };
+                if let Ok(d) = self.enforcer.maps.default_rule() {
+                    add("default".into(), &d, Some(&set.default));
+                }
+                if let Ok(kernel) = self.enforcer.maps.rules() {
+                    for (prefix, rule) in &kernel {
+                        add(prefix.to_string(), rule, set.rules.get(prefix));
+                    }
+                }
+                let used = self.enforcer.maps.fleet_used();
+                let _ = reply.send(Snapshot { rules, used });
+            }
+            Job::Write(raises) => {
+                for r in raises {
+                    let (debt, add) = match r.at {
+                        Some(at) => (
+                            r.debt_ns.saturating_sub(
+                                at.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64,
+                            ),
+                            false,
+                        ),
+                        None => (r.debt_ns, true),
+                    };
+                    self.enforcer.maps.raise(&r.key, &r.params, debt, add);
+                }
+            }
+        }
+    }
+}

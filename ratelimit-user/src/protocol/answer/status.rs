@@ -1,0 +1,102 @@
+//! `ratelimit status`: what runs and how. One answer for a running daemon
+//! and for a program read from its pins with no daemon; what only a running
+//! daemon knows is [`Running`], absent from the pins' answer. Built by
+//! `daemon::read::status_of`, printed by the CLI one field a line.
+
+use serde::{Deserialize, Serialize};
+
+use super::Offline;
+use crate::{fleet, kernel::Attached, model::rules::Clock};
+
+/// What runs and how.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The interface.
+    pub iface: String,
+    /// The network namespace's inode, as `ip netns identify` shows it.
+    pub netns: u64,
+    /// The network namespace's cookie.
+    pub netns_cookie: u64,
+    /// Whether the program is attached to the interface.
+    pub interface: Interface,
+    /// The daemon's process; null with no daemon.
+    pub pid: Option<u32>,
+    /// Sources with a state, every state map together.
+    pub tracked_sources: usize,
+    /// IPv4 sources with a state (gcra).
+    pub ipv4_sources: usize,
+    /// Room for them.
+    pub ipv4_capacity: u32,
+    /// IPv6 sources with a state (gcra).
+    pub ipv6_sources: usize,
+    /// Room for them.
+    pub ipv6_capacity: u32,
+    /// Sources with a state under the other algorithms.
+    pub wide_sources: usize,
+    /// Room for them.
+    pub wide_capacity: u32,
+    /// Room for rules.
+    pub rules_capacity: u32,
+    /// Rules in force.
+    pub rules: usize,
+    /// Lists in force.
+    pub lists: usize,
+    /// Dry run for everything.
+    pub dry_run: bool,
+    /// The pin directory, as the operator finds it.
+    pub pins: String,
+    /// What the operator should know, a sentence each.
+    pub notes: Vec<String>,
+    /// What only a running daemon knows.
+    #[serde(flatten)]
+    pub daemon: Option<Running>,
+    /// Read from the pins with no daemon.
+    #[serde(flatten)]
+    pub offline: Option<Offline>,
+}
+
+/// Whether the program is attached to its interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interface {
+    /// It is, and enforces.
+    Attached,
+    /// The interface is gone: nothing is enforced until it comes back.
+    Gone,
+    /// The interface was re-created and attaching to it failed.
+    #[serde(rename = "not attached")]
+    NotAttached,
+}
+
+/// What a running daemon adds to its status.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Running {
+    /// Native or generic.
+    pub mode: Attached,
+    /// Whether it adopted a program's pinned maps (rules and buckets).
+    pub adopted: bool,
+    /// Whether it swapped its program into a pinned link.
+    pub took_over_link: bool,
+    /// Seconds since it started.
+    pub uptime_s: u64,
+    /// The clock decisions are made on.
+    pub clock: Clock,
+    /// Entries of every list together.
+    pub list_entries: usize,
+    /// Room for them.
+    pub list_capacity: u32,
+    /// Whether a state map is full (a new source evicts an old one).
+    pub state_map_full: bool,
+    /// States created, ever (the maps' count).
+    pub states_created: u64,
+    /// States refused by the cap on creations per second.
+    pub new_states_capped: u64,
+    /// States evicted since it started, estimated.
+    pub evicted_estimate: u64,
+    /// Doorkeeper slots.
+    pub doorkeeper_slots: u32,
+    /// Whether the program stays when it exits.
+    pub keep_attached: bool,
+    /// The fleet as it sees it, when run with `--fleet`.
+    pub fleet: Option<fleet::Status>,
+}

@@ -18,6 +18,14 @@ pub fn within(what: &str, got: u64, want: f64, tolerance: f64) {
     );
 }
 
+/// A list of `n` distinct IPv6 /64s in 2001:db8::/32, one a line: a large
+/// list to load with `deny --from`.
+pub fn ipv6_list(n: u32) -> String {
+    (0..n)
+        .map(|i| format!("2001:db8:{:x}:{:x}::/64\n", i >> 16, i & 0xffff))
+        .collect()
+}
+
 /// Packets under `reason` in `ratelimit stats --json` output.
 pub fn counter(stats: &serde_json::Value, reason: &str) -> u64 {
     stats["reasons"]

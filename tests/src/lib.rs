@@ -1,11 +1,13 @@
 //! Harness for the privileged integration tests: root checks, network namespace
 //! pairs joined by a veth (RAII, deleted on drop even on panic), the daemon as a
-//! child process (killed on drop), crafted frames, a paced sender and a counting
+//! child process (killed on drop), the host most tests stand up (a pair and a
+//! run directory, `fixture`), crafted frames, a paced sender and a counting
 //! receiver on raw sockets, and BPF_PROG_TEST_RUN on the real object.
 //!
 //! Addresses: 198.18.0.0/15 and 2001:db8::/32 only.
 
 pub mod check;
+pub mod fixture;
 pub mod frames;
 pub mod generator;
 pub mod hold;

@@ -164,9 +164,8 @@ impl Pair {
 
     /// Creates the veth again, same names, addresses and neighbours (after the
     /// test deleted it).
-    pub fn relink(mut self) -> Self {
+    pub fn relink(&mut self) {
         (self.tx_mac, self.rx_mac) = link(&self.tx, &self.rx, &self.tx_if, &self.rx_if);
-        self
     }
 
     /// Whether an XDP program is attached to the receiving interface.
@@ -178,20 +177,31 @@ impl Pair {
         String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
     }
 
+    /// [`send`] from the sending end.
+    pub fn send(&self, flows: &[Flow], duration: Duration) -> Vec<Sent> {
+        send(&self.tx, &self.tx_if, flows, duration)
+    }
+
+    /// [`send_async`] from the sending end.
+    pub fn send_async(&self, flows: &[Flow], duration: Duration) -> JoinHandle<Vec<Sent>> {
+        send_async(&self.tx, &self.tx_if, flows, duration)
+    }
+
+    /// [`send_each`] from the sending end.
+    pub fn send_each(&self, frames: &[Vec<u8>]) {
+        send_each(&self.tx, &self.tx_if, frames);
+    }
+
+    /// A [`Receiver`] on the receiving end, counting UDP to `port`.
+    pub fn receiver(&self, port: u16) -> Receiver {
+        Receiver::start(&self.rx, &self.rx_if, port)
+    }
+
     /// Sends frames from each source at `pps` to the receiver for `duration`;
     /// returns (frames sent, frames arrived) for each, in order.
     pub fn probe_sent(&self, sources: &[IpAddr], pps: u32, duration: Duration) -> Vec<(u64, u64)> {
-        const PORT: u16 = 5999;
-        let rx = Receiver::start(&self.rx, &self.rx_if, PORT);
-        let flows: Vec<Flow> = sources
-            .iter()
-            .map(|src| Flow {
-                frame: self.udp(*src, PORT).build(),
-                pps,
-            })
-            .collect();
-        let sent = send(&self.tx, &self.tx_if, &flows, duration);
-        let got = rx.finish();
+        let rates: Vec<(IpAddr, u32)> = sources.iter().map(|src| (*src, pps)).collect();
+        let (sent, got) = self.exchange(&rates, duration);
         sources
             .iter()
             .zip(sent)
@@ -202,17 +212,33 @@ impl Pair {
     /// Sends frames from each `(source, frames per second)` to the receiver for
     /// `duration` and returns how many of each arrived.
     pub fn probe(&self, sources: &[(IpAddr, u32)], duration: Duration) -> HashMap<IpAddr, u64> {
+        self.exchange(sources, duration).1
+    }
+
+    /// The probes' traffic: what was sent of each flow, and what arrived by
+    /// source.
+    fn exchange(
+        &self,
+        sources: &[(IpAddr, u32)],
+        duration: Duration,
+    ) -> (Vec<Sent>, HashMap<IpAddr, u64>) {
         const PORT: u16 = 5999;
-        let rx = Receiver::start(&self.rx, &self.rx_if, PORT);
+        let rx = self.receiver(PORT);
         let flows: Vec<Flow> = sources
             .iter()
-            .map(|(src, pps)| Flow {
-                frame: self.udp(*src, PORT).build(),
-                pps: *pps,
-            })
+            .map(|(src, pps)| self.flow(*src, PORT, *pps))
             .collect();
-        send(&self.tx, &self.tx_if, &flows, duration);
-        rx.finish()
+        let sent = self.send(&flows, duration);
+        (sent, rx.finish())
+    }
+
+    /// A stream of UDP frames from `src` to the receiver's `dport`, `pps`
+    /// a second.
+    pub fn flow(&self, src: IpAddr, dport: u16, pps: u32) -> Flow {
+        Flow {
+            frame: self.udp(src, dport).build(),
+            pps,
+        }
     }
 
     /// A UDP frame spec from `src` to the receiver, with the right MACs.
@@ -433,12 +459,67 @@ impl NetNs {
     }
 }
 
+/// A thread in a namespace that sets up (a socket), says it is ready, then
+/// works until told to stop: what [`Receiver`], [`Delivered`] and
+/// [`Capture`] share. Stopped and joined on drop, so a test that panics
+/// leaves no thread reading.
+struct Listener<T> {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<T>>,
+}
+
+impl<T: Send + 'static> Listener<T> {
+    /// Runs `setup` in `ns` on a thread of its own, then the loop it returns
+    /// until [`Listener::finish`]; returns once `setup` is done, so that
+    /// nothing sent after it is missed.
+    fn start<L>(ns: &NetNs, what: &str, setup: impl FnOnce() -> L + Send + 'static) -> Self
+    where
+        L: FnOnce(&AtomicBool) -> T,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let name = ns.name.clone();
+        let s = stop.clone();
+        let handle = std::thread::spawn(move || {
+            NetNs { name }.enter_and_forget();
+            let work = setup();
+            let _ = ready_tx.send(());
+            work(&s)
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{what} did not start"));
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Waits `settle` for what is in flight, stops, and returns what the
+    /// loop gathered.
+    fn finish(mut self, settle: Duration) -> T {
+        std::thread::sleep(settle);
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .take()
+            .expect("running")
+            .join()
+            .expect("listener thread")
+    }
+}
+
+impl<T> Drop for Listener<T> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// Counts UDP frames to a port by source address, on a raw socket on the
 /// receiving interface: it sees what the XDP program passed, and nothing else.
-pub struct Receiver {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<HashMap<IpAddr, Vec<Instant>>>>,
-}
+pub struct Receiver(Listener<HashMap<IpAddr, Vec<Instant>>>);
 
 /// Arrival times by source.
 pub struct Arrivals(pub HashMap<IpAddr, Vec<Instant>>);
@@ -465,13 +546,8 @@ impl Arrivals {
 impl Receiver {
     /// Starts counting on `ns`/`ifname` for UDP destination port `port`.
     pub fn start(ns: &NetNs, ifname: &str, port: u16) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let name = ns.name.clone();
         let ifname = ifname.to_string();
-        let s = stop.clone();
-        let handle = std::thread::spawn(move || {
-            NetNs { name }.enter_and_forget();
+        Self(Listener::start(ns, "the receiver", move || {
             let fd = listening_socket(&ifname);
             // SAFETY: valid option and size.
             unsafe {
@@ -484,45 +560,40 @@ impl Receiver {
                     4,
                 );
             }
-            let _ = ready_tx.send(());
-            let mut counts: HashMap<IpAddr, Vec<Instant>> = HashMap::new();
-            let mut buf = vec![0u8; 2048];
-            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            while !s.load(Ordering::Relaxed) {
-                let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-                // SAFETY: valid buffers.
-                let n = unsafe {
-                    libc::recvfrom(
-                        fd,
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                        0,
-                        (&mut sll as *mut libc::sockaddr_ll).cast(),
-                        &mut len,
-                    )
-                };
-                if n > 0 {
-                    if sll.sll_pkttype == libc::PACKET_OUTGOING {
-                        continue;
-                    }
-                    if let Some((src, dport)) = crate::frames::parse_udp_source(&buf[..n as usize])
-                        && dport == port
-                    {
-                        counts.entry(src).or_default().push(Instant::now());
+            move |stop: &AtomicBool| {
+                let mut counts: HashMap<IpAddr, Vec<Instant>> = HashMap::new();
+                let mut buf = vec![0u8; 2048];
+                let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+                while !stop.load(Ordering::Relaxed) {
+                    let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+                    // SAFETY: valid buffers.
+                    let n = unsafe {
+                        libc::recvfrom(
+                            fd,
+                            buf.as_mut_ptr().cast(),
+                            buf.len(),
+                            0,
+                            (&mut sll as *mut libc::sockaddr_ll).cast(),
+                            &mut len,
+                        )
+                    };
+                    if n > 0 {
+                        if sll.sll_pkttype == libc::PACKET_OUTGOING {
+                            continue;
+                        }
+                        if let Some((src, dport)) =
+                            crate::frames::parse_udp_source(&buf[..n as usize])
+                            && dport == port
+                        {
+                            counts.entry(src).or_default().push(Instant::now());
+                        }
                     }
                 }
+                // SAFETY: our fd.
+                unsafe { libc::close(fd) };
+                counts
             }
-            // SAFETY: our fd.
-            unsafe { libc::close(fd) };
-            counts
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("receiver did not start");
-        Self {
-            stop,
-            handle: Some(handle),
-        }
+        }))
     }
 
     /// Stops after the queue drains and returns the counts.
@@ -531,25 +602,8 @@ impl Receiver {
     }
 
     /// Stops after the queue drains and returns the arrival times.
-    pub fn finish_timed(mut self) -> Arrivals {
-        std::thread::sleep(Duration::from_millis(200));
-        self.stop.store(true, Ordering::Relaxed);
-        Arrivals(
-            self.handle
-                .take()
-                .expect("running")
-                .join()
-                .expect("receiver thread"),
-        )
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+    pub fn finish_timed(self) -> Arrivals {
+        Arrivals(self.0.finish(Duration::from_millis(200)))
     }
 }
 
@@ -658,123 +712,65 @@ pub fn send_each(ns: &NetNs, ifname: &str, frames: &[Vec<u8>]) {
 /// source, as a socket bound there gets them (after XDP, VLAN stripping,
 /// reassembly and every check of the kernel's own). IPv4 sources and
 /// IPv4-mapped IPv6 ones both show as IPv4, as an application sees them.
-pub struct Delivered {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<HashMap<IpAddr, u64>>>,
-}
+pub struct Delivered(Listener<HashMap<IpAddr, u64>>);
 
 impl Delivered {
     /// Binds `[::]:port` (both families) in `ns` and counts.
     pub fn start(ns: &NetNs, port: u16) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let name = ns.name.clone();
-        let s = stop.clone();
-        let handle = std::thread::spawn(move || {
-            NetNs { name }.enter_and_forget();
+        Self(Listener::start(ns, "the UDP receiver", move || {
             let sock = std::net::UdpSocket::bind(("::", port)).expect("binding [::]:port");
             sock.set_read_timeout(Some(Duration::from_millis(50)))
                 .expect("read timeout");
-            let _ = ready_tx.send(());
-            let mut counts: HashMap<IpAddr, u64> = HashMap::new();
-            let mut buf = [0u8; 2048];
-            while !s.load(Ordering::Relaxed) {
-                if let Ok((_, from)) = sock.recv_from(&mut buf) {
-                    *counts.entry(from.ip().to_canonical()).or_default() += 1;
+            move |stop: &AtomicBool| {
+                let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+                let mut buf = [0u8; 2048];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((_, from)) = sock.recv_from(&mut buf) {
+                        *counts.entry(from.ip().to_canonical()).or_default() += 1;
+                    }
                 }
+                counts
             }
-            counts
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("the UDP receiver did not start");
-        Self {
-            stop,
-            handle: Some(handle),
-        }
+        }))
     }
 
     /// Stops after what is in flight arrived; the counts by source.
-    pub fn finish(mut self) -> HashMap<IpAddr, u64> {
-        std::thread::sleep(Duration::from_millis(300));
-        self.stop.store(true, Ordering::Relaxed);
-        self.handle
-            .take()
-            .expect("running")
-            .join()
-            .expect("receiver thread")
-    }
-}
-
-impl Drop for Delivered {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+    pub fn finish(self) -> HashMap<IpAddr, u64> {
+        self.0.finish(Duration::from_millis(300))
     }
 }
 
 /// Every frame seen on `ns`/`ifname` (both ways) while it runs: what left a
 /// host, e.g. its SYN-ACKs.
-pub struct Capture {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Vec<Vec<u8>>>>,
-}
+pub struct Capture(Listener<Vec<Vec<u8>>>);
 
 impl Capture {
     /// Starts capturing.
     pub fn start(ns: &NetNs, ifname: &str) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let name = ns.name.clone();
         let ifname = ifname.to_string();
-        let s = stop.clone();
-        let handle = std::thread::spawn(move || {
-            NetNs { name }.enter_and_forget();
+        Self(Listener::start(ns, "the capture", move || {
             let fd = listening_socket(&ifname);
-            let _ = ready_tx.send(());
-            let mut frames = Vec::new();
-            let mut buf = vec![0u8; 4096];
-            // Bounded: at most 100 000 frames kept.
-            while !s.load(Ordering::Relaxed) && frames.len() < 100_000 {
-                // SAFETY: a valid buffer.
-                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-                if n > 0 {
-                    frames.push(buf[..n as usize].to_vec());
+            move |stop: &AtomicBool| {
+                let mut frames = Vec::new();
+                let mut buf = vec![0u8; 4096];
+                // Bounded: at most 100 000 frames kept.
+                while !stop.load(Ordering::Relaxed) && frames.len() < 100_000 {
+                    // SAFETY: a valid buffer.
+                    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                    if n > 0 {
+                        frames.push(buf[..n as usize].to_vec());
+                    }
                 }
+                // SAFETY: our fd.
+                unsafe { libc::close(fd) };
+                frames
             }
-            // SAFETY: our fd.
-            unsafe { libc::close(fd) };
-            frames
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("the capture did not start");
-        Self {
-            stop,
-            handle: Some(handle),
-        }
+        }))
     }
 
     /// Stops after what is in flight arrived; the frames.
-    pub fn finish(mut self) -> Vec<Vec<u8>> {
-        std::thread::sleep(Duration::from_millis(300));
-        self.stop.store(true, Ordering::Relaxed);
-        self.handle
-            .take()
-            .expect("running")
-            .join()
-            .expect("capture thread")
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+    pub fn finish(self) -> Vec<Vec<u8>> {
+        self.0.finish(Duration::from_millis(300))
     }
 }
 

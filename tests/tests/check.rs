@@ -11,9 +11,7 @@ use std::{
     time::Duration,
 };
 
-use ratelimit_tests::{
-    ChildGuard, Daemon, SharedBin, TempDir, check::ip, net::Pair, privileged, ratelimit_bin,
-};
+use ratelimit_tests::{ChildGuard, SharedBin, TempDir, check::ip, fixture::Host, privileged};
 
 /// `ratelimit check ARGS` as an unprivileged user (`nobody`, when this is
 /// root), with a run directory that does not exist: `check` must need
@@ -398,19 +396,19 @@ fn a_file_larger_than_the_daemons_maps_does_not_fit() {
 #[test]
 fn run_and_reload_with_a_bad_file_say_every_error_and_change_nothing() {
     privileged!("run_and_reload_with_a_bad_file_say_every_error_and_change_nothing");
-    let pair = Pair::new();
-    let run = TempDir::new("check-daemon");
-    let config = write(
-        &run.0,
-        "r.toml",
+    let (h, d) = Host::with_config(
+        "check-daemon",
         "[default]\nrate = \"100/s\"\n\n[[rule]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n",
+        &[],
     );
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", &config]);
+    let config = h.config();
     let before = d.json(&["list"]);
     let (denied, other) = (ip("198.18.1.5"), ip("198.18.3.5"));
     // The old rules enforce: 198.18.1.0/24 is denied, 198.18.3.0/24 is not.
     let enforcing = |what: &str| {
-        let got = pair.probe(&[(denied, 200), (other, 200)], Duration::from_millis(400));
+        let got = h
+            .pair
+            .probe(&[(denied, 200), (other, 200)], Duration::from_millis(400));
         assert_eq!(
             got.get(&denied).copied().unwrap_or(0),
             0,
@@ -425,16 +423,12 @@ fn run_and_reload_with_a_bad_file_say_every_error_and_change_nothing() {
     enforcing("started");
 
     // A second `run` with a bad file: its errors, not "already running".
-    let bad = write(
-        &run.0,
+    let bad = h.write(
         "bad.toml",
         "[default]\nrate = \"100/s\"\nburst = 0\n\n[[rule]]\ncidr = \"198.18.1.0/33\"\naction = \"deny\"\n\n[[rule]]\ncidr = \"198.18.2.0/24\"\naction = \"block\"\n",
     );
     let second = |file: &str| {
-        pair.rx
-            .command(ratelimit_bin())
-            .args(["run", "--iface", &pair.rx_if, "--config", file])
-            .env("RATELIMIT_RUN_DIR", &run.0)
+        h.daemon_command(&["--config", file])
             .output()
             .expect("running ratelimit run")
     };
@@ -457,7 +451,7 @@ fn run_and_reload_with_a_bad_file_say_every_error_and_change_nothing() {
         "the lock was taken before the file was checked: {err}"
     );
     // With a valid file, the lock is what refuses it.
-    let out = second(&config);
+    let out = second(config);
     assert!(
         text(&out.stderr).contains("another ratelimit daemon already runs"),
         "{}",
@@ -467,7 +461,7 @@ fn run_and_reload_with_a_bad_file_say_every_error_and_change_nothing() {
 
     // `reload` of a half-valid file: refused whole, every error said.
     std::fs::write(
-        &config,
+        config,
         "[default]\nrate = \"5/s\"\n\n[[rule]]\ncidr = \"198.18.3.0/24\"\naction = \"deny\"\n\n[[rule]]\ncidr = \"198.18.4.0/24\"\nrate = \"10/fortnight\"\n\n[[rule]]\ncidr = \"2001:db8::/129\"\naction = \"allow\"\n",
     )
     .expect("writing the config");
@@ -527,12 +521,12 @@ fn run_and_reload_with_a_bad_file_say_every_error_and_change_nothing() {
     let copy = write(
         &elsewhere.0,
         "r.toml",
-        &std::fs::read_to_string(&config).expect("reading the config"),
+        &std::fs::read_to_string(config).expect("reading the config"),
     );
     let out = check(&elsewhere, &["--config", &copy]);
     let same: Vec<String> = expected[..2]
         .iter()
-        .map(|l| l.replace(config.as_str(), &copy))
+        .map(|l| l.replace(config, &copy))
         .collect();
     invalid(&out, &copy, &same);
 }

@@ -5,7 +5,7 @@
 
 use std::process::{Command, Output};
 
-use ratelimit_tests::{Daemon, SharedBin, TempDir, net::Pair, privileged, ratelimit_bin};
+use ratelimit_tests::{SharedBin, fixture::Host, privileged, ratelimit_bin};
 use serde_json::Value;
 
 fn code(out: &Output) -> i32 {
@@ -39,20 +39,11 @@ fn fails_with(out: &Output, want: i32, needle: &str, what: &str) {
 #[test]
 fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
     privileged!("each_kind_of_failure_has_its_exit_code_and_json_says_the_same");
-    let pair = Pair::new();
-    let run = TempDir::new("codes");
-    let bin = ratelimit_bin();
-    let cli = |args: &[&str]| -> Output {
-        pair.rx
-            .command(&bin)
-            .args(args)
-            .env("RATELIMIT_RUN_DIR", &run.0)
-            .output()
-            .expect("running ratelimit")
-    };
+    let h = Host::bare("codes");
+    let cli = |args: &[&str]| -> Output { h.command(args).output().expect("running ratelimit") };
 
     // 3: no daemon, on the interface or in the namespace.
-    let out = cli(&["list", "--json", "--iface", &pair.rx_if]);
+    let out = cli(&["list", "--json", "--iface", &h.pair.rx_if]);
     fails_with(
         &out,
         3,
@@ -65,11 +56,11 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
     assert!(
         e["message"]
             .as_str()
-            .is_some_and(|m| m.contains(&format!("no ratelimit daemon runs on {}", pair.rx_if))),
+            .is_some_and(|m| m.contains(&format!("no ratelimit daemon runs on {}", h.pair.rx_if))),
         "{e}"
     );
     // The hint is a command that runs as written, in a namespace too.
-    let hint = format!("start one with `ratelimit run --iface {}`", pair.rx_if);
+    let hint = format!("start one with `ratelimit run --iface {}`", h.pair.rx_if);
     assert!(
         e["message"].as_str().is_some_and(|m| m.contains(&hint)),
         "{e}"
@@ -84,7 +75,7 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
     assert_eq!(json_error(&out, "no daemon here")["kind"], "no-daemon");
 
     // 2: a bad --metrics, before anything is attached.
-    let out = cli(&["run", "--iface", &pair.rx_if, "--metrics", "9477"]);
+    let out = cli(&["run", "--iface", &h.pair.rx_if, "--metrics", "9477"]);
     fails_with(
         &out,
         2,
@@ -97,24 +88,19 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
             "the --metrics error does not show {form}"
         );
     }
-    assert!(!pair.rx_has_xdp(), "a refused start attached the program");
+    assert!(!h.pair.rx_has_xdp(), "a refused start attached the program");
 
     // 5: not root (the binary where `nobody` may run it: the checkout may
     // be closed to others).
     let shared = SharedBin::new();
-    let out = pair
-        .rx
-        .command("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(&shared.path)
-        .args(["list", "--json", "--iface", &pair.rx_if])
-        .env("RATELIMIT_RUN_DIR", &run.0)
+    let out = h
+        .command_as_nobody(&shared, &["list", "--json", "--iface", &h.pair.rx_if])
         .output()
         .expect("running ratelimit as nobody");
     fails_with(&out, 5, "ratelimit: permission denied", "not root");
     assert_eq!(json_error(&out, "not root")["kind"], "permission");
 
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let d = h.daemon(&[]);
     // 2: invalid input, with its field (the CIDR, parsed once a daemon is found).
     let out = d.cli(&["deny", "198.18.0.0/33"]);
     fails_with(&out, 2, "ratelimit: CIDR: invalid prefix", "bad CIDR");
@@ -155,12 +141,10 @@ fn each_kind_of_failure_has_its_exit_code_and_json_says_the_same() {
 #[test]
 fn metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain() {
     privileged!("metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain");
-    let pair = Pair::new();
-    let run = TempDir::new("metrics-forms");
     // :PORT: every IPv4 address, so the veth's address answers too.
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--metrics", ":19483"]);
+    let (h, d) = Host::start("metrics-forms", &["--metrics", ":19483"]);
     for addr in ["127.0.0.1:19483", "198.18.0.2:19483"] {
-        let body = pair.rx.scrape(addr);
+        let body = h.pair.rx.scrape(addr);
         assert!(body.contains("ratelimit_packets_total"), "{addr}: {body}");
     }
     // Its stderr is a file: no colour codes in the logs.
@@ -172,13 +156,8 @@ fn metrics_listen_on_a_bare_port_and_on_a_host_name_and_logs_are_plain() {
     assert!(!log.contains('\x1b'), "escape codes in a log file: {log:?}");
     d.stop(libc::SIGINT);
 
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--metrics", "localhost:19484"],
-    );
-    let body = pair.rx.scrape("localhost:19484");
+    let d = h.daemon(&["--metrics", "localhost:19484"]);
+    let body = h.pair.rx.scrape("localhost:19484");
     assert!(body.contains("ratelimit_attached"), "{body}");
     d.stop(libc::SIGINT);
 }

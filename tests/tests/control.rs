@@ -9,7 +9,8 @@ use std::{
 use ratelimit_tests::{
     Daemon, TempDir,
     check::{counter, ip, within},
-    net::{Flow, Pair, Receiver, pin_dirs, send_async},
+    fixture::Host,
+    net::{Flow, Pair, pin_dirs},
     privileged, ratelimit_bin,
 };
 
@@ -31,29 +32,13 @@ fn pins_exist(iface: &str) -> bool {
 #[test]
 fn set_lowers_and_raises_the_limit_under_traffic() {
     privileged!("set_lowers_and_raises_the_limit_under_traffic");
-    let pair = Pair::new();
-    let run = TempDir::new("set");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--rate", "200/s", "--burst", "20"],
-    );
+    let (h, d) = Host::start("set", &["--rate", "200/s", "--burst", "20"]);
     let v4 = ip("198.18.0.30");
     let v6 = ip("2001:db8::30");
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
-    let flows = [
-        Flow {
-            frame: pair.udp(v4, PORT).build(),
-            pps: 2000,
-        },
-        Flow {
-            frame: pair.udp(v6, PORT).build(),
-            pps: 2000,
-        },
-    ];
+    let rx = h.pair.receiver(PORT);
+    let flows = [h.pair.flow(v4, PORT, 2000), h.pair.flow(v6, PORT, 2000)];
     let start = Instant::now();
-    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(5000));
+    let sender = h.pair.send_async(&flows, Duration::from_millis(5000));
 
     until(start, Duration::from_millis(1000));
     d.cli_ok(&["set", "default", "--rate", "400/s", "--burst", "20"]);
@@ -101,29 +86,19 @@ fn set_lowers_and_raises_the_limit_under_traffic() {
 #[test]
 fn allow_deny_unset_on_ipv4_and_ipv6_under_traffic() {
     privileged!("allow_deny_unset_on_ipv4_and_ipv6_under_traffic");
-    let pair = Pair::new();
-    let run = TempDir::new("acl");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--rate", "100/s", "--burst", "10"],
-    );
+    let (h, d) = Host::start("acl", &["--rate", "100/s", "--burst", "10"]);
     let a4 = ip("198.18.0.40");
     let b6 = ip("2001:db8::40");
     let c4 = ip("198.18.0.41");
     let d6 = ip("2001:db8:0:1::41");
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let rx = h.pair.receiver(PORT);
     let pps = 500;
     let flows: Vec<Flow> = [a4, b6, c4, d6]
         .iter()
-        .map(|s| Flow {
-            frame: pair.udp(*s, PORT).build(),
-            pps,
-        })
+        .map(|s| h.pair.flow(*s, PORT, pps))
         .collect();
     let start = Instant::now();
-    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(4000));
+    let sender = h.pair.send_async(&flows, Duration::from_millis(4000));
     until(start, Duration::from_millis(500));
     d.cli_ok(&["allow", "198.18.0.40/32"]);
     d.cli_ok(&["allow", "2001:db8::/64"]);
@@ -181,31 +156,24 @@ fn allow_deny_unset_on_ipv4_and_ipv6_under_traffic() {
 #[test]
 fn sigkill_leaves_enforcing_and_a_restart_adopts_buckets_rules_and_counters() {
     privileged!("sigkill_leaves_enforcing_and_a_restart_adopts_buckets_rules_and_counters");
-    let pair = Pair::new();
-    let run = TempDir::new("restart");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--rate", "200/s", "--burst", "20"],
-    );
+    let (h, d) = Host::start("restart", &["--rate", "200/s", "--burst", "20"]);
     d.cli_ok(&["deny", "198.18.0.99/32"]);
     let src = ip("198.18.0.50");
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
-    let flows = [Flow {
-        frame: pair.udp(src, PORT).build(),
-        pps: 1000,
-    }];
+    let rx = h.pair.receiver(PORT);
+    let flows = [h.pair.flow(src, PORT, 1000)];
     let start = Instant::now();
-    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(4000));
+    let sender = h.pair.send_async(&flows, Duration::from_millis(4000));
 
     until(start, Duration::from_millis(1000));
     let before = d.json(&["stats"]);
-    let (iface, run_dir) = (d.iface.clone(), d.run_dir.clone());
     d.stop(libc::SIGKILL);
-    assert!(pair.rx_has_xdp(), "SIGKILL took the program off {iface}");
+    assert!(
+        h.pair.rx_has_xdp(),
+        "SIGKILL took the program off {}",
+        h.pair.rx_if
+    );
     until(start, Duration::from_millis(2000));
-    let d = Daemon::start(&pair.rx, &iface, &run_dir, &[]);
+    let d = h.daemon(&[]);
     let sent = sender.join().expect("sender");
     let got = rx.finish_timed();
 
@@ -240,35 +208,28 @@ fn sigkill_leaves_enforcing_and_a_restart_adopts_buckets_rules_and_counters() {
     let out = d.child.wait(Duration::from_secs(10));
     assert!(out.status.success(), "exit on SIGTERM: {:?}", out.status);
     assert!(
-        !pair.rx_has_xdp(),
+        !h.pair.rx_has_xdp(),
         "the program is still attached after SIGTERM"
     );
-    assert!(!pins_exist(&pair.rx_if), "pins are left after SIGTERM");
+    assert!(!pins_exist(&h.pair.rx_if), "pins are left after SIGTERM");
 }
 
 #[test]
 fn keep_attached_leaves_the_program_and_reset_starts_fresh() {
     privileged!("keep_attached_leaves_the_program_and_reset_starts_fresh");
-    let pair = Pair::new();
-    let run = TempDir::new("keep");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--keep-attached", "--rate", "50/s"],
-    );
+    let (h, d) = Host::start("keep", &["--keep-attached", "--rate", "50/s"]);
     d.child.signal(libc::SIGTERM);
     let out = d.child.wait(Duration::from_secs(10));
     assert!(out.status.success());
     assert!(
-        pair.rx_has_xdp(),
+        h.pair.rx_has_xdp(),
         "--keep-attached: the program should stay"
     );
     assert!(
-        pins_exist(&pair.rx_if),
+        pins_exist(&h.pair.rx_if),
         "--keep-attached: the pins should stay"
     );
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--reset"]);
+    let d = h.daemon(&["--reset"]);
     let status = d.json(&["status"]);
     assert_eq!(
         status["adopted"], false,
@@ -286,22 +247,17 @@ fn keep_attached_leaves_the_program_and_reset_starts_fresh() {
     );
     d.child.signal(libc::SIGINT);
     let _ = d.child.wait(Duration::from_secs(10));
-    assert!(!pair.rx_has_xdp());
-    assert!(!pins_exist(&pair.rx_if));
+    assert!(!h.pair.rx_has_xdp());
+    assert!(!pins_exist(&h.pair.rx_if));
 }
 
 #[test]
 fn bad_input_gets_a_clear_error_and_changes_nothing() {
     privileged!("bad_input_gets_a_clear_error_and_changes_nothing");
-    let pair = Pair::new();
-    let run = TempDir::new("bad");
-    let bin = ratelimit_bin();
+    let h = Host::bare("bad");
     let run_cmd = |args: &[&str]| {
-        pair.rx
-            .command(&bin)
-            .arg("run")
+        h.command(&["run"])
             .args(args)
-            .env("RATELIMIT_RUN_DIR", &run.0)
             .output()
             .expect("running ratelimit")
     };
@@ -321,47 +277,35 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         run_cmd(&["--iface", "nosuchif0"]),
         "interface nosuchif0 not found",
     );
-    let bad = run.0.join("bad.toml");
-    std::fs::write(&bad, "[default]\nrate = \"10/s\"\ncolour = \"red\"\n").expect("write");
+    let bad = h.write("bad.toml", "[default]\nrate = \"10/s\"\ncolour = \"red\"\n");
     fails(
-        run_cmd(&[
-            "--iface",
-            &pair.rx_if,
-            "--config",
-            bad.to_str().expect("utf-8"),
-        ]),
+        run_cmd(&["--iface", &h.pair.rx_if, "--config", &bad]),
         "unknown field `colour`",
     );
     fails(
-        run_cmd(&["--iface", &pair.rx_if, "--rate", "0/s"]),
+        run_cmd(&["--iface", &h.pair.rx_if, "--rate", "0/s"]),
         "--rate: 0/s for the default rule",
     );
     fails(
-        run_cmd(&["--iface", &pair.rx_if, "--burst", "0"]),
+        run_cmd(&["--iface", &h.pair.rx_if, "--burst", "0"]),
         "--burst: invalid burst \"0\"",
     );
-    assert!(!pair.rx_has_xdp(), "a refused start attached the program");
+    assert!(!h.pair.rx_has_xdp(), "a refused start attached the program");
 
     // With no daemon on an interface, the CLI says so.
-    let out = pair
-        .rx
-        .command(&bin)
-        .args(["list", "--iface", &pair.rx_if])
-        .env("RATELIMIT_RUN_DIR", &run.0)
+    let out = h
+        .command(&["list", "--iface", &h.pair.rx_if])
         .output()
         .expect("cli");
-    fails(out, &format!("no ratelimit daemon runs on {}", pair.rx_if));
+    fails(
+        out,
+        &format!("no ratelimit daemon runs on {}", h.pair.rx_if),
+    );
     // Nor on any interface of this namespace, when none is named.
-    let out = pair
-        .rx
-        .command(&bin)
-        .args(["list"])
-        .env("RATELIMIT_RUN_DIR", &run.0)
-        .output()
-        .expect("cli");
+    let out = h.command(&["list"]).output().expect("cli");
     fails(out, "no ratelimit daemon runs in this network namespace");
 
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "100/s"]);
+    let d = h.daemon(&["--rate", "100/s"]);
     d.cli_ok(&["deny", "198.18.0.77/32"]);
     let before = d.json(&["list"]);
     for (args, needle) in [
@@ -459,7 +403,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
     d.cli_ok(&["unset", "198.18.5.0/24"]);
     // A second daemon on the same interface.
     fails(
-        run_cmd(&["--iface", &pair.rx_if]),
+        run_cmd(&["--iface", &h.pair.rx_if]),
         "another ratelimit daemon already runs",
     );
     assert_eq!(
@@ -467,31 +411,22 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         before,
         "a refused request changed the rules"
     );
-    assert!(pair.rx_has_xdp(), "the running daemon lost its program");
+    assert!(h.pair.rx_has_xdp(), "the running daemon lost its program");
 }
 
 #[test]
 fn sighup_reloads_a_valid_config_and_refuses_a_bad_one_whole() {
     privileged!("sighup_reloads_a_valid_config_and_refuses_a_bad_one_whole");
-    let pair = Pair::new();
-    let run = TempDir::new("hup");
-    let cfg = run.0.join("r.toml");
-    std::fs::write(
-        &cfg,
+    let (h, d) = Host::with_config(
+        "hup",
         "[default]\nrate = \"100/s\"\n[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"allow\"\n",
-    )
-    .expect("write");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", cfg.to_str().expect("utf-8")],
+        &[],
     );
     let first = d.json(&["list"]);
     assert_eq!(first["rules"].as_array().map(Vec::len), Some(1), "{first}");
     // Two valid rules then a bad one: nothing of it may be applied.
     std::fs::write(
-        &cfg,
+        h.config(),
         "[default]\nrate = \"5/s\"\n[[rule]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.2.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.300.0/24\"\naction = \"deny\"\n",
     )
     .expect("write");
@@ -499,7 +434,7 @@ fn sighup_reloads_a_valid_config_and_refuses_a_bad_one_whole() {
     sleep(Duration::from_millis(500));
     assert_eq!(d.json(&["list"]), first, "a bad config was partly applied");
     std::fs::write(
-        &cfg,
+        h.config(),
         "[default]\nrate = \"5/s\"\n[[rule]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n",
     )
     .expect("write");
@@ -526,26 +461,14 @@ fn sighup_reloads_a_valid_config_and_refuses_a_bad_one_whole() {
 #[test]
 fn json_output_carries_the_same_numbers_as_text() {
     privileged!("json_output_carries_the_same_numbers_as_text");
-    let pair = Pair::new();
-    let run = TempDir::new("json");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--rate", "100/s", "--burst", "10"],
-    );
+    let (h, d) = Host::start("json", &["--rate", "100/s", "--burst", "10"]);
     d.cli_ok(&["deny", "2001:db8:0:9::/64"]);
     let flows = [
-        Flow {
-            frame: pair.udp(ip("198.18.0.60"), PORT).build(),
-            pps: 400,
-        },
-        Flow {
-            frame: pair.udp(ip("2001:db8:0:9::1"), PORT).build(),
-            pps: 200,
-        },
+        h.pair.flow(ip("198.18.0.60"), PORT, 400),
+        h.pair.flow(ip("2001:db8:0:9::1"), PORT, 200),
     ];
-    send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(600))
+    h.pair
+        .send_async(&flows, Duration::from_millis(600))
         .join()
         .expect("sender");
     sleep(Duration::from_millis(100));
@@ -617,26 +540,20 @@ fn json_output_carries_the_same_numbers_as_text() {
 #[test]
 fn prometheus_metrics_parse_and_match_the_counters() {
     privileged!("prometheus_metrics_parse_and_match_the_counters");
-    let pair = Pair::new();
-    let run = TempDir::new("metrics");
     let addr = "127.0.0.1:19477";
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
+    let (h, d) = Host::start(
+        "metrics",
         &["--rate", "50/s", "--burst", "5", "--metrics", addr],
     );
-    let flows = [Flow {
-        frame: pair.udp(ip("198.18.0.70"), PORT).build(),
-        pps: 300,
-    }];
-    send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500))
+    let flows = [h.pair.flow(ip("198.18.0.70"), PORT, 300)];
+    h.pair
+        .send_async(&flows, Duration::from_millis(500))
         .join()
         .expect("sender");
     sleep(Duration::from_millis(100));
     let stats = d.json(&["stats"]);
     // Scrape from inside the daemon's namespace (its loopback).
-    let body = pair.rx.scrape(addr);
+    let body = h.pair.rx.scrape(addr);
     let lines = body.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
     let value = |name: &str, label: (&str, &str)| -> f64 {
@@ -673,9 +590,9 @@ fn prometheus_metrics_parse_and_match_the_counters() {
         (want..want + 5).contains(&passed),
         "passed {passed}, stats said {want}"
     );
-    let tracked = value("ratelimit_tracked_sources", ("iface", &pair.rx_if));
+    let tracked = value("ratelimit_tracked_sources", ("iface", &h.pair.rx_if));
     assert!((1.0..=3.0).contains(&tracked), "tracked sources {tracked}");
-    assert_eq!(value("ratelimit_rules", ("iface", &pair.rx_if)), 0.0);
+    assert_eq!(value("ratelimit_rules", ("iface", &h.pair.rx_if)), 0.0);
     assert_eq!(value("ratelimit_attach_mode", ("mode", "native")), 1.0);
 }
 
@@ -764,25 +681,17 @@ fn daemons_on_two_interfaces_do_not_disturb_each_other() {
 fn lists_survive_restarts_and_reload_with_the_config() {
     privileged!("lists_survive_restarts_and_reload_with_the_config");
     use std::io::Write as _;
-    let pair = Pair::new();
-    let run = TempDir::new("lists");
-    std::fs::write(run.0.join("cfg.txt"), "# from the config\n198.18.0.20\n").expect("list");
-    let config = run.0.join("rules.toml");
-    std::fs::write(
-        &config,
+    let h = Host::bare("lists");
+    h.write("cfg.txt", "# from the config\n198.18.0.20\n");
+    let config = h.write(
+        "rules.toml",
         "[[list]]\nname = \"cfg\"\naction = \"deny\"\npath = \"cfg.txt\"\n",
-    )
-    .expect("config");
-    let config = config.to_str().expect("utf-8").to_string();
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", &config]);
+    );
+    let d = h.daemon(&["--config", &config]);
 
     // `deny --from -`: the entries come from standard input.
-    let mut cmd = std::process::Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{}", d.netns))
-        .arg(ratelimit_bin())
-        .args(["deny", "--from", "-", "--name", "bans", "--iface", &d.iface])
-        .env("RATELIMIT_RUN_DIR", &d.run_dir)
-        .stdin(std::process::Stdio::piped())
+    let mut cmd = d.cli_command(&["deny", "--from", "-", "--name", "bans"]);
+    cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = cmd.spawn().expect("ratelimit deny --from -");
@@ -802,7 +711,7 @@ fn lists_survive_restarts_and_reload_with_the_config() {
     let (cfg, bans, free) = (ip("198.18.0.20"), ip("198.18.0.21"), ip("198.18.0.23"));
     let probe = |what: &str, dropped: &[std::net::IpAddr], passing: &[std::net::IpAddr]| {
         let sources: Vec<_> = dropped.iter().chain(passing).map(|s| (*s, 200)).collect();
-        let got = pair.probe(&sources, Duration::from_millis(400));
+        let got = h.pair.probe(&sources, Duration::from_millis(400));
         for s in dropped {
             assert_eq!(got.get(s).copied().unwrap_or(0), 0, "{what}: {s} passed");
         }
@@ -834,15 +743,14 @@ fn lists_survive_restarts_and_reload_with_the_config() {
     assert_eq!(names(&d), [("bans".into(), 2), ("cfg".into(), 1)]);
 
     // SIGKILL, then a restart that adopts the pins.
-    let (iface, run_dir) = (d.iface.clone(), d.run_dir.clone());
     d.stop(libc::SIGKILL);
-    let d = Daemon::start(&pair.rx, &iface, &run_dir, &["--config", &config]);
+    let d = h.daemon(&["--config", &config]);
     assert_eq!(d.json(&["status"])["adopted"], true);
     assert_eq!(names(&d), [("bans".into(), 2), ("cfg".into(), 1)]);
     probe("after SIGKILL and restart", &[cfg, bans], &[free]);
 
     // SIGHUP reads the config's list file again.
-    std::fs::write(run.0.join("cfg.txt"), "198.18.0.20\n198.18.0.23\n").expect("list");
+    h.write("cfg.txt", "198.18.0.20\n198.18.0.23\n");
     d.child.signal(libc::SIGHUP);
     let start = Instant::now();
     while names(&d).contains(&("cfg".into(), 1)) && start.elapsed() < Duration::from_secs(5) {
@@ -853,7 +761,7 @@ fn lists_survive_restarts_and_reload_with_the_config() {
 
     // A clean stop, a start without the config: the live list comes back.
     d.stop(libc::SIGTERM);
-    let d = Daemon::start(&pair.rx, &iface, &run_dir, &[]);
+    let d = h.daemon(&[]);
     assert_eq!(names(&d), [("bans".into(), 2)]);
     probe(
         "after SIGTERM and a start without the config",
@@ -862,9 +770,8 @@ fn lists_survive_restarts_and_reload_with_the_config() {
     );
 
     // Allowlist-only: an allow list passes, the rest is dropped.
-    let friends = run.0.join("friends.txt");
-    std::fs::write(&friends, "198.18.0.23/32\n").expect("list");
-    d.cli_ok(&["allow", "--from", friends.to_str().expect("utf-8")]);
+    let friends = h.write("friends.txt", "198.18.0.23/32\n");
+    d.cli_ok(&["allow", "--from", &friends]);
     d.cli_ok(&["mode", "allowlist-only"]);
     probe("allowlist-only", &[bans, cfg], &[free]);
     let out = d.cli_ok(&["unset", "--list", "bans"]);

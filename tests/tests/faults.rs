@@ -17,6 +17,7 @@ use std::{
 use ratelimit_tests::{
     ChildGuard, Daemon, SharedBin, TempDir,
     check::ip,
+    fixture::Host,
     net::{NetNs, Pair, pin_dirs},
     privileged, ratelimit_bin, unique_tag,
 };
@@ -71,8 +72,9 @@ fn ns_dir(run_dir: &Path) -> PathBuf {
     dirs[0].clone()
 }
 
-fn record(run_dir: &Path, iface: &str) -> PathBuf {
-    ns_dir(run_dir).join(format!("{iface}.rules.json"))
+/// The rules the daemon of `h` saved.
+fn record(h: &Host) -> PathBuf {
+    ns_dir(h.run_dir()).join(format!("{}.rules.json", h.pair.rx_if))
 }
 
 /// The rules as `list` shows them: the default, then `cidr rule` lines.
@@ -130,12 +132,6 @@ fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
         assert!(start.elapsed() < within, "{what} (waited {within:?})");
         sleep(Duration::from_millis(50));
     }
-}
-
-fn config(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("writing config");
-    p
 }
 
 /// A config: the default at `rate`, and `deny` rules for each CIDR.
@@ -272,18 +268,11 @@ fn a_run_directory_root_does_not_own_is_refused_and_nothing_is_written_through_i
 #[test]
 fn damaged_saved_rules_keep_what_the_kernel_enforces_and_say_so() {
     privileged!("damaged_saved_rules_keep_what_the_kernel_enforces_and_say_so");
-    let pair = Pair::new();
-    let run = TempDir::new("damaged");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--rate", "5/s", "--burst", "5"],
-    );
+    let (h, d) = Host::start("damaged", &["--rate", "5/s", "--burst", "5"]);
     d.cli_ok(&["deny", "198.18.0.77/32"]);
     let want = listed(&d);
-    assert_eq!(in_kernel(&pair.rx_if), want, "kernel and list before");
-    let rec = record(&run.0, &pair.rx_if);
+    assert_eq!(in_kernel(&h.pair.rx_if), want, "kernel and list before");
+    let rec = record(&h);
     let good = std::fs::read_to_string(&rec).expect("record");
     assert!(good.contains("\"burst\": 5"), "{good}");
     d.stop(libc::SIGKILL);
@@ -309,15 +298,17 @@ fn damaged_saved_rules_keep_what_the_kernel_enforces_and_say_so() {
     let (denied, limited) = (ip("198.18.0.77"), ip("198.18.0.78"));
     for (what, bytes) in damages {
         std::fs::write(&rec, &bytes).expect("damaging the record");
-        let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+        let d = h.daemon(&[]);
         let out = d.output();
         assert!(
             out.contains("THE SAVED RULES CANNOT BE READ"),
             "{what}: no loud log line: {out}"
         );
         assert_eq!(listed(&d), want, "{what}: the rules changed");
-        assert_eq!(in_kernel(&pair.rx_if), want, "{what}: the kernel changed");
-        let got = pair.probe(&[(denied, 200), (limited, 200)], Duration::from_millis(500));
+        assert_eq!(in_kernel(&h.pair.rx_if), want, "{what}: the kernel changed");
+        let got = h
+            .pair
+            .probe(&[(denied, 200), (limited, 200)], Duration::from_millis(500));
         assert_eq!(
             got.get(&denied).copied().unwrap_or(0),
             0,
@@ -336,11 +327,11 @@ fn damaged_saved_rules_keep_what_the_kernel_enforces_and_say_so() {
     }
 
     // Damaged, and no program to take the rules from: refused, not defaults.
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let d = h.daemon(&[]);
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
     std::fs::write(&rec, b"{\"version\": 2, \"ba").expect("damage");
     let out = refused(
-        run_cmd(&pair.rx, &pair.rx_if, &run.0, &[]),
+        h.daemon_command(&[]),
         "a damaged record with nothing running",
     );
     assert!(
@@ -355,43 +346,30 @@ fn damaged_saved_rules_keep_what_the_kernel_enforces_and_say_so() {
 #[test]
 fn sigkill_during_changes_never_leaves_a_torn_record() {
     privileged!("sigkill_during_changes_never_leaves_a_torn_record");
-    let pair = Pair::new();
-    let run = TempDir::new("torn");
     let cidrs: Vec<String> = (0..20_000u32)
         .map(|i| format!("198.19.{}.{}/32", i / 250, i % 250 + 1))
         .collect();
-    let cfg = config(&run.0, "big.toml", &denies("1000/s", &cidrs));
-    let cfg = cfg.to_str().expect("utf-8").to_string();
-    let mut d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", &cfg, "--max-rules", "32768"],
-    );
+    let (h, mut d) =
+        Host::with_config("torn", &denies("1000/s", &cidrs), &["--max-rules", "32768"]);
     for trial in 0..6u32 {
         // A stream of changes, killed part-way.
         let mut changes = Vec::new();
         for k in 0..4u32 {
-            let mut c = Command::new("nsenter");
-            c.arg(format!("--net=/run/netns/{}", pair.rx.name))
-                .arg(ratelimit_bin())
-                .args([
-                    "set",
-                    &format!("198.18.{}.{}/32", 100 + trial, k + 1),
-                    "--rate",
-                    "10/s",
-                    "--iface",
-                    &pair.rx_if,
-                ])
-                .env("RATELIMIT_RUN_DIR", &run.0)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+            let mut c = h.command(&[
+                "set",
+                &format!("198.18.{}.{}/32", 100 + trial, k + 1),
+                "--rate",
+                "10/s",
+                "--iface",
+                &h.pair.rx_if,
+            ]);
+            c.stdout(Stdio::null()).stderr(Stdio::null());
             changes.push(ChildGuard::spawn(c, "ratelimit set"));
         }
         sleep(Duration::from_millis(u64::from(trial) * 15));
         d.stop(libc::SIGKILL);
         drop(changes);
-        let rec = record(&run.0, &pair.rx_if);
+        let rec = record(&h);
         let text = std::fs::read_to_string(&rec).expect("record");
         let v: serde_json::Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("trial {trial}: a torn record ({} bytes): {e}", text.len()));
@@ -399,10 +377,10 @@ fn sigkill_during_changes_never_leaves_a_torn_record() {
             v["base"]["rule"].as_array().map_or(0, Vec::len) == 20_000,
             "trial {trial}: the record lost base rules"
         );
-        d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", &cfg]);
+        d = h.daemon(&["--config", h.config()]);
         assert_eq!(
             listed(&d),
-            in_kernel(&pair.rx_if),
+            in_kernel(&h.pair.rx_if),
             "trial {trial}: list and kernel disagree after the restart"
         );
     }
@@ -413,23 +391,10 @@ fn sigkill_during_changes_never_leaves_a_torn_record() {
 #[test]
 fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
     privileged!("a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list");
-    let pair = Pair::new();
-    let run = TempDir::new("nofit");
-    let cfg = config(
-        &run.0,
-        "r.toml",
+    let (h, d) = Host::with_config(
+        "nofit",
         &denies("1000/s", &["198.18.1.0/24".into(), "198.18.2.0/24".into()]),
-    );
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &[
-            "--config",
-            cfg.to_str().expect("utf-8"),
-            "--max-rules",
-            "10",
-        ],
+        &["--max-rules", "10"],
     );
     let two = listed(&d);
     assert_eq!(two.len(), 3);
@@ -439,7 +404,7 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
     let mut twelve = slash32s(0, 11);
     twelve[0] = "198.18.0.90/32".into();
     twelve.push("198.18.1.0/24".into());
-    std::fs::write(&cfg, denies("1000/s", &twelve)).expect("write");
+    std::fs::write(h.config(), denies("1000/s", &twelve)).expect("write");
     d.child.signal(libc::SIGHUP);
     eventually(
         Duration::from_secs(5),
@@ -450,11 +415,11 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
     assert!(out.contains("12 rules do not fit in 10"), "{out}");
     assert_eq!(listed(&d), two, "list changed by a refused reload");
     assert_eq!(
-        in_kernel(&pair.rx_if),
+        in_kernel(&h.pair.rx_if),
         two,
         "kernel changed by a refused reload"
     );
-    let got = pair.probe(&[(probe, 200)], Duration::from_millis(500));
+    let got = h.pair.probe(&[(probe, 200)], Duration::from_millis(500));
     assert!(
         got.get(&probe).copied().unwrap_or(0) >= 90,
         "a rule of the refused reload is enforced: {got:?}"
@@ -471,15 +436,15 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
         err.contains("12 rules do not fit in 10") && err.contains("--reset --max-rules"),
         "{err}"
     );
-    assert_eq!(in_kernel(&pair.rx_if), two);
+    assert_eq!(in_kernel(&h.pair.rx_if), two);
 
     // Nine fit.
-    std::fs::write(&cfg, denies("1000/s", &twelve[..9])).expect("write");
+    std::fs::write(h.config(), denies("1000/s", &twelve[..9])).expect("write");
     d.cli_ok(&["reload"]);
     let nine = listed(&d);
     assert_eq!(nine.len(), 10);
-    assert_eq!(in_kernel(&pair.rx_if), nine);
-    let got = pair.probe(&[(probe, 200)], Duration::from_millis(300));
+    assert_eq!(in_kernel(&h.pair.rx_if), nine);
+    let got = h.pair.probe(&[(probe, 200)], Duration::from_millis(300));
     assert_eq!(
         got.get(&probe).copied().unwrap_or(0),
         0,
@@ -495,7 +460,7 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
     assert!(!out.status.success(), "an eleventh rule in 10 was accepted");
     assert!(err.contains("11 rules do not fit in 10"), "{err}");
     assert_eq!(listed(&d), ten);
-    assert_eq!(in_kernel(&pair.rx_if), ten);
+    assert_eq!(in_kernel(&h.pair.rx_if), ten);
 }
 
 /// A first start that fails after it made its pin directory (here the kernel
@@ -503,23 +468,17 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
 #[test]
 fn a_failed_first_start_leaves_no_pin_directory() {
     privileged!("a_failed_first_start_leaves_no_pin_directory");
-    let pair = Pair::new();
-    let run = TempDir::new("nopins");
+    let h = Host::bare("nopins");
     let out = refused(
-        run_cmd(
-            &pair.rx,
-            &pair.rx_if,
-            &run.0,
-            &["--max-sources", "4000000000"],
-        ),
+        h.daemon_command(&["--max-sources", "4000000000"]),
         "a state map the kernel cannot allocate",
     );
     assert!(out.contains("RL_STATE") || out.contains("map"), "{out}");
-    assert!(!pair.rx_has_xdp());
+    assert!(!h.pair.rx_has_xdp());
     assert!(
-        pin_dirs(&pair.rx_if).is_empty(),
+        pin_dirs(&h.pair.rx_if).is_empty(),
         "a failed start left {:?}",
-        pin_dirs(&pair.rx_if)
+        pin_dirs(&h.pair.rx_if)
     );
 }
 
@@ -529,39 +488,29 @@ fn a_failed_first_start_leaves_no_pin_directory() {
 #[test]
 fn a_start_that_does_not_fit_leaves_the_running_program_and_its_advice_works() {
     privileged!("a_start_that_does_not_fit_leaves_the_running_program_and_its_advice_works");
-    let pair = Pair::new();
-    let run = TempDir::new("adopt");
     let mut twelve = slash32s(0, 12);
     twelve[0] = "198.18.0.91/32".into();
-    let cfg = config(&run.0, "r.toml", &denies("1000/s", &twelve));
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &[
-            "--config",
-            cfg.to_str().expect("utf-8"),
-            "--max-rules",
-            "16",
-            "--keep-attached",
-        ],
+    let (h, d) = Host::with_config(
+        "adopt",
+        &denies("1000/s", &twelve),
+        &["--max-rules", "16", "--keep-attached"],
     );
     let enforced = listed(&d);
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    assert!(pair.rx_has_xdp());
-    let rec = record(&run.0, &pair.rx_if);
+    assert!(h.pair.rx_has_xdp());
+    let rec = record(&h);
     let saved = std::fs::read(&rec).expect("record");
     let denied = ip("198.18.0.91");
     let intact = |what: &str| {
-        assert!(pair.rx_has_xdp(), "{what}: the program was detached");
-        assert_eq!(pin_dirs(&pair.rx_if).len(), 1, "{what}: pins removed");
-        assert_eq!(in_kernel(&pair.rx_if), enforced, "{what}: kernel changed");
+        assert!(h.pair.rx_has_xdp(), "{what}: the program was detached");
+        assert_eq!(pin_dirs(&h.pair.rx_if).len(), 1, "{what}: pins removed");
+        assert_eq!(in_kernel(&h.pair.rx_if), enforced, "{what}: kernel changed");
         assert_eq!(
             std::fs::read(&rec).expect("record"),
             saved,
             "{what}: saved rules changed"
         );
-        let got = pair.probe(&[(denied, 200)], Duration::from_millis(300));
+        let got = h.pair.probe(&[(denied, 200)], Duration::from_millis(300));
         assert_eq!(
             got.get(&denied).copied().unwrap_or(0),
             0,
@@ -570,12 +519,7 @@ fn a_start_that_does_not_fit_leaves_the_running_program_and_its_advice_works() {
     };
 
     let out = refused(
-        run_cmd(
-            &pair.rx,
-            &pair.rx_if,
-            &run.0,
-            &["--reset", "--max-rules", "10"],
-        ),
+        h.daemon_command(&["--reset", "--max-rules", "10"]),
         "--reset --max-rules 10 under 12 rules",
     );
     assert!(
@@ -584,32 +528,22 @@ fn a_start_that_does_not_fit_leaves_the_running_program_and_its_advice_works() {
     );
     intact("--reset into a smaller table");
 
-    let twenty = config(&run.0, "twenty.toml", &denies("1000/s", &slash32s(5, 20)));
+    let twenty = h.write("twenty.toml", &denies("1000/s", &slash32s(5, 20)));
     let out = refused(
-        run_cmd(
-            &pair.rx,
-            &pair.rx_if,
-            &run.0,
-            &["--config", twenty.to_str().expect("utf-8")],
-        ),
+        h.daemon_command(&["--config", &twenty]),
         "20 rules into adopted maps of 16",
     );
     assert!(out.contains("20 rules do not fit in 16"), "{out}");
     intact("a config larger than the adopted maps");
 
     // The advice: --reset with room. The rules are kept.
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--reset", "--max-rules", "32"],
-    );
+    let d = h.daemon(&["--reset", "--max-rules", "32"]);
     assert_eq!(listed(&d), enforced, "the advised restart lost the rules");
     assert_eq!(d.json(&["status"])["rules_capacity"], 32);
-    let got = pair.probe(&[(denied, 200)], Duration::from_millis(300));
+    let got = h.pair.probe(&[(denied, 200)], Duration::from_millis(300));
     assert_eq!(got.get(&denied).copied().unwrap_or(0), 0);
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    assert!(!pair.rx_has_xdp());
+    assert!(!h.pair.rx_has_xdp());
 }
 
 /// (Item 5) Run the way the README's users test in namespaces, `ip netns exec`:
@@ -618,23 +552,22 @@ fn a_start_that_does_not_fit_leaves_the_running_program_and_its_advice_works() {
 #[test]
 fn under_ip_netns_exec_a_sigkill_leaves_enforcing_and_a_restart_adopts() {
     privileged!("under_ip_netns_exec_a_sigkill_leaves_enforcing_and_a_restart_adopts");
-    let pair = Pair::new();
-    let run = TempDir::new("netnsexec");
+    let h = Host::bare("netnsexec");
     let exec = |args: &[&str]| {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &pair.rx.name])
+        c.args(["netns", "exec", &h.pair.rx.name])
             .arg(ratelimit_bin())
             .args(args)
-            .env("RATELIMIT_RUN_DIR", &run.0);
+            .env("RATELIMIT_RUN_DIR", h.run_dir());
         c
     };
     let start = |extra: &[&str]| {
-        let mut args = vec!["run", "--iface", pair.rx_if.as_str()];
+        let mut args = vec!["run", "--iface", h.pair.rx_if.as_str()];
         args.extend_from_slice(extra);
-        Daemon::spawn(exec(&args), &pair.rx, &pair.rx_if, &run.0)
+        h.spawn(exec(&args))
     };
     let d = start(&["--rate", "100/s", "--burst", "10"]);
-    let out = exec(&["deny", "198.18.0.92/32", "--iface", &pair.rx_if])
+    let out = exec(&["deny", "198.18.0.92/32", "--iface", &h.pair.rx_if])
         .output()
         .expect("cli");
     assert!(
@@ -645,17 +578,19 @@ fn under_ip_netns_exec_a_sigkill_leaves_enforcing_and_a_restart_adopts() {
     let rules = listed(&d);
     d.stop(libc::SIGKILL);
     assert!(
-        pair.rx_has_xdp(),
+        h.pair.rx_has_xdp(),
         "SIGKILL under ip netns exec took the program"
     );
     assert_eq!(
-        pin_dirs(&pair.rx_if).len(),
+        pin_dirs(&h.pair.rx_if).len(),
         1,
         "no pins in the host's bpffs"
     );
 
     let (denied, limited) = (ip("198.18.0.92"), ip("198.18.0.93"));
-    let got = pair.probe(&[(denied, 200), (limited, 500)], Duration::from_secs(1));
+    let got = h
+        .pair
+        .probe(&[(denied, 200), (limited, 500)], Duration::from_secs(1));
     assert_eq!(
         got.get(&denied).copied().unwrap_or(0),
         0,
@@ -679,15 +614,18 @@ fn under_ip_netns_exec_a_sigkill_leaves_enforcing_and_a_restart_adopts() {
     let d = start(&["--rate", "100/s", "--burst", "10", "--keep-attached"]);
     assert_eq!(listed(&d), rules);
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    assert!(pair.rx_has_xdp(), "--keep-attached said it keeps enforcing");
-    let got = pair.probe(&[(denied, 200)], Duration::from_millis(300));
+    assert!(
+        h.pair.rx_has_xdp(),
+        "--keep-attached said it keeps enforcing"
+    );
+    let got = h.pair.probe(&[(denied, 200)], Duration::from_millis(300));
     assert_eq!(got.get(&denied).copied().unwrap_or(0), 0);
 
     let d = start(&[]);
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    assert!(!pair.rx_has_xdp());
+    assert!(!h.pair.rx_has_xdp());
     assert!(
-        pin_dirs(&pair.rx_if).is_empty(),
+        pin_dirs(&h.pair.rx_if).is_empty(),
         "pins left after a clean stop"
     );
 }
@@ -748,22 +686,14 @@ fn same_named_interfaces_in_two_namespaces_are_two_daemons() {
 #[test]
 fn live_rules_stay_across_reloads_and_restarts_and_conflicting_flags_are_refused() {
     privileged!("live_rules_stay_across_reloads_and_restarts_and_conflicting_flags_are_refused");
-    let pair = Pair::new();
-    let run = TempDir::new("live");
-    let cfg = run.0.join("r.toml");
-    std::fs::write(
-        &cfg,
+    let h = Host::bare("live");
+    let cfg = h.write(
+        "r.toml",
         "[default]\nrate = \"100/s\"\n[[rule]]\ncidr = \"198.18.1.0/24\"\naction = \"allow\"\n",
-    )
-    .expect("write");
-    let cfg_s = cfg.to_str().expect("utf-8");
+    );
+    let cfg_s = cfg.as_str();
     let out = refused(
-        run_cmd(
-            &pair.rx,
-            &pair.rx_if,
-            &run.0,
-            &["--config", cfg_s, "--rate", "50/s"],
-        ),
+        h.daemon_command(&["--config", cfg_s, "--rate", "50/s"]),
         "--rate against the file's rate",
     );
     assert!(
@@ -772,12 +702,7 @@ fn live_rules_stay_across_reloads_and_restarts_and_conflicting_flags_are_refused
     );
 
     // A flag the file leaves alone is merged.
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", cfg_s, "--clock", "coarse"],
-    );
+    let d = h.daemon(&["--config", cfg_s, "--clock", "coarse"]);
     assert!(
         d.json(&["list"])["clock"]
             .as_str()
@@ -822,15 +747,15 @@ fn live_rules_stay_across_reloads_and_restarts_and_conflicting_flags_are_refused
 
     // A clean restart with the same file: the live changes come back.
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", cfg_s]);
+    let d = h.daemon(&["--config", cfg_s]);
     assert!(
         has(&d, "198.18.9.0/24 deny"),
         "a restart dropped a live rule"
     );
     assert!(!has(&d, "198.18.1.0/24 allow"), "a restart undid an unset");
-    assert_eq!(listed(&d), in_kernel(&pair.rx_if));
+    assert_eq!(listed(&d), in_kernel(&h.pair.rx_if));
     let denied = ip("198.18.9.9");
-    let got = pair.probe(&[(denied, 200)], Duration::from_millis(300));
+    let got = h.pair.probe(&[(denied, 200)], Duration::from_millis(300));
     assert_eq!(got.get(&denied).copied().unwrap_or(0), 0);
 
     // --replace: the file alone.
@@ -838,7 +763,7 @@ fn live_rules_stay_across_reloads_and_restarts_and_conflicting_flags_are_refused
     assert!(!has(&d, "198.18.9.0/24 deny"));
     assert!(has(&d, "198.18.1.0/24 allow"));
     assert_eq!(d.json(&["list"])["live_changes"], 0);
-    assert_eq!(listed(&d), in_kernel(&pair.rx_if));
+    assert_eq!(listed(&d), in_kernel(&h.pair.rx_if));
 }
 
 /// (Item 9) Out of file descriptors: idle connections to the metrics port cost a
@@ -847,13 +772,18 @@ fn live_rules_stay_across_reloads_and_restarts_and_conflicting_flags_are_refused
 #[test]
 fn idle_metrics_connections_under_a_low_fd_limit_cost_little() {
     privileged!("idle_metrics_connections_under_a_low_fd_limit_cost_little");
-    let pair = Pair::new();
-    let run = TempDir::new("fds");
-    let mut cmd = pair.rx.command("prlimit");
+    let h = Host::bare("fds");
+    let mut cmd = h.pair.rx.command("prlimit");
     cmd.args(["--nofile=1024:1024", "--"])
         .arg(ratelimit_bin())
-        .args(["run", "--iface", &pair.rx_if, "--metrics", "127.0.0.1:9477"]);
-    let d = Daemon::spawn(cmd, &pair.rx, &pair.rx_if, &run.0);
+        .args([
+            "run",
+            "--iface",
+            &h.pair.rx_if,
+            "--metrics",
+            "127.0.0.1:9477",
+        ]);
+    let d = h.spawn(cmd);
     let pid = d.child.pid();
     let cpu = || -> f64 {
         // utime + stime of every thread, in clock ticks.
@@ -866,7 +796,7 @@ fn idle_metrics_connections_under_a_low_fd_limit_cost_little() {
     };
     let log_before = d.output().len();
 
-    let ns = pair.rx.name.clone();
+    let ns = h.pair.rx.name.clone();
     let (opened_tx, opened_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let holder = std::thread::spawn(move || {
@@ -899,7 +829,7 @@ fn idle_metrics_connections_under_a_low_fd_limit_cost_little() {
         asked.elapsed()
     );
     sleep(Duration::from_secs(2));
-    let out = pair
+    let out = h.pair
         .rx
         .command("python3")
         .args([
@@ -939,10 +869,8 @@ fn idle_metrics_connections_under_a_low_fd_limit_cost_little() {
 #[test]
 fn idle_control_connections_do_not_stall_the_daemon() {
     privileged!("idle_control_connections_do_not_stall_the_daemon");
-    let pair = Pair::new();
-    let run = TempDir::new("idle");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
-    let sock = ns_dir(&run.0).join(format!("{}.sock", pair.rx_if));
+    let (h, d) = Host::start("idle", &[]);
+    let sock = ns_dir(h.run_dir()).join(format!("{}.sock", h.pair.rx_if));
     let idle: Vec<_> = (0..500)
         .map(|_| std::os::unix::net::UnixStream::connect(&sock).expect("connect"))
         .collect();
@@ -998,15 +926,13 @@ fn idle_control_connections_do_not_stall_the_daemon() {
 #[test]
 fn an_interface_deleted_and_recreated_is_followed() {
     privileged!("an_interface_deleted_and_recreated_is_followed");
-    let pair = Pair::new();
-    let run = TempDir::new("recreate");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "100/s"]);
+    let (mut h, d) = Host::start("recreate", &["--rate", "100/s"]);
     d.cli_ok(&["deny", "198.18.0.96/32"]);
     let ip_cmd = |args: &[&str]| {
         let ok = Command::new("ip").args(args).status().expect("ip");
         assert!(ok.success(), "ip {args:?}");
     };
-    ip_cmd(&["-n", &pair.rx.name, "link", "del", &pair.rx_if]);
+    ip_cmd(&["-n", &h.pair.rx.name, "link", "del", &h.pair.rx_if]);
     eventually(
         Duration::from_secs(5),
         "status reports the interface gone",
@@ -1024,15 +950,15 @@ fn an_interface_deleted_and_recreated_is_followed() {
     );
 
     // The same pair again, same names.
-    let pair = pair.relink();
+    h.pair.relink();
     eventually(
         Duration::from_secs(5),
         "the daemon attaches to the new interface",
-        || pair.rx_has_xdp() && d.json(&["status"])["interface"] == "attached",
+        || h.pair.rx_has_xdp() && d.json(&["status"])["interface"] == "attached",
     );
     assert!(d.output().contains("attached to it again"));
     let denied = ip("198.18.0.96");
-    let got = pair.probe(&[(denied, 200)], Duration::from_millis(300));
+    let got = h.pair.probe(&[(denied, 200)], Duration::from_millis(300));
     assert_eq!(
         got.get(&denied).copied().unwrap_or(0),
         0,
@@ -1041,13 +967,12 @@ fn an_interface_deleted_and_recreated_is_followed() {
 
     // Killed, the interface re-created again, restarted: attached anew with the
     // pinned rules (the severed link is replaced, no --reset needed).
-    let (iface, run_dir) = (d.iface.clone(), d.run_dir.clone());
     d.stop(libc::SIGKILL);
-    ip_cmd(&["-n", &pair.rx.name, "link", "del", &pair.rx_if]);
-    let pair = pair.relink();
-    let d = Daemon::start(&pair.rx, &iface, &run_dir, &[]);
+    ip_cmd(&["-n", &h.pair.rx.name, "link", "del", &h.pair.rx_if]);
+    h.pair.relink();
+    let d = h.daemon(&[]);
     assert!(listed(&d).contains("198.18.0.96/32 deny"));
-    let got = pair.probe(&[(denied, 200)], Duration::from_millis(300));
+    let got = h.pair.probe(&[(denied, 200)], Duration::from_millis(300));
     assert_eq!(got.get(&denied).copied().unwrap_or(0), 0);
 }
 
@@ -1055,23 +980,16 @@ fn an_interface_deleted_and_recreated_is_followed() {
 #[test]
 fn a_user_who_is_not_root_is_told_it_is_roots() {
     privileged!("a_user_who_is_not_root_is_told_it_is_roots");
-    let pair = Pair::new();
-    let run = TempDir::new("nonroot");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("nonroot", &[]);
     // Where `nobody` may run it: the checkout may be closed to others.
     let shared = SharedBin::new();
     for args in [
         vec!["status"],
-        vec!["status", "--iface", pair.rx_if.as_str()],
-        vec!["deny", "198.18.0.97/32", "--iface", pair.rx_if.as_str()],
+        vec!["status", "--iface", h.pair.rx_if.as_str()],
+        vec!["deny", "198.18.0.97/32", "--iface", h.pair.rx_if.as_str()],
     ] {
-        let out = pair
-            .rx
-            .command("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(&shared.path)
-            .args(&args)
-            .env("RATELIMIT_RUN_DIR", &run.0)
+        let out = h
+            .command_as_nobody(&shared, &args)
             .output()
             .expect("setpriv");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -8,32 +8,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ratelimit_tests::{
-    Daemon, TempDir,
-    net::{Flow, Pair, Receiver, send_async},
-    privileged,
-    redis::RedisServer,
-};
+use ratelimit_tests::{Daemon, fixture::Host, net::Receiver, privileged, redis::RedisServer};
 
 const PORT: u16 = 5999;
 const RATE: f64 = 100.0;
 const BURST: f64 = 20.0;
 
-struct Host {
-    pair: Pair,
+/// One daemon of the fleet on a host of its own. The daemon comes first, so
+/// that it is killed before its host's namespaces go.
+struct Member {
     daemon: Daemon,
-    _run: TempDir,
+    host: Host,
 }
 
-fn fleet(redis: &RedisServer, extra: &[&str]) -> Vec<Host> {
+fn fleet(redis: &RedisServer, extra: &[&str]) -> Vec<Member> {
     (0..3)
         .map(|i| {
-            let pair = Pair::new();
-            let run = TempDir::new(&format!("fleet{i}"));
             let url = redis.unix_url();
             let mut args = vec!["--fleet", url.as_str()];
             args.extend_from_slice(extra);
-            let daemon = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &args);
+            let (host, daemon) = Host::start(&format!("fleet{i}"), &args);
             daemon.cli_ok(&[
                 "set",
                 "198.18.0.0/24",
@@ -43,29 +37,20 @@ fn fleet(redis: &RedisServer, extra: &[&str]) -> Vec<Host> {
                 "20",
                 "--fleet",
             ]);
-            Host {
-                pair,
-                daemon,
-                _run: run,
-            }
+            Member { daemon, host }
         })
         .collect()
 }
 
 /// One source sends `pps` to each host for `secs`; frames received per host.
-fn flood(hosts: &[Host], src: IpAddr, pps: u32, dur: Duration) -> Vec<u64> {
-    let receivers: Vec<Receiver> = hosts
-        .iter()
-        .map(|h| Receiver::start(&h.pair.rx, &h.pair.rx_if, PORT))
-        .collect();
+fn flood(hosts: &[Member], src: IpAddr, pps: u32, dur: Duration) -> Vec<u64> {
+    let receivers: Vec<Receiver> = hosts.iter().map(|h| h.host.pair.receiver(PORT)).collect();
     let senders: Vec<_> = hosts
         .iter()
         .map(|h| {
-            let flow = Flow {
-                frame: h.pair.udp(src, PORT).build(),
-                pps,
-            };
-            send_async(&h.pair.tx, &h.pair.tx_if, &[flow], dur)
+            let pair = &h.host.pair;
+            let flow = pair.flow(src, PORT, pps);
+            pair.send_async(&[flow], dur)
         })
         .collect();
     for s in senders {
@@ -184,16 +169,14 @@ fn three_daemons_hold_one_limit_and_fall_back_when_redis_stops() {
     assert!(h_logged(&hosts, "back in step"));
 }
 
-fn h_logged(hosts: &[Host], what: &str) -> bool {
+fn h_logged(hosts: &[Member], what: &str) -> bool {
     hosts.iter().all(|h| h.daemon.output().contains(what))
 }
 
 #[test]
 fn a_fleet_rule_needs_a_fleet_daemon() {
     privileged!("a_fleet_rule_needs_a_fleet_daemon");
-    let pair = Pair::new();
-    let run = TempDir::new("nofleet");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (_h, d) = Host::start("nofleet", &[]);
     let out = d.cli(&["set", "198.18.0.0/24", "--rate", "100/s", "--fleet"]);
     assert!(!out.status.success());
     assert!(

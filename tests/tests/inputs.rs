@@ -9,13 +9,13 @@ use std::{
     io::BufRead as _,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Output, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
 use ratelimit_tests::{
-    ChildGuard, Daemon, TempDir, hold::HeldOpens, net::Pair, privileged, ratelimit_bin,
+    ChildGuard, Daemon, TempDir, fixture::Host, hold::HeldOpens, net::Pair, privileged,
 };
 
 /// Makes a FIFO at `path`.
@@ -104,12 +104,11 @@ fn ends_on_time(d: &Daemon, cidr: &str, set_at: Instant, for_s: u64) {
     assert!(seen_before_end, "{cidr} was never seen before its end");
 }
 
-/// `ratelimit run` in `pair.rx` that must refuse to start: its output.
-fn refused_start(pair: &Pair, run: &Path, args: &[&str], what: &str) -> String {
-    let mut cmd = pair.rx.command(ratelimit_bin());
-    cmd.args(["run", "--iface", &pair.rx_if])
-        .args(args)
-        .env("RATELIMIT_RUN_DIR", run)
+/// `ratelimit run` on `h` with the run directory `run` that must refuse to
+/// start: its output.
+fn refused_start(h: &Host, run: &Path, args: &[&str], what: &str) -> String {
+    let mut cmd = h.daemon_command(args);
+    cmd.env("RATELIMIT_RUN_DIR", run)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -117,7 +116,7 @@ fn refused_start(pair: &Pair, run: &Path, args: &[&str], what: &str) -> String {
     let out = ChildGuard::spawn(cmd, what).wait(Duration::from_secs(15));
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(!out.status.success(), "{what}: started; output: {all}");
-    assert!(!pair.rx_has_xdp(), "{what}: attached despite the refusal");
+    assert!(!h.pair.rx_has_xdp(), "{what}: attached despite the refusal");
     all
 }
 
@@ -127,14 +126,13 @@ fn refused_start(pair: &Pair, run: &Path, args: &[&str], what: &str) -> String {
 #[test]
 fn a_fifo_or_device_as_a_list_refuses_the_start_naming_it() {
     privileged!("a_fifo_or_device_as_a_list_refuses_the_start_naming_it");
-    let pair = Pair::new();
-    let run = TempDir::new("fifo-start");
-    let fifo = run.0.join("bans.fifo");
+    let h = Host::bare("fifo-start");
+    let fifo = h.path("bans.fifo");
     mkfifo(&fifo);
-    let config = with_list(&run.0, "bans.fifo");
+    let config = with_list(h.run_dir(), "bans.fifo");
     let out = refused_start(
-        &pair,
-        &run.0,
+        &h,
+        h.run_dir(),
         &["--config", config.to_str().expect("utf-8")],
         "a FIFO list",
     );
@@ -145,10 +143,10 @@ fn a_fifo_or_device_as_a_list_refuses_the_start_naming_it() {
         )),
         "{out}"
     );
-    let config = with_list(&run.0, "/dev/zero");
+    let config = with_list(h.run_dir(), "/dev/zero");
     let out = refused_start(
-        &pair,
-        &run.0,
+        &h,
+        h.run_dir(),
         &["--config", config.to_str().expect("utf-8")],
         "/dev/zero as a list",
     );
@@ -165,20 +163,14 @@ fn a_fifo_or_device_as_a_list_refuses_the_start_naming_it() {
 #[test]
 fn a_reload_onto_a_fifo_is_refused_while_the_daemon_answers_and_ends_a_ban_on_time() {
     privileged!("a_reload_onto_a_fifo_is_refused_while_the_daemon_answers_and_ends_a_ban_on_time");
-    let pair = Pair::new();
-    let run = TempDir::new("fifo-reload");
-    std::fs::write(run.0.join("bans.txt"), "198.18.9.9\n").expect("list");
-    let config = with_list(&run.0, "bans.txt");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", config.to_str().expect("utf-8")],
-    );
+    let h = Host::bare("fifo-reload");
+    h.write("bans.txt", "198.18.9.9\n");
+    let config = with_list(h.run_dir(), "bans.txt");
+    let d = h.daemon(&["--config", config.to_str().expect("utf-8")]);
     let before = d.json(&["list"]);
-    let fifo = run.0.join("bans.fifo");
+    let fifo = h.path("bans.fifo");
     mkfifo(&fifo);
-    with_list(&run.0, "bans.fifo");
+    with_list(h.run_dir(), "bans.fifo");
 
     let set_at = Instant::now();
     d.cli_ok(&["deny", "198.18.0.77/32", "--for", "3s"]);
@@ -215,17 +207,11 @@ fn a_reload_onto_a_fifo_is_refused_while_the_daemon_answers_and_ends_a_ban_on_ti
 #[test]
 fn a_slow_read_holds_up_no_change_stats_or_expiry() {
     privileged!("a_slow_read_holds_up_no_change_stats_or_expiry");
-    let pair = Pair::new();
-    let run = TempDir::new("slow-read");
-    let list = run.0.join("bans.txt");
+    let h = Host::bare("slow-read");
+    let list = h.path("bans.txt");
     std::fs::write(&list, "198.18.9.9\n").expect("list");
-    let config = with_list(&run.0, "bans.txt");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", config.to_str().expect("utf-8")],
-    );
+    let config = with_list(h.run_dir(), "bans.txt");
+    let d = h.daemon(&["--config", config.to_str().expect("utf-8")]);
     std::fs::write(&list, "198.18.9.9\n198.18.9.10\n").expect("list");
     let hold = HeldOpens::new(&list);
     let set_at = Instant::now();
@@ -237,11 +223,7 @@ fn a_slow_read_holds_up_no_change_stats_or_expiry() {
     );
     // A reload asked for meanwhile waits its turn, answered when it is done.
     let reload = {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", d.netns))
-            .arg(ratelimit_bin())
-            .args(["reload", "--iface", &d.iface])
-            .env("RATELIMIT_RUN_DIR", &d.run_dir);
+        let mut cmd = d.cli_command(&["reload"]);
         std::thread::spawn(move || cmd.output().expect("reload"))
     };
     // While the read hangs: stats, a change, the list, the end of the ban.
@@ -287,11 +269,9 @@ fn a_slow_read_holds_up_no_change_stats_or_expiry() {
 #[test]
 fn a_list_past_the_cap_is_refused_with_the_cap() {
     privileged!("a_list_past_the_cap_is_refused_with_the_cap");
-    let pair = Pair::new();
-    let run = TempDir::new("big-list");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("big-list", &[]);
     let before = d.json(&["list"]);
-    let big = run.0.join("big.netset");
+    let big = h.path("big.netset");
     std::fs::File::create(&big)
         .and_then(|f| f.set_len(300 << 20))
         .expect("a sparse file");
@@ -319,28 +299,28 @@ fn a_list_past_the_cap_is_refused_with_the_cap() {
 #[test]
 fn a_shared_run_directory_keeps_its_mode() {
     privileged!("a_shared_run_directory_keeps_its_mode");
-    let pair = Pair::new();
-    let shared = TempDir::new("shared-run");
+    let h = Host::bare("shared-run");
+    let shared = h.run_dir();
     let set_mode = |p: &Path, mode| {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod")
     };
     let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777;
-    set_mode(&shared.0, 0o1777);
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &shared.0, &[]);
-    assert_eq!(mode(&shared.0), 0o1777, "the shared directory was changed");
-    let own = shared.0.join("ratelimit");
+    set_mode(shared, 0o1777);
+    let d = h.daemon(&[]);
+    assert_eq!(mode(shared), 0o1777, "the shared directory was changed");
+    let own = shared.join("ratelimit");
     assert_eq!(mode(&own), 0o700, "the daemon's own directory");
     let cookie = d.json(&["status"])["netns_cookie"]
         .as_u64()
         .expect("cookie");
-    let sock = own.join(format!("ns{cookie}/{}.sock", pair.rx_if));
+    let sock = own.join(format!("ns{cookie}/{}.sock", h.pair.rx_if));
     assert!(sock.exists(), "no socket at {}", sock.display());
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    assert_eq!(mode(&shared.0), 0o1777);
+    assert_eq!(mode(shared), 0o1777);
 
     let open = TempDir::new("open-run");
     set_mode(&open.0, 0o777);
-    let out = refused_start(&pair, &open.0, &[], "a run directory anybody may write in");
+    let out = refused_start(&h, &open.0, &[], "a run directory anybody may write in");
     assert!(
         out.contains(&format!(
             "{} is writable by others (mode 0777",
@@ -406,23 +386,21 @@ fn the_run_directory_of_a_deleted_namespace_goes_at_the_next_start() {
 #[test]
 fn a_temporary_file_of_a_save_cut_short_is_removed_at_the_next_start() {
     privileged!("a_temporary_file_of_a_save_cut_short_is_removed_at_the_next_start");
-    let pair = Pair::new();
-    let run = TempDir::new("stale-tmp");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("stale-tmp", &[]);
     let cookie = d.json(&["status"])["netns_cookie"]
         .as_u64()
         .expect("cookie");
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    let ns = run.0.join(format!("ns{cookie}"));
+    let ns = h.path(&format!("ns{cookie}"));
     let stale = [
-        ns.join(format!(".{}.rules.json.99999.tmp", pair.rx_if)),
-        ns.join(format!(".{}.mode.99998.tmp", pair.rx_if)),
+        ns.join(format!(".{}.rules.json.99999.tmp", h.pair.rx_if)),
+        ns.join(format!(".{}.mode.99998.tmp", h.pair.rx_if)),
     ];
-    let other = ns.join(format!(".{}.100.rules.json.99997.tmp", pair.rx_if));
+    let other = ns.join(format!(".{}.100.rules.json.99997.tmp", h.pair.rx_if));
     for f in stale.iter().chain([&other]) {
         std::fs::write(f, b"{\"half\":").expect("planting a temporary file");
     }
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let d = h.daemon(&[]);
     for f in &stale {
         assert!(!f.exists(), "{} is still there", f.display());
     }
@@ -436,20 +414,14 @@ fn a_temporary_file_of_a_save_cut_short_is_removed_at_the_next_start() {
 #[test]
 fn a_closed_stdout_neither_stops_nor_panics_the_daemon() {
     privileged!("a_closed_stdout_neither_stops_nor_panics_the_daemon");
-    let pair = Pair::new();
-    let run = TempDir::new("closed-stdout");
-    let config = run.0.join("r.toml");
-    std::fs::write(
-        &config,
+    let h = Host::bare("closed-stdout");
+    let config = h.write(
+        "r.toml",
         "[[rule]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n[[rule]]\ncidr = \"198.18.2.0/24\"\nrate = \"10/s\"\n",
-    )
-    .expect("config");
-    let log = run.0.join("stderr.log");
-    let mut cmd = pair.rx.command(ratelimit_bin());
-    cmd.args(["run", "--iface", &pair.rx_if, "--config"])
-        .arg(&config)
-        .env("RATELIMIT_RUN_DIR", &run.0)
-        .env("RUST_BACKTRACE", "1")
+    );
+    let log = h.path("stderr.log");
+    let mut cmd = h.daemon_command(&["--config", &config]);
+    cmd.env("RUST_BACKTRACE", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).expect("log"));
@@ -467,12 +439,8 @@ fn a_closed_stdout_neither_stops_nor_panics_the_daemon() {
         .expect("no first line within 20 s");
     assert!(first.starts_with("ratelimit: enforcing on"), "{first:?}");
     let cli = |args: &[&str]| {
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", pair.rx.name))
-            .arg(ratelimit_bin())
-            .args(args)
-            .args(["--iface", &pair.rx_if])
-            .env("RATELIMIT_RUN_DIR", &run.0)
+        h.command(args)
+            .args(["--iface", &h.pair.rx_if])
             .output()
             .expect("cli")
     };
@@ -489,5 +457,5 @@ fn a_closed_stdout_neither_stops_nor_panics_the_daemon() {
     let stderr = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(!pair.rx_has_xdp(), "still attached after SIGTERM");
+    assert!(!h.pair.rx_has_xdp(), "still attached after SIGTERM");
 }

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ratelimit_tests::{Daemon, TempDir, net::Pair, privileged};
+use ratelimit_tests::{fixture::Host, privileged};
 
 const ADDR: &str = "127.0.0.1:9477";
 
@@ -69,9 +69,6 @@ fn status_kb(pid: i32, field: &str) -> u64 {
 #[test]
 fn slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon() {
     privileged!("slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon");
-    let pair = Pair::new();
-    let run = TempDir::new("scrapers");
-    let config = run.0.join("rules.toml");
     let mut text = String::from("[default]\nrate = \"1000/s\"\n");
     for i in 0..RULES {
         text.push_str(&format!(
@@ -80,20 +77,9 @@ fn slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon() {
             1 + i % 250
         ));
     }
-    std::fs::write(&config, text).expect("writing the config");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "--metrics",
-            ADDR,
-        ],
-    );
+    let (h, d) = Host::with_config("scrapers", &text, &["--metrics", ADDR]);
     let pid = d.child.pid();
-    let exposition = pair.rx.scrape(ADDR);
+    let exposition = h.pair.rx.scrape(ADDR);
     assert!(
         exposition.len() > 4 << 20,
         "{RULES} rules give {} bytes of exposition",
@@ -102,7 +88,7 @@ fn slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon() {
     let before = status_kb(pid, "VmHWM:");
 
     // 64 scrapers, as many as the endpoint's connections, that never read.
-    let ns = pair.rx.name.clone();
+    let ns = h.pair.rx.name.clone();
     let slow: Vec<TcpStream> = std::thread::spawn(move || {
         ratelimit_tests::net::enter(&ns);
         (0..64)
@@ -131,7 +117,7 @@ fn slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon() {
     }
     let peak = status_kb(pid, "VmHWM:");
     let asked = Instant::now();
-    let out = pair
+    let out = h.pair
         .rx
         .command("python3")
         .args([

@@ -4,11 +4,12 @@
 use std::{collections::HashMap, net::IpAddr, time::Duration};
 
 use ratelimit_tests::{
-    Daemon, TempDir,
+    Daemon,
     check::{counter, ip, within},
+    fixture::Host,
     frames::{TPID_8021Q, Udp},
     generator::Generator,
-    net::{Flow, Pair, Receiver, Sent, send, send_async},
+    net::{Flow, Pair, Sent},
     privileged,
 };
 
@@ -27,21 +28,16 @@ fn stat(d: &Daemon, reason: &str) -> u64 {
 #[test]
 fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
     privileged!("daemon_attaches_traffic_arrives_and_sigint_detaches");
-    let pair = Pair::new();
-    let run = TempDir::new("attach");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "10k/s"]);
+    let (h, d) = Host::start("attach", &["--rate", "10k/s"]);
     assert!(
-        pair.rx_has_xdp(),
+        h.pair.rx_has_xdp(),
         "no XDP program on {} after start",
-        pair.rx_if
+        h.pair.rx_if
     );
 
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
-    let flows = [Flow {
-        frame: pair.udp(ip("198.18.0.1"), PORT).build(),
-        pps: 500,
-    }];
-    let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500));
+    let rx = h.pair.receiver(PORT);
+    let flows = [h.pair.flow(ip("198.18.0.1"), PORT, 500)];
+    let sent = h.pair.send(&flows, Duration::from_millis(500));
     let got = rx.finish();
     assert_eq!(
         got.get(&ip("198.18.0.1")).copied().unwrap_or(0),
@@ -70,11 +66,11 @@ fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        !pair.rx_has_xdp(),
+        !h.pair.rx_has_xdp(),
         "the XDP program is still attached after SIGINT"
     );
     assert!(
-        ratelimit_tests::net::pin_dirs(&pair.rx_if).is_empty(),
+        ratelimit_tests::net::pin_dirs(&h.pair.rx_if).is_empty(),
         "pins left behind after SIGINT"
     );
     // Nor the namespace's directory above them, left empty.
@@ -93,11 +89,8 @@ fn daemon_attaches_traffic_arrives_and_sigint_detaches() {
 #[test]
 fn per_source_limits_hold_at_the_receiver() {
     privileged!("per_source_limits_hold_at_the_receiver");
-    let pair = Pair::new();
-    let run = TempDir::new("limits");
-    let config = run.0.join("rules.toml");
-    std::fs::write(
-        &config,
+    let (h, d) = Host::with_config(
+        "limits",
         r#"
 [default]
 rate = "200/s"
@@ -117,13 +110,7 @@ rate = "100/s"
 burst = 10
 dry-run = true
 "#,
-    )
-    .expect("writing config");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", config.to_str().expect("utf-8")],
+        &[],
     );
 
     let limited_v4 = ip("198.18.0.10");
@@ -132,36 +119,21 @@ dry-run = true
     let allowed = ip("198.18.0.65");
     let denied = ip("2001:db8::dead:0:0:1");
     let dry = ip("198.18.0.129");
-    let mut tagged = pair.udp(tagged_v4, PORT);
+    let mut tagged = h.pair.udp(tagged_v4, PORT);
     tagged.vlans = vec![(TPID_8021Q, 100)];
     let flows = [
-        Flow {
-            frame: pair.udp(limited_v4, PORT).build(),
-            pps: 1000,
-        },
-        Flow {
-            frame: pair.udp(limited_v6, PORT).build(),
-            pps: 1000,
-        },
+        h.pair.flow(limited_v4, PORT, 1000),
+        h.pair.flow(limited_v6, PORT, 1000),
         Flow {
             frame: tagged.build(),
             pps: 1000,
         },
-        Flow {
-            frame: pair.udp(allowed, PORT).build(),
-            pps: 500,
-        },
-        Flow {
-            frame: pair.udp(denied, PORT).build(),
-            pps: 500,
-        },
-        Flow {
-            frame: pair.udp(dry, PORT).build(),
-            pps: 500,
-        },
+        h.pair.flow(allowed, PORT, 500),
+        h.pair.flow(denied, PORT, 500),
+        h.pair.flow(dry, PORT, 500),
     ];
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
-    let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_secs(3));
+    let rx = h.pair.receiver(PORT);
+    let sent = h.pair.send(&flows, Duration::from_secs(3));
     let got: HashMap<IpAddr, u64> = rx.finish();
     let count = |a: &IpAddr| got.get(a).copied().unwrap_or(0);
 
@@ -211,12 +183,8 @@ dry-run = true
 #[test]
 fn established_sources_keep_their_limits_through_a_spoofed_flood() {
     privileged!("established_sources_keep_their_limits_through_a_spoofed_flood");
-    let pair = Pair::new();
-    let run = TempDir::new("flood");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
+    let (h, d) = Host::start(
+        "flood",
         &[
             "--rate",
             "100/s",
@@ -229,22 +197,19 @@ fn established_sources_keep_their_limits_through_a_spoofed_flood() {
     let established = [ip("198.18.0.21"), ip("198.18.0.22"), ip("2001:db8::22")];
     let flows: Vec<Flow> = established
         .iter()
-        .map(|a| Flow {
-            frame: pair.udp(*a, PORT).build(),
-            pps: 200,
-        })
+        .map(|a| h.pair.flow(*a, PORT, 200))
         .collect();
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let rx = h.pair.receiver(PORT);
     // 0.5 s to establish, then 2 s of flood; the sender stops by itself.
-    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(2700));
+    let sender = h.pair.send_async(&flows, Duration::from_millis(2700));
     std::thread::sleep(Duration::from_millis(500));
     let tracked_before = d.json(&["status"])["tracked_sources"]
         .as_u64()
         .expect("tracked_sources");
     let mut generator = Generator::new();
     generator.set_mask((1 << 26) - 1);
-    let flood_frame = pair.udp(ip("2001:db8::1"), PORT + 1).build();
-    generator.flood(&pair, &flood_frame, 2.0, 0);
+    let flood_frame = h.pair.udp(ip("2001:db8::1"), PORT + 1).build();
+    generator.flood(&h.pair, &flood_frame, 2.0, 0);
     let sent = sender.join().expect("sender");
     let got = rx.finish();
     for (i, a) in established.iter().enumerate() {
@@ -342,40 +307,25 @@ impl ReserveRun {
 /// CPU) comes under the same rule for [`FLOOD_SECS`]. Counted by source at a
 /// receiver of the test's own.
 fn flood_on_established(tag: &str, extra: &str) -> ReserveRun {
-    let pair = Pair::new();
-    let run = TempDir::new(tag);
-    let config = run.0.join("rules.toml");
-    std::fs::write(&config, format!("{RESERVE_RULE}{extra}")).expect("writing config");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", config.to_str().expect("utf-8")],
-    );
+    let (h, d) = Host::with_config(tag, &format!("{RESERVE_RULE}{extra}"), &[]);
     let mut generator = Generator::new();
     generator.set_mask((1 << 20) - 1);
-    let flood_frame = pair.udp(ip("2001:db8::1"), PORT).build();
+    let flood_frame = h.pair.udp(ip("2001:db8::1"), PORT).build();
     let sources = established_sources();
     let established: Vec<IpAddr> = sources.iter().map(|(a, _)| *a).collect();
     let flows: Vec<Flow> = sources
         .iter()
-        .map(|(a, pps)| Flow {
-            frame: pair.udp(*a, PORT).build(),
-            pps: *pps,
-        })
+        .map(|(a, pps)| h.pair.flow(*a, PORT, *pps))
         .collect();
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
+    let rx = h.pair.receiver(PORT);
     let start = std::time::Instant::now();
     // The sender stops by itself when the flood should end.
-    let sender = send_async(
-        &pair.tx,
-        &pair.tx_if,
-        &flows,
-        WARM_UP + Duration::from_secs_f64(FLOOD_SECS),
-    );
+    let sender = h
+        .pair
+        .send_async(&flows, WARM_UP + Duration::from_secs_f64(FLOOD_SECS));
     std::thread::sleep(WARM_UP);
     let flood_start = std::time::Instant::now();
-    generator.flood(&pair, &flood_frame, FLOOD_SECS, 0);
+    generator.flood(&h.pair, &flood_frame, FLOOD_SECS, 0);
     let flood_end = std::time::Instant::now();
     let sent = sender.join().expect("sender");
     let got = rx.finish_timed();
@@ -558,11 +508,9 @@ fn download(pair: &Pair, bytes: usize, limit: Duration) -> (usize, f64) {
 #[test]
 fn the_hosts_own_downloads_pass_the_default_limit() {
     privileged!("the_hosts_own_downloads_pass_the_default_limit");
-    let pair = Pair::new();
-    let run = TempDir::new("hostconn");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("hostconn", &[]);
     let bytes = 64 << 20;
-    let (got, secs) = download(&pair, bytes, Duration::from_secs(20));
+    let (got, secs) = download(&h.pair, bytes, Duration::from_secs(20));
     eprintln!(
         "download, host connections pass: {got} bytes in {secs:.2} s ({:.1} MB/s)",
         got as f64 / secs / 1e6
@@ -590,7 +538,7 @@ fn the_hosts_own_downloads_pass_the_default_limit() {
         "--host-connections",
         "limit",
     ]);
-    let (got, secs) = download(&pair, bytes, Duration::from_secs(3));
+    let (got, secs) = download(&h.pair, bytes, Duration::from_secs(3));
     eprintln!(
         "download, host connections limited: {got} bytes in {secs:.2} s ({:.1} MB/s)",
         got as f64 / secs / 1e6
@@ -621,9 +569,7 @@ fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
         time::Instant,
     };
     privileged!("a_syn_rule_limits_the_flood_not_the_sources_established_traffic");
-    let pair = Pair::new();
-    let run = TempDir::new("syn");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "1M/s"]);
+    let (h, d) = Host::start("syn", &["--rate", "1M/s"]);
     d.cli_ok(&[
         "set",
         "198.18.0.0/15",
@@ -642,7 +588,7 @@ fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
     );
     let listener = std::thread::scope(|s| {
         s.spawn(|| {
-            pair.rx.enter();
+            h.pair.rx.enter();
             TcpListener::bind(("198.18.0.2", 0)).expect("listen in rx")
         })
         .join()
@@ -650,7 +596,7 @@ fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
     });
     let port = listener.local_addr().expect("addr").port();
     let upload = Duration::from_millis(1500);
-    let pair = &pair;
+    let pair = &h.pair;
     let (received, sent, syns) = std::thread::scope(|s| {
         let server = s.spawn(move || {
             let (mut c, _) = listener.accept().expect("accept");
@@ -691,7 +637,7 @@ fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
             frame: syn.build(),
             pps: 4000,
         }];
-        let syns = send(&pair.tx, &pair.tx_if, &flood, Duration::from_secs(1));
+        let syns = pair.send(&flood, Duration::from_secs(1));
         let sent = client.join().expect("client");
         (server.join().expect("server"), sent, syns[0])
     });
@@ -718,14 +664,14 @@ fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
 #[test]
 fn allowlist_only_mode_on_and_off_under_traffic() {
     privileged!("allowlist_only_mode_on_and_off_under_traffic");
-    let pair = Pair::new();
-    let run = TempDir::new("allowonly");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("allowonly", &[]);
     d.cli_ok(&["allow", "198.18.0.1"]);
     let (friend, other) = (ip("198.18.0.1"), ip("198.18.0.7"));
     // (frames sent, frames arrived) per source, for 500 ms at 200/s each.
     let probe = || {
-        let got = pair.probe_sent(&[friend, other], 200, Duration::from_millis(500));
+        let got = h
+            .pair
+            .probe_sent(&[friend, other], 200, Duration::from_millis(500));
         (got[0], got[1])
     };
     let (f, o) = probe();
@@ -785,17 +731,17 @@ fn blocklist(n: usize, listed: IpAddr) -> String {
 #[test]
 fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
     privileged!("a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic");
-    let pair = Pair::new();
-    let run = TempDir::new("blocklist");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("blocklist", &[]);
     let (listed, other) = (ip("198.18.0.10"), ip("198.18.0.7"));
-    let file = run.0.join("bulk.netset");
+    let file = h.path("bulk.netset");
     std::fs::write(&file, blocklist(100_000, listed)).expect("writing the list");
     let path = file.to_str().expect("utf-8");
 
     // (frames sent, frames arrived) per source, for 500 ms at 200/s each.
     let probe = || {
-        let got = pair.probe_sent(&[listed, other], 200, Duration::from_millis(500));
+        let got = h
+            .pair
+            .probe_sent(&[listed, other], 200, Duration::from_millis(500));
         (got[0], got[1])
     };
 
@@ -826,7 +772,7 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
     counter_moved(&d, "denied", before, l.0);
 
     // One bad line among 100 000: refused with file and line, nothing changes.
-    let bad = run.0.join("bad.txt");
+    let bad = h.path("bad.txt");
     let mut text = blocklist(100_000, other);
     let at = text.match_indices('\n').nth(50_000).expect("lines").0;
     text.insert_str(at + 1, "198.18.0.300\n");
@@ -851,7 +797,7 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
     assert!(o.0 == o.1, "after a refused list, other source: {o:?}");
 
     // An allow list entry wins over the same CIDR in a deny list.
-    let friends = run.0.join("friends.txt");
+    let friends = h.path("friends.txt");
     std::fs::write(&friends, format!("{listed}\n")).expect("writing the allow list");
     d.cli_ok(&["allow", "--from", friends.to_str().expect("utf-8")]);
     let shadowed = d.json(&["list"])["lists"]
@@ -867,13 +813,10 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
     d.cli_ok(&["unset", "--list", "friends"]);
 
     // Unloaded under traffic: dropped before, passing after.
-    let rx = Receiver::start(&pair.rx, &pair.rx_if, PORT);
-    let flows = [Flow {
-        frame: pair.udp(listed, PORT).build(),
-        pps: 400,
-    }];
+    let rx = h.pair.receiver(PORT);
+    let flows = [h.pair.flow(listed, PORT, 400)];
     let start = std::time::Instant::now();
-    let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(3000));
+    let sender = h.pair.send_async(&flows, Duration::from_millis(3000));
     std::thread::sleep(Duration::from_millis(1000));
     let unset_at = std::time::Instant::now();
     d.cli_ok(&["unset", "--list", "bulk"]);
@@ -914,14 +857,11 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
 fn nothing_from_a_denied_source_reaches_the_host_however_it_is_wrapped() {
     use ratelimit_tests::{
         frames::{TPID_8021AD, tcp},
-        net::{Capture, Delivered, send_each, syn_acks_to},
+        net::{Capture, Delivered, syn_acks_to},
     };
     privileged!("nothing_from_a_denied_source_reaches_the_host_however_it_is_wrapped");
-    let pair = Pair::new();
-    let run = TempDir::new("wrapped");
-    let config = run.0.join("rules.toml");
-    std::fs::write(
-        &config,
+    let (h, d) = Host::with_config(
+        "wrapped",
         r#"
 [[rule]]
 cidr = "198.18.66.0/24"
@@ -943,22 +883,20 @@ proto = "tcp"
 syn = true
 action = "deny"
 "#,
-    )
-    .expect("writing config");
-    let config = config.to_str().expect("utf-8");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", config]);
+        &[],
+    );
     let (denied4, denied6, open4, open6) = (
         ip("198.18.66.5"),
         ip("2001:db8::66:5"),
         ip("198.18.99.5"),
         ip("2001:db8::99:5"),
     );
-    pair.answer(&[]);
+    h.pair.answer(&[]);
 
     // UDP behind 0 to 8 priority tags (802.1ad outside, 802.1Q inside), and
     // behind 9, which the program does not walk: unjudged, dropped.
     let tagged = |src, n: usize| {
-        let mut f = pair.udp(src, PORT);
+        let mut f = h.pair.udp(src, PORT);
         f.vlans = (0..n)
             .map(|i| {
                 (
@@ -984,10 +922,10 @@ action = "deny"
     frames.push(tagged(deep, 9));
     // An IPv6 frame from an IPv4-mapped source is the IPv4 address's.
     let (mapped_denied, mapped_open) = (ip("::ffff:198.18.66.6"), ip("::ffff:198.18.99.6"));
-    frames.push(pair.udp(mapped_denied, PORT).build());
-    frames.push(pair.udp(mapped_open, PORT).build());
-    let delivered = Delivered::start(&pair.rx, PORT);
-    send_each(&pair.tx, &pair.tx_if, &frames);
+    frames.push(h.pair.udp(mapped_denied, PORT).build());
+    frames.push(h.pair.udp(mapped_open, PORT).build());
+    let delivered = Delivered::start(&h.pair.rx, PORT);
+    h.pair.send_each(&frames);
     let got = delivered.finish();
     let n = |a: IpAddr| got.get(&a).copied().unwrap_or(0);
     assert_eq!(
@@ -1020,7 +958,7 @@ action = "deny"
     let syn = |src: IpAddr| Udp {
         tcp: Some(tcp::SYN),
         dport: 8080,
-        ..pair.udp(src, 8080)
+        ..h.pair.udp(src, 8080)
     };
     let chain = |src: IpAddr, n: usize| {
         let mut f = syn(src);
@@ -1038,10 +976,10 @@ action = "deny"
         ip("2001:db8::77:6"),
         ip("2001:db8::99:7"),
     );
-    pair.answer(&[
+    h.pair.answer(&[
         syn_whole, syn_8, syn_16, syn_open, syn6_7, syn6_9, syn6_open,
     ]);
-    let listeners = listen_in(&pair.rx, 8080);
+    let listeners = listen_in(&h.pair.rx, 8080);
     let split = |src, cut| syn(src).fragments(cut).to_vec();
     let mut frames = vec![syn(syn_whole).build(), syn(syn_open).build()];
     frames.extend(split(syn_8, 8));
@@ -1049,8 +987,8 @@ action = "deny"
     frames.push(chain(syn6_7, 7));
     frames.push(chain(syn6_9, 9));
     frames.push(chain(syn6_open, 7));
-    let capture = Capture::start(&pair.tx, &pair.tx_if);
-    send_each(&pair.tx, &pair.tx_if, &frames);
+    let capture = Capture::start(&h.pair.tx, &h.pair.tx_if);
+    h.pair.send_each(&frames);
     let answered = syn_acks_to(&capture.finish());
     for open in [syn_open, syn6_open] {
         assert!(
@@ -1069,14 +1007,9 @@ action = "deny"
     // The policy set the other way: the split SYN is judged by the rule
     // after the --syn deny (the default rule) and walks past it.
     assert!(d.stop(libc::SIGTERM).success());
-    let _d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--config", config, "--unjudged", "next-rule"],
-    );
-    let capture = Capture::start(&pair.tx, &pair.tx_if);
-    send_each(&pair.tx, &pair.tx_if, &split(syn_8, 8));
+    let _d = h.daemon(&["--config", h.config(), "--unjudged", "next-rule"]);
+    let capture = Capture::start(&h.pair.tx, &h.pair.tx_if);
+    h.pair.send_each(&split(syn_8, 8));
     let answered = syn_acks_to(&capture.finish());
     assert!(
         answered.contains(&syn_8),

@@ -15,7 +15,8 @@ use std::{
 use ratelimit_tests::{
     ChildGuard, Daemon, TempDir,
     check::{counter, ip},
-    net::{Flow, NetNs, Pair, pin_dirs, send},
+    fixture::Host,
+    net::{NetNs, Pair, pin_dirs},
     privileged, ratelimit_bin,
 };
 use serde_json::Value;
@@ -120,9 +121,7 @@ fn each_namespace_finds_its_own_daemon_and_never_a_dead_one() {
 #[test]
 fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
     privileged!("a_temporary_deny_ends_on_time_and_survives_a_restart");
-    let pair = Pair::new();
-    let run = TempDir::new("temp");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "1000/s"]);
+    let (h, d) = Host::start("temp", &["--rate", "1000/s"]);
     let bad = ip("198.18.0.66");
     let good = ip("198.18.0.67");
     // A config rule under the ban comes back when it ends.
@@ -135,7 +134,9 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
         "one change, before and after: {out}"
     );
     assert!(out.contains("ends in 5s"), "{out}");
-    let got = pair.probe(&[(bad, 200), (good, 200)], Duration::from_millis(500));
+    let got = h
+        .pair
+        .probe(&[(bad, 200), (good, 200)], Duration::from_millis(500));
     assert_eq!(
         got.get(&bad).copied().unwrap_or(0),
         0,
@@ -148,7 +149,7 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
     let ends_at = rule(&before, "198.18.0.66/32").expect("the ban")["expires_at"].clone();
     d.stop(libc::SIGKILL);
     sleep(Duration::from_millis(500));
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "1000/s"]);
+    let d = h.daemon(&["--rate", "1000/s"]);
     let after = d.json(&["list"]);
     let r = rule(&after, "198.18.0.66/32").expect("the ban survived the restart");
     assert_eq!(r["action"], "deny", "{r}");
@@ -178,7 +179,7 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
         ended >= Duration::from_millis(4900) && ended <= Duration::from_millis(6000),
         "ended {ended:?} after a 5 s ban"
     );
-    let got = pair.probe(&[(bad, 200)], Duration::from_millis(500));
+    let got = h.pair.probe(&[(bad, 200)], Duration::from_millis(500));
     assert!(
         got.get(&bad).copied().unwrap_or(0) > 90,
         "frames still dropped after the ban ended: {got:?}"
@@ -193,9 +194,7 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
 #[test]
 fn set_changes_only_what_it_is_given_and_says_what_changed() {
     privileged!("set_changes_only_what_it_is_given_and_says_what_changed");
-    let pair = Pair::new();
-    let run = TempDir::new("setmerge");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (_h, d) = Host::start("setmerge", &[]);
     let out = d.cli_ok(&["set", "198.18.1.0/24", "--rate", "100/s", "--per", "24"]);
     assert!(
         out.starts_with("added ") && out.contains("limit 100/s burst 100 per /24"),
@@ -297,9 +296,7 @@ fn set_changes_only_what_it_is_given_and_says_what_changed() {
 #[test]
 fn list_json_gives_rules_as_objects_with_numbers_and_units() {
     privileged!("list_json_gives_rules_as_objects_with_numbers_and_units");
-    let pair = Pair::new();
-    let run = TempDir::new("schema");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (_h, d) = Host::start("schema", &[]);
     d.cli_ok(&[
         "set",
         "198.18.0.0/16",
@@ -405,9 +402,7 @@ fn list_json_gives_rules_as_objects_with_numbers_and_units() {
 #[test]
 fn per_rule_counters_and_top_leave_would_drops_apart() {
     privileged!("per_rule_counters_and_top_leave_would_drops_apart");
-    let pair = Pair::new();
-    let run = TempDir::new("rulecount");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("rulecount", &[]);
     d.cli_ok(&[
         "set",
         "198.18.0.0/24",
@@ -429,11 +424,8 @@ fn per_rule_counters_and_top_leave_would_drops_apart() {
     ]);
     let limited = ip("198.18.0.10");
     let dry = ip("198.18.1.10");
-    let flows = [limited, dry].map(|s| Flow {
-        frame: pair.udp(s, PORT).build(),
-        pps: 500,
-    });
-    let sent = send(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(1000));
+    let flows = [limited, dry].map(|s| h.pair.flow(s, PORT, 500));
+    let sent = h.pair.send(&flows, Duration::from_millis(1000));
     sleep(Duration::from_millis(100));
     let top = d.json(&["top"]);
     let l = d.json(&["list", "--stats"]);
@@ -484,13 +476,9 @@ fn per_rule_counters_and_top_leave_would_drops_apart() {
 #[test]
 fn stats_watch_json_into_a_pipe_is_one_object_per_line() {
     privileged!("stats_watch_json_into_a_pipe_is_one_object_per_line");
-    let pair = Pair::new();
-    let run = TempDir::new("watch");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
-    let mut cmd = pair.rx.command(ratelimit_bin());
-    cmd.args(["stats", "--watch", "--json", "--iface", &d.iface])
-        .env("RATELIMIT_RUN_DIR", &run.0)
-        .stdin(Stdio::null())
+    let (h, d) = Host::start("watch", &[]);
+    let mut cmd = h.command(&["stats", "--watch", "--json", "--iface", &d.iface]);
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut watch = ChildGuard::spawn(cmd, "ratelimit stats --watch --json");
@@ -520,14 +508,7 @@ fn stats_watch_json_into_a_pipe_is_one_object_per_line() {
 #[test]
 fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
     privileged!("read_only_commands_answer_from_the_pins_with_the_daemon_gone");
-    let pair = Pair::new();
-    let run = TempDir::new("nodaemon");
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--keep-attached", "--rate", "1000/s"],
-    );
+    let (h, d) = Host::start("nodaemon", &["--keep-attached", "--rate", "1000/s"]);
     d.cli_ok(&[
         "set",
         "198.18.0.0/24",
@@ -541,14 +522,11 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
     d.stop(libc::SIGKILL);
     // Still enforcing, with nobody to ask.
     let src = ip("198.18.0.20");
-    let flows = [Flow {
-        frame: pair.udp(src, PORT).build(),
-        pps: 400,
-    }];
-    send(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(500));
+    let flows = [h.pair.flow(src, PORT, 400)];
+    h.pair.send(&flows, Duration::from_millis(500));
 
     let read = |args: &[&str]| -> (Value, String) {
-        let out = bare(&pair.rx, &run.0, args);
+        let out = bare(&h.pair.rx, h.run_dir(), args);
         let v = json_of(&out, &args.join(" "));
         (v, text(&out.stderr))
     };
@@ -574,9 +552,9 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
     // A change says how to adopt, with --iface or without.
     for args in [
         &["deny", "198.18.0.1"][..],
-        &["deny", "198.18.0.1", "--iface", &pair.rx_if],
+        &["deny", "198.18.0.1", "--iface", &h.pair.rx_if],
     ] {
-        let out = bare(&pair.rx, &run.0, args);
+        let out = bare(&h.pair.rx, h.run_dir(), args);
         assert_eq!(
             out.status.code(),
             Some(3),
@@ -584,16 +562,19 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
         );
         let err = text(&out.stderr);
         assert!(
-            err.contains(&format!("ratelimit run --iface {}` adopts it", pair.rx_if)),
+            err.contains(&format!(
+                "ratelimit run --iface {}` adopts it",
+                h.pair.rx_if
+            )),
             "{args:?}: {err}"
         );
     }
 
     // Adopted, then stopped for good: no pins left behind.
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let d = h.daemon(&[]);
     assert_eq!(d.json(&["status"])["adopted"], true);
     d.stop(libc::SIGTERM);
-    assert!(pin_dirs(&pair.rx_if).is_empty(), "pins left behind");
+    assert!(pin_dirs(&h.pair.rx_if).is_empty(), "pins left behind");
 }
 
 /// The value of `key` in an ini section of fail2ban's kind: its first line
@@ -620,9 +601,7 @@ fn ini_value(text: &str, key: &str) -> String {
 #[test]
 fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
     privileged!("the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves");
-    let pair = Pair::new();
-    let run = TempDir::new("f2b");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("f2b", &[]);
     let action = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/fail2ban/ratelimit.conf"),
     )
@@ -632,14 +611,15 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
     let fail2ban = |key: &str, addr: &str, bantime: &str| -> Output {
         let cmd = ini_value(&action, key)
             .replace("<ratelimit>", &ratelimit_bin().display().to_string())
-            .replace("<iface_opt>", &format!("--iface {}", pair.rx_if))
+            .replace("<iface_opt>", &format!("--iface {}", h.pair.rx_if))
             .replace("<ip>", addr)
             .replace("<bantime>", bantime);
-        let out = pair
+        let out = h
+            .pair
             .rx
             .command("sh")
             .args(["-c", &cmd])
-            .env("RATELIMIT_RUN_DIR", &run.0)
+            .env("RATELIMIT_RUN_DIR", h.run_dir())
             .output()
             .expect("sh");
         assert!(out.status.success(), "{key}: {cmd}: {}", text(&out.stderr));
@@ -658,7 +638,9 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
         forever["expires_in_s"].as_f64().unwrap_or(0.0) > 300_000_000.0,
         "a permanent ban is one of ten years: {forever}"
     );
-    let got = pair.probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
+    let got = h
+        .pair
+        .probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
     assert_eq!(got.get(&ip("198.18.0.66")).copied().unwrap_or(0), 0);
     // An unban ends a ban at once, and what it hid comes back.
     d.cli_ok(&["allow", "198.18.0.68/32", "-q"]);
@@ -673,13 +655,10 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
     );
 
     // CrowdSec's way: decisions piped in, banned for a while as one list.
-    let mut bulk = pair.rx.command(ratelimit_bin());
-    bulk.args([
+    let mut bulk = h.command(&[
         "deny", "--from", "-", "--name", "crowdsec", "--for", "2s", "--iface", &d.iface,
-    ])
-    .env("RATELIMIT_RUN_DIR", &run.0)
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
+    ]);
+    bulk.stdin(Stdio::piped()).stdout(Stdio::piped());
     let mut child = bulk.spawn().expect("deny --from -");
     {
         use std::io::Write as _;
@@ -723,7 +702,9 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
         rule(&d.json(&["list"]), "198.18.0.66/32").expect("allow")["action"],
         "allow"
     );
-    let got = pair.probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
+    let got = h
+        .pair
+        .probe(&[(ip("198.18.0.66"), 200)], Duration::from_millis(300));
     assert!(
         got.get(&ip("198.18.0.66")).copied().unwrap_or(0) > 30,
         "{got:?}"

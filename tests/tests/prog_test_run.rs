@@ -803,6 +803,13 @@ fn frames_of_the_hosts_own_connections_pass_a_limit() {
             let ip = addr("2001:db8::3");
             let listener = TcpListener::bind((ip, 0)).expect("listen");
             let client = TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+            // `n` extension headers, the fourth a first fragment (offset 0),
+            // which the program reads past, up to its bound of eight.
+            let with_fragment = |n: usize| {
+                let mut c = vec![(0, 0), (60, 0), (43, 0), (44, 0)];
+                c.resize(n, (60, 0));
+                c
+            };
             type Case = (&'static str, Vec<(u8, u16)>, u32, Reason);
             let ext_cases: [Case; 5] = [
                 (
@@ -825,32 +832,13 @@ fn frames_of_the_hosts_own_connections_pass_a_limit() {
                 ),
                 (
                     "eight extension headers",
-                    vec![
-                        (0, 0),
-                        (60, 0),
-                        (43, 0),
-                        (44, 0),
-                        (60, 0),
-                        (60, 0),
-                        (60, 0),
-                        (60, 0),
-                    ],
+                    with_fragment(8),
                     XDP_PASS,
                     Reason::HostConnection,
                 ),
                 (
                     "nine extension headers (over the bound: unjudged, dropped)",
-                    vec![
-                        (0, 0),
-                        (60, 0),
-                        (43, 0),
-                        (44, 0),
-                        (60, 0),
-                        (60, 0),
-                        (60, 0),
-                        (60, 0),
-                        (60, 0),
-                    ],
+                    with_fragment(9),
                     XDP_DROP,
                     Reason::Unjudged,
                 ),
@@ -1358,35 +1346,20 @@ fn frames_behind_any_depth_of_vlan_tags_are_judged() {
     };
     for n in 0..=ratelimit_common::MAX_VLAN_TAGS {
         for vid0 in [true, false] {
-            let what = |s: &str| format!("{s}, {n} tags (VID 0: {vid0})");
-            expect(
-                &l,
-                &what("denied IPv4"),
-                &tagged(v4("198.18.66.5"), n, vid0),
-                XDP_DROP,
-                Reason::Denied,
-            );
-            expect(
-                &l,
-                &what("denied IPv6"),
-                &tagged(v6("2001:db8:66::5"), n, vid0),
-                XDP_DROP,
-                Reason::Denied,
-            );
-            expect(
-                &l,
-                &what("limited IPv4"),
-                &tagged(v4("198.18.77.5"), n, vid0),
-                XDP_DROP,
-                Reason::Limited,
-            );
-            expect(
-                &l,
-                &what("allowed IPv4"),
-                &tagged(v4("198.18.88.5"), n, vid0),
-                XDP_PASS,
-                Reason::Allowed,
-            );
+            for (what, f, verdict, reason) in [
+                ("denied IPv4", v4("198.18.66.5"), XDP_DROP, Reason::Denied),
+                (
+                    "denied IPv6",
+                    v6("2001:db8:66::5"),
+                    XDP_DROP,
+                    Reason::Denied,
+                ),
+                ("limited IPv4", v4("198.18.77.5"), XDP_DROP, Reason::Limited),
+                ("allowed IPv4", v4("198.18.88.5"), XDP_PASS, Reason::Allowed),
+            ] {
+                let what = format!("{what}, {n} tags (VID 0: {vid0})");
+                expect(&l, &what, &tagged(f, n, vid0), verdict, reason);
+            }
         }
     }
     // A tag chain deeper than the program walks: dropped (there is no source

@@ -15,7 +15,8 @@ use std::{
 
 use ratelimit_tests::{
     ChildGuard, Daemon, TempDir,
-    check::ip,
+    check::{ip, ipv6_list},
+    fixture::Host,
     net::{Pair, pin_dirs},
     privileged, ratelimit_bin,
 };
@@ -59,54 +60,47 @@ fn dropped(pair: &Pair, sources: &[IpAddr]) -> Vec<IpAddr> {
 #[test]
 fn a_start_with_a_changed_config_enforces_what_it_announces() {
     privileged!("a_start_with_a_changed_config_enforces_what_it_announces");
-    let pair = Pair::new();
-    let run = TempDir::new("changed");
+    let h = Host::bare("changed");
     let (a, b, c) = (six(10), six(20), six(30));
-    let file_a = write(&run.0, "a.toml", &denies(&a));
-    let file_b = write(&run.0, "b.toml", &denies(&b));
-    let file_c = write(&run.0, "c.toml", &denies(&c));
+    let file_a = h.write("a.toml", &denies(&a));
+    let file_b = h.write("b.toml", &denies(&b));
+    let file_c = h.write("c.toml", &denies(&c));
     let all: Vec<IpAddr> = a.iter().chain(&b).chain(&c).copied().collect();
 
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--keep-attached", "--config", &file_a],
-    );
-    assert_eq!(dropped(&pair, &all), a, "A's denies, before any restart");
+    let d = h.daemon(&["--keep-attached", "--config", &file_a]);
+    assert_eq!(dropped(&h.pair, &all), a, "A's denies, before any restart");
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    assert_eq!(dropped(&pair, &all), a, "--keep-attached keeps A enforcing");
+    assert_eq!(
+        dropped(&h.pair, &all),
+        a,
+        "--keep-attached keeps A enforcing"
+    );
 
     // The unit's way: started again with the file, now B.
-    let d = Daemon::start(
-        &pair.rx,
-        &pair.rx_if,
-        &run.0,
-        &["--keep-attached", "--config", &file_b],
-    );
+    let d = h.daemon(&["--keep-attached", "--config", &file_b]);
     assert!(
         d.output().contains("took over the running program"),
         "{}",
         d.output()
     );
     assert_eq!(
-        dropped(&pair, &all),
+        dropped(&h.pair, &all),
         b,
         "after a --keep-attached restart with B, exactly B's denies must drop; the daemon said: {}",
         d.output()
     );
     d.stop(libc::SIGKILL);
-    assert_eq!(dropped(&pair, &all), b, "a SIGKILL leaves B enforcing");
+    assert_eq!(dropped(&h.pair, &all), b, "a SIGKILL leaves B enforcing");
 
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--config", &file_c]);
+    let d = h.daemon(&["--config", &file_c]);
     assert_eq!(
-        dropped(&pair, &all),
+        dropped(&h.pair, &all),
         c,
         "after a SIGKILL and a start with C, exactly C's denies must drop; the daemon said: {}",
         d.output()
     );
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
-    assert!(!pair.rx_has_xdp(), "a plain stop detaches");
+    assert!(!h.pair.rx_has_xdp(), "a plain stop detaches");
 }
 
 /// The workspace root (where `cargo xtask` is defined).
@@ -117,15 +111,15 @@ fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// `ratelimit ARGS --iface IFACE` run under `ip netns exec` (a mount
+/// `ratelimit ARGS --iface IFACE` on `h` run under `ip netns exec` (a mount
 /// namespace of its own, as a user's shell there has).
-fn exec_cli(pair: &Pair, run: &Path, args: &[&str]) -> std::process::Output {
+fn exec_cli(h: &Host, args: &[&str]) -> std::process::Output {
     Command::new("ip")
-        .args(["netns", "exec", &pair.rx.name])
+        .args(["netns", "exec", &h.pair.rx.name])
         .arg(ratelimit_bin())
         .args(args)
-        .args(["--iface", &pair.rx_if])
-        .env("RATELIMIT_RUN_DIR", run)
+        .args(["--iface", &h.pair.rx_if])
+        .env("RATELIMIT_RUN_DIR", h.run_dir())
         .output()
         .expect("running the CLI under ip netns exec")
 }
@@ -140,29 +134,28 @@ fn exec_cli(pair: &Pair, run: &Path, args: &[&str]) -> std::process::Output {
 fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
     use std::os::unix::process::CommandExt as _;
     privileged!("ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it");
-    let pair = Pair::new();
-    let run = TempDir::new("xtask");
+    let h = Host::bare("xtask");
     let denied = ip("198.18.50.1");
-    let cfg = write(&run.0, "deny.toml", &denies(&[denied]));
+    let cfg = h.write("deny.toml", &denies(&[denied]));
     let xtask = || {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &pair.rx.name])
+        c.args(["netns", "exec", &h.pair.rx.name])
             .arg(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["xtask", "run", "--iface", &pair.rx_if, "--"])
+            .args(["xtask", "run", "--iface", &h.pair.rx_if, "--"])
             .args(["--keep-attached", "--config", &cfg])
             .current_dir(workspace())
             // A group of its own, as a terminal's foreground job.
             .process_group(0);
         c
     };
-    let d = Daemon::spawn(xtask(), &pair.rx, &pair.rx_if, &run.0);
+    let d = h.spawn(xtask());
     let _group = Group(d.child.pid());
     assert_eq!(
-        pin_dirs(&pair.rx_if).len(),
+        pin_dirs(&h.pair.rx_if).len(),
         1,
         "no pins in the system's bpffs"
     );
-    assert_eq!(dropped(&pair, &[denied]), [denied]);
+    assert_eq!(dropped(&h.pair, &[denied]), [denied]);
 
     // Ctrl-C: SIGINT to the whole foreground group.
     // SAFETY: kill(2) on the group the test made.
@@ -172,22 +165,22 @@ fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
     let log = std::fs::read_to_string(&d.log).unwrap_or_default();
     assert!(log.contains("keeps enforcing"), "{log}");
     assert!(
-        pair.rx_has_xdp(),
+        h.pair.rx_has_xdp(),
         "the daemon said it keeps enforcing; nothing is attached"
     );
     assert_eq!(
-        pin_dirs(&pair.rx_if).len(),
+        pin_dirs(&h.pair.rx_if).len(),
         1,
         "the pins went with the command"
     );
     let flows = [(denied, 2000u32)];
-    let got = pair.probe(&flows, Duration::from_secs(1));
+    let got = h.pair.probe(&flows, Duration::from_secs(1));
     assert_eq!(
         got.get(&denied).copied().unwrap_or(0),
         0,
         "a denied source passed after Ctrl-C"
     );
-    let status = exec_cli(&pair, &run.0, &["status", "--json"]);
+    let status = exec_cli(&h, &["status", "--json"]);
     let status: serde_json::Value =
         serde_json::from_slice(&status.stdout).expect("status --json from the pins");
     assert_eq!(
@@ -197,7 +190,7 @@ fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
     );
 
     // Started again the same way it adopts; a SIGKILL then leaves it enforcing.
-    let d = Daemon::spawn(xtask(), &pair.rx, &pair.rx_if, &run.0);
+    let d = h.spawn(xtask());
     let _group = Group(d.child.pid());
     let status = d.json(&["status"]);
     assert_eq!(status["took_over_link"], true, "{status}");
@@ -205,14 +198,14 @@ fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
     // SAFETY: kill(2) on the daemon's pid.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let _ = d.child.wait(Duration::from_secs(20));
-    assert!(pair.rx_has_xdp(), "a SIGKILL took the program");
-    let got = pair.probe(&[(denied, 4000)], Duration::from_secs(1));
+    assert!(h.pair.rx_has_xdp(), "a SIGKILL took the program");
+    let got = h.pair.probe(&[(denied, 4000)], Duration::from_secs(1));
     assert_eq!(
         got.get(&denied).copied().unwrap_or(0),
         0,
         "a denied source passed after SIGKILL"
     );
-    let out = exec_cli(&pair, &run.0, &["list"]);
+    let out = exec_cli(&h, &["list"]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("198.18.50.1/32"),
         "the CLI under ip netns exec cannot read the pins: {}",
@@ -364,9 +357,7 @@ fn walk(dir: &Path) -> Vec<String> {
 #[test]
 fn no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer() {
     privileged!("no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer");
-    let pair = Pair::new();
-    let run = TempDir::new("noanswer");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("noanswer", &[]);
     d.child.signal(libc::SIGSTOP);
     let out = d
         .cli_command(&["deny", "198.18.52.0/24"])
@@ -396,18 +387,8 @@ fn no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer() {
 
     // A list of 200 000 entries, then 20 changes at once: each answers, and
     // each is applied.
-    let list = run.0.join("big.list");
-    let text: String = (0..200_000u32)
-        .map(|i| format!("2001:db8:{:x}:{:x}::/64\n", i >> 16, i & 0xffff))
-        .collect();
-    std::fs::write(&list, text).expect("writing the list");
-    d.cli_ok(&[
-        "deny",
-        "--from",
-        list.to_str().expect("utf-8"),
-        "--name",
-        "big",
-    ]);
+    let list = h.write("big.list", &ipv6_list(200_000));
+    d.cli_ok(&["deny", "--from", &list, "--name", "big"]);
     let changes: Vec<_> = (0..20)
         .map(|i| {
             let mut c = d.cli_command(&["deny", &format!("198.18.60.{i}/32")]);
@@ -443,12 +424,10 @@ fn no_answer_is_not_a_refusal_and_changes_under_a_large_list_answer() {
 #[test]
 fn pins_removed_under_a_running_daemon_are_pinned_again() {
     privileged!("pins_removed_under_a_running_daemon_are_pinned_again");
-    let pair = Pair::new();
-    let run = TempDir::new("unpinned");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--keep-attached"]);
+    let (h, d) = Host::start("unpinned", &["--keep-attached"]);
     let denied = ip("198.18.53.1");
     d.cli_ok(&["deny", "198.18.53.1/32"]);
-    let dirs = pin_dirs(&pair.rx_if);
+    let dirs = pin_dirs(&h.pair.rx_if);
     assert_eq!(dirs.len(), 1);
     std::fs::remove_dir_all(&dirs[0]).expect("rm -r of the pin directory");
     let status = d.json(&["status"]);
@@ -468,13 +447,13 @@ fn pins_removed_under_a_running_daemon_are_pinned_again() {
     assert!(d.output().contains("pinned again"), "{}", d.output());
 
     d.stop(libc::SIGKILL);
-    assert!(pair.rx_has_xdp(), "the SIGKILL took the program");
+    assert!(h.pair.rx_has_xdp(), "the SIGKILL took the program");
     assert_eq!(
-        dropped(&pair, &[denied]),
+        dropped(&h.pair, &[denied]),
         [denied],
         "the deny went with the SIGKILL"
     );
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let d = h.daemon(&[]);
     let status = d.json(&["status"]);
     assert_eq!(status["took_over_link"], true, "{status}");
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
@@ -515,28 +494,23 @@ fn pins_of_a_deleted_namespace_are_removed_at_the_next_start() {
 #[test]
 fn a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it() {
     privileged!("a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it");
-    let pair = Pair::new();
-    let run = TempDir::new("orphan");
-    let log = run.0.join("daemon.log");
+    let h = Host::bare("orphan");
+    let log = h.path("daemon.log");
     let script = format!(
         "{} run --iface {} --keep-attached >{} 2>&1 &",
         ratelimit_bin().display(),
-        pair.rx_if,
+        h.pair.rx_if,
         log.display()
     );
     let out = Command::new("ip")
-        .args(["netns", "exec", &pair.rx.name, "sh", "-c", &script])
-        .env("RATELIMIT_RUN_DIR", &run.0)
+        .args(["netns", "exec", &h.pair.rx.name, "sh", "-c", &script])
+        .env("RATELIMIT_RUN_DIR", h.run_dir())
         .output()
         .expect("starting in the background");
     assert!(out.status.success());
     let cli = |args: &[&str]| {
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", pair.rx.name))
-            .arg(ratelimit_bin())
-            .args(args)
-            .args(["--iface", &pair.rx_if])
-            .env("RATELIMIT_RUN_DIR", &run.0)
+        h.command(args)
+            .args(["--iface", &h.pair.rx_if])
             .output()
             .expect("cli")
     };
@@ -557,7 +531,7 @@ fn a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it() {
     };
     let kill = Group(-pid);
     assert_eq!(
-        pin_dirs(&pair.rx_if).len(),
+        pin_dirs(&h.pair.rx_if).len(),
         1,
         "no pins in the system's bpffs: {}",
         std::fs::read_to_string(&log).unwrap_or_default()
@@ -566,9 +540,12 @@ fn a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it() {
     unsafe { libc::kill(pid, libc::SIGTERM) };
     sleep(Duration::from_secs(1));
     drop(kill);
-    assert!(pair.rx_has_xdp(), "--keep-attached said it keeps enforcing");
+    assert!(
+        h.pair.rx_has_xdp(),
+        "--keep-attached said it keeps enforcing"
+    );
     assert_eq!(
-        pin_dirs(&pair.rx_if).len(),
+        pin_dirs(&h.pair.rx_if).len(),
         1,
         "the pins went with the daemon"
     );

@@ -13,6 +13,7 @@ use std::{
 use ratelimit_tests::{
     Daemon, TempDir,
     check::ip,
+    fixture::Host,
     net::{Pair, pin_dirs},
     privileged, ratelimit_bin, require_tool,
 };
@@ -180,20 +181,20 @@ fn setpriv_caps() -> String {
     s
 }
 
-/// `ratelimit run` on the pair's receiving end, as uid 0 with exactly the
+/// `ratelimit run` on the host's receiving end, as uid 0 with exactly the
 /// unit's capabilities (bounding, inheritable and ambient sets, as systemd
 /// sets them from CapabilityBoundingSet= and AmbientCapabilities=).
-fn start_confined(pair: &Pair, run: &Path) -> Daemon {
+fn start_confined(h: &Host) -> Daemon {
     let caps = setpriv_caps();
-    let mut cmd = pair.rx.command("setpriv");
+    let mut cmd = h.pair.rx.command("setpriv");
     cmd.arg("--reuid=0")
         .arg(format!("--bounding-set={caps}"))
         .arg(format!("--inh-caps={caps}"))
         .arg(format!("--ambient-caps={caps}"))
         .arg("--")
         .arg(ratelimit_bin())
-        .args(["run", "--iface", &pair.rx_if, "--keep-attached"]);
-    Daemon::spawn(cmd, &pair.rx, &pair.rx_if, run)
+        .args(["run", "--iface", &h.pair.rx_if, "--keep-attached"]);
+    h.spawn(cmd)
 }
 
 /// Frames from a denied source and from one within the default limit, for
@@ -235,9 +236,8 @@ fn the_units_capabilities_are_enough_to_attach_enforce_pin_and_adopt() {
     );
     let want: u64 = caps.iter().map(|c| 1u64 << cap_bit(c)).sum();
 
-    let pair = Pair::new();
-    let run = TempDir::new("caps");
-    let d = start_confined(&pair, &run.0);
+    let h = Host::bare("caps");
+    let d = start_confined(&h);
     // The daemon itself (nsenter and setpriv exec it in place), with the
     // unit's capabilities and no others.
     let pid = d.child.pid();
@@ -251,18 +251,21 @@ fn the_units_capabilities_are_enough_to_attach_enforce_pin_and_adopt() {
             proc_caps(pid, field)
         );
     }
-    assert!(pair.rx_has_xdp(), "no XDP program on {}", pair.rx_if);
+    assert!(h.pair.rx_has_xdp(), "no XDP program on {}", h.pair.rx_if);
     d.cli_ok(&["deny", "198.18.0.66/32"]);
-    assert_enforced(&pair, "first start");
+    assert_enforced(&h.pair, "first start");
 
     // SIGTERM with --keep-attached (as `systemctl stop`): still enforcing, pinned.
     let status = d.stop(libc::SIGTERM);
     assert!(status.success(), "exit on SIGTERM: {status:?}");
-    assert!(pair.rx_has_xdp(), "SIGTERM under --keep-attached detached");
-    assert!(!pin_dirs(&pair.rx_if).is_empty(), "no pins after SIGTERM");
+    assert!(
+        h.pair.rx_has_xdp(),
+        "SIGTERM under --keep-attached detached"
+    );
+    assert!(!pin_dirs(&h.pair.rx_if).is_empty(), "no pins after SIGTERM");
 
     // A second start, same capabilities, adopts the pinned program and maps.
-    let d = start_confined(&pair, &run.0);
+    let d = start_confined(&h);
     let status = d.json(&["status"]);
     assert_eq!(
         status["adopted"], true,
@@ -273,7 +276,7 @@ fn the_units_capabilities_are_enough_to_attach_enforce_pin_and_adopt() {
         list.to_string().contains("198.18.0.66/32"),
         "the deny rule was lost across the restart: {list}"
     );
-    assert_enforced(&pair, "after adopting");
+    assert_enforced(&h.pair, "after adopting");
     let status = d.stop(libc::SIGTERM);
     assert!(status.success(), "second exit on SIGTERM: {status:?}");
 }
@@ -333,32 +336,33 @@ fn every_system_call_the_daemon_makes_is_in_the_units_filter() {
     let allowed = allowed_syscalls();
     assert!(allowed.contains("bpf") && allowed.contains("read"));
 
-    let pair = Pair::new();
-    let run = TempDir::new("syscalls");
-    let config = run.0.join("rules.toml");
-    std::fs::write(&config, "[default]\nrate = \"500/s\"\n").expect("config");
-    let trace = run.0.join("strace.txt");
+    let h = Host::bare("syscalls");
+    let config = h.write("rules.toml", "[default]\nrate = \"500/s\"\n");
+    let trace = h.path("strace.txt");
     let metrics = "127.0.0.1:19481";
     // Everything the daemon does in a day: start with a config and metrics,
     // take changes, answer reads, be scraped, reload on SIGHUP, stop.
-    let mut cmd = pair.rx.command("strace");
+    let mut cmd = h.pair.rx.command("strace");
     cmd.args(["-f", "-c", "-o"])
         .arg(&trace)
         .arg("--")
         .arg(ratelimit_bin())
-        .args(["run", "--iface", &pair.rx_if, "--keep-attached"])
+        .args(["run", "--iface", &h.pair.rx_if, "--keep-attached"])
         .arg("--config")
         .arg(&config)
         .args(["--metrics", metrics]);
-    let d = Daemon::spawn(cmd, &pair.rx, &pair.rx_if, &run.0);
+    let d = h.spawn(cmd);
     d.cli_ok(&["deny", "198.18.0.66/32"]);
     d.cli_ok(&["set", "198.18.0.0/24", "--rate", "100/s", "--per", "24"]);
-    let _ = pair.probe(&[(ip("198.18.0.66"), 100)], Duration::from_millis(300));
+    let _ = h
+        .pair
+        .probe(&[(ip("198.18.0.66"), 100)], Duration::from_millis(300));
     for read in [&["stats"][..], &["status"], &["list"]] {
         d.json(read);
     }
     d.cli_ok(&["top"]);
-    let scrape = pair
+    let scrape = h
+        .pair
         .rx
         .command("python3")
         .args([

@@ -3,11 +3,7 @@
 
 use std::{fmt::Write as _, net::IpAddr, time::Duration};
 
-use ratelimit_tests::{
-    Daemon, TempDir,
-    net::{NetNs, Pair, Receiver},
-    testrun::pin_to_cpu,
-};
+use ratelimit_tests::{fixture::Host, net::NetNs, testrun::pin_to_cpu};
 use ratelimit_user::kernel::monotonic_ns;
 use serde_json::json;
 
@@ -66,9 +62,8 @@ pub fn accuracy(opts: &Opts, report: &mut Report) {
              (the same code run on the host, and for gcra also burst + rate × duration). Ratio = admitted ÷ expected."
         ),
     );
-    let pair = Pair::new();
-    let run = TempDir::new("bench-acc");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+    let (h, d) = Host::start("bench-acc", &[]);
+    let pair = &h.pair;
     let ms = 1_000_000u64;
     let configs: Vec<(&str, Vec<&str>, Algorithm, f64)> = vec![
         (
@@ -174,7 +169,7 @@ pub fn accuracy(opts: &Opts, report: &mut Report) {
             n += 1;
             let src = IpAddr::from([198, 18, 100, n as u8]);
             let frame = pair.udp(src, 7100).build();
-            let rx = Receiver::start(&pair.rx, &pair.rx_if, 7100);
+            let rx = pair.receiver(7100);
             let pps = 1000.0 * factor / 2.0;
             let dur = Duration::from_secs_f64(secs);
             let (a, b) = std::thread::scope(|s| {

@@ -29,7 +29,7 @@ use aya::{Ebpf, EbpfLoader};
 use ratelimit_tests::{
     Daemon, TempDir,
     generator::Generator,
-    net::{Flow, Pair, Receiver, send_async},
+    net::{Flow, Pair},
     testrun::{pin_to_cpu, unpin},
 };
 use serde_json::{Value, json};
@@ -123,15 +123,17 @@ impl Receiver_ {
     }
 }
 
-/// One receiver set up on a fresh pair, ready to count.
+/// One receiver set up on a fresh pair, ready to count. Fields drop in
+/// order: the daemon is killed and the floor detached before the pair's
+/// namespaces go.
 struct Setup {
-    pair: Pair,
-    _run: TempDir,
     daemon: Option<Daemon>,
     floor: Option<Ebpf>,
     kind: Receiver_,
     /// The receiving NAPI thread.
     napi: Option<u32>,
+    _run: TempDir,
+    pair: Pair,
 }
 
 impl Setup {
@@ -973,7 +975,7 @@ fn established(
         });
         let pair = &setup.pair;
         let frame = flood_frame(pair, flood);
-        let rx = Receiver::start(&pair.rx, &pair.rx_if, LEGIT_PORT);
+        let rx = pair.receiver(LEGIT_PORT);
         let flows: Vec<Flow> = (1..=LEGIT)
             .map(|i| Flow {
                 frame: pair
@@ -985,7 +987,7 @@ fn established(
         let total = Duration::from_secs_f64(secs + 1.0);
         let p0 = setup.passed().unwrap_or(0);
         let t0 = Instant::now();
-        let sender = send_async(&pair.tx, &pair.tx_if, &flows, total);
+        let sender = pair.send_async(&flows, total);
         std::thread::sleep(Duration::from_secs(1));
         let c0 = setup.napi.map_or(0, cpu_ns);
         let h0 = setup.frames();

@@ -5,10 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ratelimit_tests::{
-    Daemon, TempDir,
-    net::{Flow, Pair, Receiver, send_async},
-};
+use ratelimit_tests::{check::ipv6_list, fixture::Host};
 use serde_json::json;
 
 use crate::{Opts, ip, met, report::Report, stats};
@@ -23,18 +20,14 @@ pub fn set_to_enforced(opts: &Opts, report: &mut Report) {
              the time from starting the command to the last frame that arrived. Median of {trials} (min–max)."
         ),
     );
-    let pair = Pair::new();
-    let run = TempDir::new("bench-set");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &["--rate", "100k/s"]);
+    let (h, d) = Host::start("bench-set", &["--rate", "100k/s"]);
+    let pair = &h.pair;
     let src = ip("198.18.0.90");
     let mut delays = Vec::new();
     for _ in 0..trials {
-        let rx = Receiver::start(&pair.rx, &pair.rx_if, 6000);
-        let flows = [Flow {
-            frame: pair.udp(src, 6000).build(),
-            pps: 20_000,
-        }];
-        let sender = send_async(&pair.tx, &pair.tx_if, &flows, Duration::from_millis(800));
+        let rx = pair.receiver(6000);
+        let flows = [pair.flow(src, 6000, 20_000)];
+        let sender = pair.send_async(&flows, Duration::from_millis(800));
         std::thread::sleep(Duration::from_millis(300));
         let t0 = Instant::now();
         d.cli_ok(&["deny", "198.18.0.90/32"]);
@@ -73,22 +66,10 @@ pub fn change_under_a_large_list(opts: &Opts, report: &mut Report) {
              (the CLI's start included), median of {trials} (min–max), and of twenty at once."
         ),
     );
-    let pair = Pair::new();
-    let run = TempDir::new("bench-list");
-    let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
-    let list = run.0.join("big.list");
-    let text: String = (0..entries)
-        .map(|i| format!("2001:db8:{:x}:{:x}::/64\n", i >> 16, i & 0xffff))
-        .collect();
-    std::fs::write(&list, text).expect("writing the list");
+    let (h, d) = Host::start("bench-list", &[]);
+    let list = h.write("big.list", &ipv6_list(entries));
     let t0 = Instant::now();
-    d.cli_ok(&[
-        "deny",
-        "--from",
-        list.to_str().expect("utf-8"),
-        "--name",
-        "big",
-    ]);
+    d.cli_ok(&["deny", "--from", &list, "--name", "big"]);
     let load = t0.elapsed().as_secs_f64();
     // The trie the program does not read catches up while the daemon idles.
     std::thread::sleep(Duration::from_secs(if opts.quick { 2 } else { 8 }));

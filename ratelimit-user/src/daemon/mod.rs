@@ -56,8 +56,8 @@ use crate::{
     model::rules::RuleSet,
     protocol::socket_path,
 };
+use crate::{host::clock::now_ms, model::overlay::Layers};
 use reload::{ReadDone, ReloadAsk, Reloads};
-use store::{Rules, now_ms};
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -137,7 +137,7 @@ struct Daemon {
     opts: RunOptions,
     id: Identity,
     enforcer: Enforcer,
-    rules: Rules,
+    rules: Layers,
     started: Instant,
     /// Counter samples, oldest first, the last [`SAMPLES_KEPT`].
     samples: std::collections::VecDeque<Sample>,
@@ -375,7 +375,7 @@ impl Daemon {
     /// is touched, and put in place once the kernel enforces the change: a
     /// change that cannot be saved (a full disk) is refused with nothing
     /// changed, so no change is acknowledged that a restart would lose.
-    fn apply(&mut self, next: Rules) -> Result<()> {
+    fn apply(&mut self, next: Layers) -> Result<()> {
         let effective = next.effective();
         effective.validate()?;
         if self.opts.fleet.is_none() && effective.has_fleet() {
@@ -418,7 +418,7 @@ impl Daemon {
 
     /// Ends what expired: in the kernel even when the record cannot be saved
     /// (a restart reads the same ends from the old record and ends them too).
-    fn apply_expired(&mut self, next: Rules) -> Result<()> {
+    fn apply_expired(&mut self, next: Layers) -> Result<()> {
         match self.apply(next.clone()) {
             Err(Error::NotSaved(why)) => {
                 self.enforcer.maps.apply(&next.effective())?;

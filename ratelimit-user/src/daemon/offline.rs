@@ -10,12 +10,13 @@ use std::{path::PathBuf, time::Duration};
 use super::{
     control::TOP_WINDOW,
     read::{self, Teller},
-    store::{self, Found, Rules},
+    store::{self, Found},
 };
 use crate::{
     error::{Error, Result},
     host::identity::{self, Identity},
     kernel::{LINK_PIN, Maps},
+    model::overlay::Layers,
     protocol::{
         Request,
         answer::{self, Answer, Interface, Offline, RulesFrom},
@@ -28,7 +29,7 @@ pub struct Pinned {
     /// The pin directory as the operator knows it (`/sys/fs/bpf/...`).
     shown: PathBuf,
     maps: Maps,
-    rules: Rules,
+    rules: Layers,
     /// Whether the saved record was set aside for what the kernel enforces.
     from_kernel: bool,
 }
@@ -83,7 +84,7 @@ impl Pinned {
         // from, when a temporary one ends), if it matches what is enforced.
         let (rules, from_kernel) = match store::load(&id) {
             Found::Rules(saved) if saved.effective().same_in_kernel(&kernel) => (*saved, false),
-            _ => (Rules::of(kernel), true),
+            _ => (Layers::of(kernel), true),
         };
         Ok(Some(Self {
             shown: identity::pin_dir(&root.shown, &id),

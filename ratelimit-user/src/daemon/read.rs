@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use ratelimit_common::{Event, Reason, RuleCounter};
 
-use super::{
-    Baseline,
-    store::{Rules, now_ms},
-};
+use super::Baseline;
 use crate::{
     error::Result,
+    host::clock::now_ms,
     host::identity::Identity,
     kernel::{Attached, InterfaceState, Maps},
+    model::overlay::Layers,
     model::{
         describe,
         lists::{Allowed, ListAction},
@@ -29,7 +28,7 @@ use crate::{
 
 /// The rules as `ratelimit list` shows them; with each rule's counters read
 /// from `counters` now (`list --stats`).
-pub(super) fn list_of(rules: &Rules, counters: Option<&Maps>) -> Result<answer::Rules> {
+pub(super) fn list_of(rules: &Layers, counters: Option<&Maps>) -> Result<answer::Rules> {
     let set = rules.effective();
     let kernel = counters.map(Maps::rules).transpose()?;
     let counters_of = |slot: u32| -> Result<Option<Counters>> {
@@ -100,7 +99,7 @@ pub(super) fn list_of(rules: &Rules, counters: Option<&Maps>) -> Result<answer::
 /// entries are shadowed (they have exactly the CIDR of a rule without a
 /// match, which wins, or, in a deny list, are equal to or inside an allow
 /// list entry, which wins: see `kernel::Maps::apply`).
-fn list_views(rules: &Rules, set: &RuleSet) -> Vec<ListView> {
+fn list_views(rules: &Layers, set: &RuleSet) -> Vec<ListView> {
     let allowed = Allowed::of(set.lists.values());
     set.lists
         .iter()

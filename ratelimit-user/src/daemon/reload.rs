@@ -9,12 +9,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
-use super::{
-    Daemon,
-    store::{self, Rules},
-};
+use super::Daemon;
 use crate::{
     error::{Error, Result, chain},
+    model::overlay::{Layers, Overlay},
     model::rules::RuleSet,
     protocol::answer::Answer,
 };
@@ -96,7 +94,7 @@ impl Daemon {
         if self.opts.config.is_none() {
             let before = self.rules.clone();
             let done = if ask.replace {
-                let next = Rules::of(self.rules.base.clone());
+                let next = Layers::of(self.rules.base.clone());
                 self.apply(next).inspect(|()| info!("live changes dropped"))
             } else {
                 warn!("reload without --config: nothing to read");
@@ -147,11 +145,11 @@ impl Daemon {
         let before = self.rules.clone();
         let done = read.and_then(|base| {
             let live = if ask.replace {
-                store::Overlay::default()
+                Overlay::default()
             } else {
                 self.rules.live.clone()
             };
-            self.apply(Rules { base, live })?;
+            self.apply(Layers { base, live })?;
             let path = self.opts.config.clone().unwrap_or_default();
             info!(config = %path.display(), replace = ask.replace, "reloaded");
             self.announce();
@@ -180,7 +178,7 @@ impl Daemon {
 
     /// Says how a reload went: to its client (the rules and what changed
     /// since `before`), and in the log.
-    fn reload_done(&mut self, ask: ReloadAsk, done: Result<()>, before: Option<&Rules>) {
+    fn reload_done(&mut self, ask: ReloadAsk, done: Result<()>, before: Option<&Layers>) {
         match &done {
             Ok(()) => {}
             // One log line per error of the file, each with its line.

@@ -1,10 +1,11 @@
-//! Where a daemon's rules come from, and where they are kept.
+//! Where a daemon's rules are kept: its [`Layers`] (the base and the live
+//! changes) saved in the run directory, whole or not at all, after every
+//! change, and read back at the next start.
 //!
 //! The **base** is the config file (with the command line's options), or the
 //! command line alone. **Live changes** (`set`, `allow`, `deny`, `unset`) are
 //! kept on top of the base, across reloads (SIGHUP, `ratelimit reload`) and
 //! restarts, until they are unset or dropped with `ratelimit reload --replace`.
-//! Both are saved in the run directory, whole or not at all, after every change.
 //! Lists are saved with their entries (a list loaded with `deny --from FILE`
 //! comes back without its file; one of the config file is read again from its
 //! file when the daemon is given the config file).
@@ -16,7 +17,7 @@
 //! defaults in silence. The record outlives a clean stop (it lives in /run, so
 //! not a reboot): live changes come back with the next start.
 
-use std::{collections::BTreeMap, path::Path, sync::Arc};
+use std::{path::Path, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
@@ -24,241 +25,13 @@ use tracing::{error, warn};
 use crate::{
     config::{RawConfig, RawLimit},
     error::{Error, Result},
+    host::clock::now_ms,
     host::identity::Identity,
     host::rundir,
     model::lists::{List, ListAction},
-    model::rules::{Action, Mode, RuleSet, Selector},
+    model::overlay::{Expiry, Layers, Overlay},
+    model::rules::{Mode, RuleSet, Selector},
 };
-
-/// Live changes on top of the base.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Overlay {
-    /// The default rule, if set live.
-    pub default: Option<Action>,
-    /// Rules set live (`Some`) or unset live (`None`: a base rule removed).
-    pub rules: BTreeMap<Selector, Option<Action>>,
-    /// The mode, if set live (`ratelimit mode`).
-    pub mode: Option<Mode>,
-    /// Lists loaded live (`Some`) or removed live (`None`: a base list removed).
-    pub lists: BTreeMap<String, Option<List>>,
-    /// Rules set for a while (`--for`): when each ends, and what comes back.
-    pub expiring: BTreeMap<Selector, Expiry>,
-    /// Lists loaded for a while (`--for`): when each ends (Unix ms); the list
-    /// is removed then (a config file's list of that name comes back).
-    pub expiring_lists: BTreeMap<String, u64>,
-}
-
-/// When a temporary rule ends, and what it hides until then.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Expiry {
-    /// Wall-clock time it ends, Unix ms (kept across restarts and reboots of
-    /// the daemon; the daemon's loop removes it within a fraction of a second).
-    pub at_ms: u64,
-    /// The live change it replaced, which comes back when it ends: `None`
-    /// when there was none (the config file's rule, if any, shows again).
-    pub under: Option<Option<Action>>,
-}
-
-/// Now on the wall clock, Unix ms.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A daemon's rules: the base and the live changes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rules {
-    /// From the config file and the command line.
-    pub base: RuleSet,
-    /// Made live, kept until unset.
-    pub live: Overlay,
-}
-
-impl Rules {
-    /// Rules from a base alone.
-    pub fn of(base: RuleSet) -> Self {
-        Self {
-            base,
-            live: Overlay::default(),
-        }
-    }
-
-    /// What is enforced: the base with the live changes on top.
-    pub fn effective(&self) -> RuleSet {
-        let mut set = self.base.clone();
-        if let Some(d) = self.live.default {
-            set.default = d;
-        }
-        if let Some(m) = self.live.mode {
-            set.mode = m;
-        }
-        for (p, a) in &self.live.rules {
-            match a {
-                Some(a) => {
-                    set.rules.insert(*p, *a);
-                }
-                None => {
-                    set.rules.remove(p);
-                }
-            }
-        }
-        for (name, list) in &self.live.lists {
-            match list {
-                Some(l) => {
-                    set.lists.insert(name.clone(), l.clone());
-                }
-                None => {
-                    set.lists.remove(name);
-                }
-            }
-        }
-        set
-    }
-
-    /// Makes `action` the live rule of `p` (`None`: removed), for good or, with
-    /// `until` (Unix ms), until then: what it replaces comes back when it ends.
-    /// A temporary rule replaced by another keeps what the first one hid.
-    pub fn set_live(&mut self, p: Selector, action: Option<Action>, until: Option<u64>) {
-        match until {
-            Some(at_ms) => {
-                let under = match self.live.expiring.get(&p) {
-                    Some(e) => e.under,
-                    None => self.live.rules.get(&p).copied(),
-                };
-                self.live.expiring.insert(p, Expiry { at_ms, under });
-            }
-            None => {
-                self.live.expiring.remove(&p);
-            }
-        }
-        self.live.rules.insert(p, action);
-    }
-
-    /// Removes the live change of `p` (the config file's rule shows again).
-    pub fn clear_live(&mut self, p: &Selector) {
-        self.live.expiring.remove(p);
-        self.live.rules.remove(p);
-    }
-
-    /// Loads or removes a live list, for good or until `until` (Unix ms).
-    pub fn set_live_list(&mut self, name: String, list: Option<List>, until: Option<u64>) {
-        match until {
-            Some(at) => self.live.expiring_lists.insert(name.clone(), at),
-            None => self.live.expiring_lists.remove(&name),
-        };
-        self.live.lists.insert(name, list);
-    }
-
-    /// Removes the live list `name`.
-    pub fn clear_live_list(&mut self, name: &str) {
-        self.live.expiring_lists.remove(name);
-        self.live.lists.remove(name);
-    }
-
-    /// Ends the temporary rule of `p` now, as its time would: what it hid
-    /// comes back. Whether there was one.
-    pub fn end_temporary(&mut self, p: &Selector) -> bool {
-        let Some(e) = self.live.expiring.remove(p) else {
-            return false;
-        };
-        match e.under {
-            Some(a) => self.live.rules.insert(*p, a),
-            None => self.live.rules.remove(p),
-        };
-        true
-    }
-
-    /// The rule of `p` that lasts: the one a temporary rule hides (what
-    /// comes back when it ends), else the one enforced; `None` for none.
-    pub fn lasting(&self, p: &Selector) -> Option<Action> {
-        let live = match self.live.expiring.get(p) {
-            Some(e) => e.under,
-            None => self.live.rules.get(p).copied(),
-        };
-        match live {
-            Some(a) => a,
-            None => self.base.rules.get(p).copied(),
-        }
-    }
-
-    /// Ends what expired by `now_ms`; returns what ended (CIDRs and list
-    /// names), empty when nothing did.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
-        let mut ended = Vec::new();
-        let due: Vec<Selector> = self
-            .live
-            .expiring
-            .iter()
-            .filter(|(_, e)| e.at_ms <= now_ms)
-            .map(|(p, _)| *p)
-            .collect();
-        for p in due {
-            self.end_temporary(&p);
-            ended.push(p.to_string());
-        }
-        let due: Vec<String> = self
-            .live
-            .expiring_lists
-            .iter()
-            .filter(|(_, at)| **at <= now_ms)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in due {
-            self.clear_live_list(&name);
-            ended.push(format!("list {name}"));
-        }
-        ended
-    }
-
-    /// Whether something ends by `now_ms`.
-    pub fn has_due(&self, now_ms: u64) -> bool {
-        self.live.expiring.values().any(|e| e.at_ms <= now_ms)
-            || self.live.expiring_lists.values().any(|at| *at <= now_ms)
-    }
-
-    /// Moves what ends by `now_ms` to `by_ms` later (ending it failed).
-    pub fn postpone_due(&mut self, now_ms: u64, by_ms: u64) {
-        for e in self.live.expiring.values_mut() {
-            if e.at_ms <= now_ms {
-                e.at_ms = now_ms + by_ms;
-            }
-        }
-        for at in self.live.expiring_lists.values_mut() {
-            if *at <= now_ms {
-                *at = now_ms + by_ms;
-            }
-        }
-    }
-
-    /// When the rule of `p` ends, Unix ms, if it is temporary.
-    pub fn expires(&self, p: &Selector) -> Option<u64> {
-        self.live.expiring.get(p).map(|e| e.at_ms)
-    }
-
-    /// When the list `name` ends, Unix ms, if it is temporary.
-    pub fn list_expires(&self, name: &str) -> Option<u64> {
-        self.live.expiring_lists.get(name).copied()
-    }
-
-    /// Where the list `name` comes from: `live` or `config`.
-    pub fn list_origin(&self, name: &str) -> &'static str {
-        if self.live.lists.contains_key(name) {
-            "live"
-        } else {
-            "config"
-        }
-    }
-
-    /// Where the rule of `p` comes from: `live` or `config`.
-    pub fn origin(&self, p: &Selector) -> &'static str {
-        if self.live.rules.contains_key(p) {
-            "live"
-        } else {
-            "config"
-        }
-    }
-}
 
 /// The saved record.
 #[derive(Serialize, Deserialize)]
@@ -426,7 +199,7 @@ pub fn path(id: &Identity) -> std::path::PathBuf {
 
 /// The saved form of `rules`; `file` names (and writes, if need be) each
 /// list's file.
-fn record(rules: &Rules, file: &mut dyn FnMut(&List) -> Result<String>) -> Result<Saved> {
+fn record(rules: &Layers, file: &mut dyn FnMut(&List) -> Result<String>) -> Result<Saved> {
     let mut list = |n: &str, l: &List| Ok::<_, Error>(SavedList::of(n, l, file(l)?));
     let base_lists = rules
         .base
@@ -483,7 +256,7 @@ pub struct PendingSave {
 /// Writes everything a save of `rules` needs but the last rename: the files
 /// of lists not saved before, and the record under a temporary name. A full
 /// disk or any other failure is known here, before anything changes.
-pub fn stage(id: &Identity, rules: &Rules, files: &mut ListFiles) -> Result<PendingSave> {
+pub fn stage(id: &Identity, rules: &Layers, files: &mut ListFiles) -> Result<PendingSave> {
     let record_path = path(id);
     let dir = record_path
         .parent()
@@ -528,7 +301,7 @@ impl PendingSave {
 }
 
 /// Saves `rules`, whole or not at all.
-pub fn save(id: &Identity, rules: &Rules, files: &mut ListFiles) -> Result<()> {
+pub fn save(id: &Identity, rules: &Layers, files: &mut ListFiles) -> Result<()> {
     stage(id, rules, files)?.commit()
 }
 
@@ -537,7 +310,7 @@ pub enum Found {
     /// No record: a first start.
     Missing,
     /// A readable record.
-    Rules(Box<Rules>),
+    Rules(Box<Layers>),
     /// A record that cannot be read: why.
     Damaged(String),
 }
@@ -558,7 +331,7 @@ pub fn load(id: &Identity) -> Found {
 }
 
 /// Reads a record, its lists' files in `dir`.
-fn parse(text: &str, dir: &Path) -> std::result::Result<Rules, String> {
+fn parse(text: &str, dir: &Path) -> std::result::Result<Layers, String> {
     if text.trim().is_empty() {
         return Err("it is empty".into());
     }
@@ -618,7 +391,7 @@ fn parse(text: &str, dir: &Path) -> std::result::Result<Rules, String> {
             live.expiring_lists.insert(l.name.clone(), at);
         }
     }
-    let rules = Rules { base, live };
+    let rules = Layers { base, live };
     rules
         .effective()
         .validate()
@@ -635,10 +408,10 @@ pub fn initial(
     given: Option<RuleSet>,
     found: Found,
     kernel: Option<RuleSet>,
-) -> Result<Rules> {
+) -> Result<Layers> {
     let where_ = path(id);
     match (given, found, kernel) {
-        (Some(base), Found::Rules(saved), _) => Ok(Rules {
+        (Some(base), Found::Rules(saved), _) => Ok(Layers {
             base,
             live: saved.live,
         }),
@@ -647,9 +420,9 @@ pub fn initial(
                 record = %where_.display(),
                 "the saved live rule changes cannot be read ({why}); the rules given on the command line and in the config file are applied without them"
             );
-            Ok(Rules::of(base))
+            Ok(Layers::of(base))
         }
-        (Some(base), Found::Missing, _) => Ok(Rules::of(base)),
+        (Some(base), Found::Missing, _) => Ok(Layers::of(base)),
         (None, Found::Rules(saved), Some(k)) if !saved.effective().same_in_kernel(&k) => {
             // Killed between ending temporary rules in the kernel and saving
             // the record: the record with them ended is what it enforces.
@@ -661,13 +434,13 @@ pub fn initial(
                 record = %where_.display(),
                 "the saved rules differ from what the kernel enforces (a daemon killed between a change and its record?); keeping what the kernel enforces"
             );
-            Ok(Rules::of(k))
+            Ok(Layers::of(k))
         }
         (None, Found::Rules(saved), Some(_)) => Ok(*saved),
         // Nothing runs: the base is what was given (nothing: the defaults), the
         // live changes come back on top.
         (None, Found::Rules(saved), None) => {
-            let rules = Rules {
+            let rules = Layers {
                 base: RuleSet::default(),
                 live: saved.live,
             };
@@ -685,7 +458,7 @@ pub fn initial(
                 rules = k.rules.len(),
                 "THE SAVED RULES CANNOT BE READ ({why}): keeping exactly what the kernel enforces, read back from the pinned maps; the record is rewritten from them"
             );
-            Ok(Rules::of(k))
+            Ok(Layers::of(k))
         }
         (None, Found::Damaged(why), None) => Err(Error::Refused(format!(
             "the saved rules {} cannot be read ({why}) and no program runs to take them from: give the rules with --config or the rule options, or remove the file to start from the defaults",
@@ -696,15 +469,16 @@ pub fn initial(
                 rules = k.rules.len(),
                 "no saved rules: keeping what the kernel enforces, read back from the pinned maps"
             );
-            Ok(Rules::of(k))
+            Ok(Layers::of(k))
         }
-        (None, Found::Missing, None) => Ok(Rules::of(RuleSet::default())),
+        (None, Found::Missing, None) => Ok(Layers::of(RuleSet::default())),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::rules::Action;
 
     fn p(s: &str) -> Selector {
         Selector::parse("cidr", s).unwrap()
@@ -722,7 +496,7 @@ mod tests {
         }
 
         /// The record of `rules`, its lists' files written here.
-        fn record(&self, rules: &Rules) -> String {
+        fn record(&self, rules: &Layers) -> String {
             let saved = record(rules, &mut |l| {
                 let text = l.text();
                 let name = format!("t.list-{:016x}.entries", fnv1a(text.as_bytes()));
@@ -733,7 +507,7 @@ mod tests {
             serde_json::to_string(&saved).unwrap()
         }
 
-        fn parse(&self, text: &str) -> std::result::Result<Rules, String> {
+        fn parse(&self, text: &str) -> std::result::Result<Layers, String> {
             parse(text, &self.0)
         }
     }
@@ -749,7 +523,7 @@ mod tests {
         let mut base = RuleSet::default();
         base.rules.insert(p("198.18.1.0/24"), Action::Allow);
         base.rules.insert(p("198.18.2.0/24"), Action::Allow);
-        let mut rules = Rules::of(base);
+        let mut rules = Layers::of(base);
         rules
             .live
             .rules
@@ -783,7 +557,7 @@ mod tests {
     fn a_record_reads_back_whole() {
         let mut base = RuleSet::default();
         base.rules.insert(p("198.18.1.0/24"), Action::Allow);
-        let mut rules = Rules::of(base);
+        let mut rules = Layers::of(base);
         rules.live.rules.insert(p("198.18.1.0/24"), None);
         rules
             .live
@@ -798,7 +572,7 @@ mod tests {
     fn a_temporary_rule_ends_with_what_it_hid_back_and_is_saved_with_its_time() {
         let mut base = RuleSet::default();
         base.rules.insert(p("198.18.1.0/24"), Action::Allow);
-        let mut rules = Rules::of(base);
+        let mut rules = Layers::of(base);
         let deny = Some(Action::Deny { dry_run: false });
         // A ban over a config rule, then a second ban on top of the first.
         rules.set_live(p("198.18.1.0/24"), deny, Some(5_000));
@@ -850,7 +624,7 @@ mod tests {
         };
         let deny = Some(Action::Deny { dry_run: false });
         let far = now_ms() + 3_600_000;
-        let mut saved = Rules::of(RuleSet::default());
+        let mut saved = Layers::of(RuleSet::default());
         saved.set_live(p("198.18.1.0/24"), deny, Some(1));
         saved.set_live(p("198.18.2.0/24"), deny, Some(far));
         // What the kernel enforces: the first ban ended (the daemon was
@@ -880,7 +654,7 @@ mod tests {
             "firehol".into(),
             list(ListAction::Deny, "198.18.0.0/16\n2001:db8::/48\n"),
         );
-        let mut rules = Rules::of(base);
+        let mut rules = Layers::of(base);
         rules.live.lists.insert(
             "bans".into(),
             Some(list(ListAction::Deny, "198.19.0.1\n198.19.0.2\n")),

@@ -68,7 +68,7 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use crate::model::rules::Action;
+use crate::{host::clock::now_ms, model::rules::Action};
 
 /// How often a daemon reports to Redis and takes the fleet's debts back.
 pub const SYNC: Duration = Duration::from_millis(100);
@@ -226,12 +226,6 @@ pub fn minute() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() / 60)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The sync task: runs until the daemon's loop goes away.

@@ -9,6 +9,7 @@ pub mod encode;
 pub mod limit;
 pub mod lists;
 pub mod matching;
+pub mod overlay;
 pub mod prefix;
 pub mod rate;
 pub mod rules;

@@ -5,14 +5,15 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    daemon::store::{Rules, now_ms},
+    host::clock::now_ms,
+    model::overlay::Layers,
     model::{lists::List, rules::Selector},
     protocol::answer::{ActionView, Change, ListChange, ModeChange, RuleView, rules::expiry},
 };
 
 /// What differs between `before` and `after`: the default rule, the mode,
 /// each rule and each list, before and after (absent: none).
-pub(in crate::daemon) fn between(before: &Rules, after: &Rules) -> Vec<Change> {
+pub(in crate::daemon) fn between(before: &Layers, after: &Layers) -> Vec<Change> {
     let now = now_ms();
     let (b, a) = (before.effective(), after.effective());
     let mut out = Vec::new();

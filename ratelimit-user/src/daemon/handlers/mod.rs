@@ -20,12 +20,11 @@ mod reads;
 mod rules;
 mod set;
 
-use super::{
-    Daemon,
-    store::{Rules, now_ms},
-};
+use super::Daemon;
 use crate::{
     error::{Error, Result},
+    host::clock::now_ms,
+    model::overlay::Layers,
     protocol::{
         Request,
         answer::{Answer, Changed},
@@ -75,7 +74,7 @@ impl Daemon {
 
     /// Applies a change to the live layer; answers with the rules and what
     /// changed.
-    fn change(&mut self, edit: impl FnOnce(&mut Rules) -> Result<()>) -> Result<Changed> {
+    fn change(&mut self, edit: impl FnOnce(&mut Layers) -> Result<()>) -> Result<Changed> {
         let mut next = self.rules.clone();
         edit(&mut next)?;
         let changes = changes::between(&self.rules, &next);
@@ -87,7 +86,7 @@ impl Daemon {
     }
 
     /// A reload's answer: the rules, and what changed since `before`.
-    pub(super) fn reloaded(&self, before: &Rules) -> Result<Changed> {
+    pub(super) fn reloaded(&self, before: &Layers) -> Result<Changed> {
         Ok(Changed {
             rules: super::read::list_of(&self.rules, None)?,
             changes: changes::between(before, &self.rules),

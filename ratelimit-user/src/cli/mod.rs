@@ -5,12 +5,14 @@
 //! - `run`: [`main`] runs each command: the daemon's loop, a request to a
 //!   daemon, or a read from a program's pins when no daemon runs;
 //! - `print`: the answers as lines, tables or `--json`;
+//! - `check`: `ratelimit check`'s report of a config file;
 //! - [`report`]: a failure as a message, an exit code, and JSON with `--json`;
 //! - [`help`] and [`docs`]: examples, man pages and completions, from [`args`].
 //!
 //! The binary's `main` parses [`Cli`] and calls [`main`].
 
 pub mod args;
+mod check;
 pub mod docs;
 pub mod help;
 mod lower;

@@ -51,7 +51,7 @@ async fn run_command(command: Command) -> Result<()> {
         }
         Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
         Command::Check(a) => {
-            if !crate::config::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
+            if !super::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
                 // The report is printed; 2 is invalid input's exit status.
                 std::process::exit(2);
             }

@@ -1,0 +1,253 @@
+//! The maps shared by the XDP program (reader of rules, writer of state and
+//! counters) and the daemon (the one writer of rules and config, reader of state and
+//! counters): their names, default capacities, keys and values.
+//!
+//! Addresses are kept as 16 bytes in network byte order. IPv4 addresses are stored
+//! IPv4-mapped (`::ffff:a.b.c.d`), so one key type and one LPM trie serve both
+//! families and an IPv4 prefix `/n` is the 128-bit prefix `/(96 + n)`.
+
+mod config;
+mod counters;
+mod keys;
+mod rule;
+mod state;
+
+pub use config::*;
+pub use counters::*;
+pub use keys::*;
+pub use rule::*;
+pub use state::*;
+
+/// Name of the XDP program in the object.
+pub const PROGRAM_NAME: &str = "ratelimit";
+
+/// `LpmTrie<RuleAddr, u32>`: source prefixes (family byte, then the address) →
+/// the index of their rule in [`MAP_RULE_TABLE`]. One of two: the daemon writes a
+/// whole new rule set into the one the program does not use
+/// ([`Config::active_rules`]), then switches the config to it, so a change is
+/// all or nothing. Written by the daemon.
+pub const MAP_RULES: &str = "RL_RULES";
+/// The second rule trie (see [`MAP_RULES`]).
+pub const MAP_RULES_B: &str = "RL_RULES_B";
+/// `Array<Rule>`: rule values, at the indexes [`MAP_RULES`] and
+/// [`Config::default_rule`] hold. Written by the daemon, copy on write: a changed
+/// rule goes to a free index and the trie entry (or the config) is switched to
+/// it, so the program never reads a half-written rule. Twice the rule capacity
+/// plus two entries, so that every rule can change at once.
+pub const MAP_RULE_TABLE: &str = "RL_RULE_TABLE";
+/// `LruHash<FlowKey, SourceState>`: one bucket per (rule, masked IPv6 source)
+/// under a gcra rule. Written by the program.
+pub const MAP_STATE: &str = "RL_STATE";
+/// `LruHash<FlowKeyV4, SourceState>`: one bucket per (rule, masked IPv4 source)
+/// under a gcra rule: an 8-byte key hashes faster and takes 88 bytes of kernel
+/// memory per source instead of 104. Written by the program.
+pub const MAP_STATE_V4: &str = "RL_STATE4";
+/// `PerCpuArray<Counter>` indexed by [`Reason`]. Written by the program.
+pub const MAP_STATS: &str = "RL_STATS";
+/// `Array<Config>` of one entry: global runtime settings. Written by the daemon.
+pub const MAP_CONFIG: &str = "RL_CONFIG";
+/// `LruHash<Addr, u64>`: frames dropped (or would-be dropped) per source address,
+/// for `ratelimit top`, sampled one in [`DROP_SAMPLE`]. Written by the program on
+/// the drop path only.
+pub const MAP_DROPS: &str = "RL_DROPS";
+
+/// `Array<u64>`: the doorkeeper's slots ([`crate::doorkeeper`]), a power of two
+/// of them. Written by the program.
+pub const MAP_SEEN: &str = "RL_SEEN";
+/// `Array<RuleState>`: each rule's shared buckets (new sources, aggregate), at the
+/// rule's [`Rule::slot`]. Written by the program; zeroed by the daemon when it
+/// gives a slot to a new rule.
+pub const MAP_RULE_STATE: &str = "RL_RULE_STATE";
+/// `Array<GlobalState>` of one entry: buckets shared by every rule. Written by
+/// the program.
+pub const MAP_GLOBAL: &str = "RL_GLOBAL";
+/// `PerCpuArray<u64>` indexed by [`Event`]: things that happen to state, not
+/// verdicts. Written by the program.
+pub const MAP_EVENTS: &str = "RL_EVENTS";
+/// `LruHash<FlowKey, Counter>`: what each key of a fleet-wide rule was
+/// admitted here (cumulative), for the daemon to report to the fleet.
+/// Written by the program (atomic add).
+pub const MAP_FLEET_USED: &str = "RL_FLEET_USED";
+/// Keys of fleet-wide rules followed at once.
+pub const FLEET_CAPACITY: u32 = 65_536;
+/// The match groups ([`MatchGroup`]): two halves of [`GROUPS_CAPACITY`], one
+/// for each rule trie.
+pub const MAP_GROUPS: &str = "RL_GROUPS";
+/// `PerCpuArray<Counter>`: each rule's verdicts, [`RULE_COUNTERS`] slots at
+/// [`Rule::slot`]` * RULE_COUNTERS` (see [`RuleCounter`]). Written by the
+/// program; zeroed by the daemon when it gives a slot to a new rule. Sized
+/// at load: (rules + 1) × [`RULE_COUNTERS`].
+pub const MAP_RULE_STATS: &str = "RL_RULE_STATS";
+/// Counter slots per rule in [`MAP_RULE_STATS`].
+pub const RULE_COUNTERS: u32 = 8;
+/// The [`Rule::slot`] of the constant rules list entries and unjudged
+/// frames point at: counted nowhere per rule (its counters' index,
+/// `u32::MAX * RULE_COUNTERS` wrapped, is past the end of [`MAP_RULE_STATS`]),
+/// only by reason. Such rules are allow or deny: no shared bucket is read.
+pub const UNCOUNTED_SLOT: u32 = u32::MAX;
+
+/// `Array<u64>` of [`KNOWN_WORDS`]: a filter in front of the state maps, one
+/// bit per hash of a key ([`known_bit`]), set by the program before it
+/// inserts a key's state and never cleared while the maps live. (The daemon
+/// inserts states only under fleet-wide rules, whose keys the program looks up
+/// whatever the filter says.) A clear bit means the key has no state: the program
+/// skips the state lookup, which for a spoofed source is a miss in a hash
+/// table of millions of buckets (its costliest step). A set bit may be
+/// another key's (or a removed state's): the lookup is then made as before.
+pub const MAP_KNOWN: &str = "RL_KNOWN";
+/// Words of [`MAP_KNOWN`]: 2^23 bits in 1 MiB. With a million states ~11 % of
+/// the bits are set, and ~11 % of a spoofed flood's frames still look up.
+pub const KNOWN_WORDS: u32 = 1 << 17;
+
+/// The word of [`MAP_KNOWN`] and the bit in it for a key of doorkeeper hash
+/// `h` ([`crate::doorkeeper::hash_words`]).
+#[inline(always)]
+pub const fn known_bit(h: u64) -> (u32, u64) {
+    let bit = (h >> 32) as u32 & (KNOWN_WORDS * 64 - 1);
+    (bit >> 6, 1 << (bit & 63))
+}
+
+/// Every map.
+pub const ALL_MAPS: [&str; 18] = [
+    MAP_RULES,
+    MAP_RULES_B,
+    MAP_RULE_TABLE,
+    MAP_STATE,
+    MAP_STATE_V4,
+    MAP_STATS,
+    MAP_CONFIG,
+    MAP_DROPS,
+    MAP_WIDE,
+    MAP_WIDE_ZERO,
+    MAP_SEEN,
+    MAP_RULE_STATE,
+    MAP_GLOBAL,
+    MAP_EVENTS,
+    MAP_FLEET_USED,
+    MAP_GROUPS,
+    MAP_RULE_STATS,
+    MAP_KNOWN,
+];
+
+/// The maps pinned for a restart to adopt: all but the per-CPU scratch.
+pub const PINNED_MAPS: [&str; 17] = [
+    MAP_RULES,
+    MAP_RULES_B,
+    MAP_RULE_TABLE,
+    MAP_STATE,
+    MAP_STATE_V4,
+    MAP_STATS,
+    MAP_CONFIG,
+    MAP_DROPS,
+    MAP_WIDE,
+    MAP_SEEN,
+    MAP_RULE_STATE,
+    MAP_GLOBAL,
+    MAP_EVENTS,
+    MAP_FLEET_USED,
+    MAP_GROUPS,
+    MAP_RULE_STATS,
+    MAP_KNOWN,
+];
+
+/// Default number of doorkeeper slots (8 bytes each: 8 MiB). A load-time setting.
+pub const DEFAULT_SEEN_SLOTS: u32 = 1 << 20;
+
+/// One dropped frame in this many (per CPU) is credited, this many times, to its
+/// source in [`MAP_DROPS`]: `top` is an estimate, the drop path stays cheap.
+pub const DROP_SAMPLE: u64 = 16;
+
+/// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
+pub const DROPS_CAPACITY: u32 = 65_536;
+
+/// Default capacity of [`MAP_STATE_V4`]: IPv4 sources tracked at once. At 80
+/// bytes of kernel memory each, 1 M sources cost 80 MiB. A load-time setting.
+pub const DEFAULT_STATE_CAPACITY: u32 = 1 << 20;
+/// Default capacity of [`MAP_STATE`]: IPv6 sources (per /64 by default) tracked
+/// at once, 96 bytes each. A load-time setting.
+pub const DEFAULT_STATE_V6_CAPACITY: u32 = 1 << 18;
+/// Default number of rules (the rule table holds twice as many, see
+/// [`rule_table_len`]). A load-time setting.
+pub const DEFAULT_RULES_CAPACITY: u32 = 16 * 1024;
+/// Default number of blocklist and allowlist entries, all lists together.
+/// They share [`MAP_RULES`] with the rules (which has room for both) and point
+/// at the rule table's two constant policy rules, so the table does not grow;
+/// an LPM trie allocates per entry, so unused room costs nothing. A load-time
+/// setting.
+pub const DEFAULT_LIST_CAPACITY: u32 = 1 << 20;
+
+/// Entries of [`MAP_RULE_TABLE`] for `rules` rules: every rule can change at
+/// once (twice the rules and the default rule), and the two rules of the
+/// unjudged-frame policies (a deny, an allow) last.
+pub const fn rule_table_len(rules: u32) -> u32 {
+    2 * (rules + 1) + 2
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are `#[repr(C)]`, `Copy`, and have no padding (sizes asserted above).
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::FlowKeyV4 {}
+    unsafe impl aya::Pod for super::DropKey {}
+    unsafe impl aya::Pod for super::Rule {}
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::Counter {}
+    unsafe impl aya::Pod for crate::gcra::State {}
+    unsafe impl aya::Pod for super::WideState {}
+    unsafe impl aya::Pod for super::SourceState {}
+    unsafe impl aya::Pod for super::RuleState {}
+    unsafe impl aya::Pod for super::GlobalState {}
+    unsafe impl aya::Pod for super::MatchGroup {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masking() {
+        let mut a = [0xffu8; 16];
+        mask_addr(&mut a, 64);
+        assert_eq!(
+            a,
+            [
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0
+            ]
+        );
+        let mut b = map_v4([198, 18, 7, 200]);
+        mask_addr(&mut b, V4_MAPPED_BITS + 24);
+        assert_eq!(b, map_v4([198, 18, 7, 0]));
+        let mut c = map_v4([198, 19, 255, 255]);
+        mask_addr(&mut c, V4_MAPPED_BITS + 15);
+        assert_eq!(c, map_v4([198, 18, 0, 0]));
+        let mut d = [0xabu8; 16];
+        mask_addr(&mut d, 128);
+        assert_eq!(d, [0xab; 16]);
+        mask_addr(&mut d, 0);
+        assert_eq!(d, [0; 16]);
+        let mut e = [0xffu8; 16];
+        mask_addr(&mut e, 71);
+        assert_eq!(
+            &e[..9],
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe]
+        );
+        assert_eq!(&e[9..], &[0; 7]);
+        let w = words(&map_v4([198, 19, 255, 255]));
+        assert_eq!(w[2], V4_MAPPED_WORD);
+        assert_eq!(addr_of(&mask_words(&w, 96 + 15)), map_v4([198, 18, 0, 0]));
+        assert_eq!(
+            rule_addr(family::V4, &w),
+            [u32::from_ne_bytes([4, 0, 0, 0]), w[3], 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn reasons_and_events_index_in_order() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+        }
+        for (i, e) in Event::ALL.iter().enumerate() {
+            assert_eq!(*e as usize, i);
+        }
+    }
+}

@@ -228,8 +228,7 @@ pub struct Plan {
 /// did. Every value is computed and checked here: what does not fit is an
 /// error before anything is written.
 pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> Result<Plan> {
-    let active = (now.config.active_rules & 1) as usize;
-    let idle = 1 - active;
+    let idle = 1 - (now.config.active_rules & 1) as usize;
     let capacity = now.rules_capacity();
     if set.rules.len() > capacity as usize {
         return Err(Error::Capacity {
@@ -239,53 +238,7 @@ pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> R
             option: "--max-rules",
         });
     }
-    let old = &now.rules;
-    let mut ids = Ids::after(old.values().map(|(_, r)| r.id).chain([now.default.id]));
-
-    // Slot 0 is the default rule's; a rule that stays keeps its slot; a new
-    // one takes a slot no old rule had if there is one (a removed rule's
-    // frames may still meet its slot while this change is written).
-    let mut values = Vec::with_capacity(set.rules.len());
-    let mut taken = BTreeSet::from([0u32]);
-    for (selector, action) in &set.rules {
-        let mut rule = action.to_kernel(0, &selector.to_string())?;
-        match old.get(selector) {
-            Some((_, previous)) if carry_over(&previous.in_normal_mode(), &mut rule) => {
-                rule.id = previous.id;
-                rule.slot = previous.slot;
-                taken.insert(rule.slot);
-            }
-            _ => rule.id = ids.fresh()?,
-        }
-        values.push((*selector, set.mode.rule(rule)));
-    }
-    let old_slots: BTreeSet<u32> = old.values().map(|(_, r)| r.slot).collect();
-    // Slots no rule had first, then the removed rules' slots: two disjoint
-    // ascending runs, each walked once.
-    let mut unused = (1..now.slots).filter(|i| !taken.contains(i) && !old_slots.contains(i));
-    let mut released = (1..now.slots).filter(|i| !taken.contains(i) && old_slots.contains(i));
-    for (selector, rule) in values.iter_mut() {
-        if old.get(selector).is_some_and(|(_, p)| p.id == rule.id) {
-            continue;
-        }
-        rule.slot = unused
-            .next()
-            .or_else(|| released.next())
-            .ok_or(Error::Capacity {
-                what: "rules".into(),
-                wanted: set.rules.len(),
-                capacity: now.slots as usize - 1,
-                option: "--max-rules",
-            })?;
-    }
-    let mut default = set.default.to_kernel(0, "default")?;
-    default.id = if carry_over(&now.default.in_normal_mode(), &mut default) {
-        now.default.id
-    } else {
-        ids.fresh()?
-    };
-    default.slot = 0;
-    let default = set.mode.rule(default);
+    let (rules, default) = identities(set, now)?;
     let mut config = set.kernel_config()?;
     config.new_states = config.new_states.succeeding(&now.config.new_states);
     config.hash_seed = if now.config.hash_seed != 0 {
@@ -296,75 +249,16 @@ pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> R
     config.seen_mask = now.seen_slots - 1;
     config.local_ports = host.local_ports;
     config.active_rules = idle as u32;
-
-    // Copy on write: a rule that changes goes to a table index no rule the
-    // program can read uses.
-    let in_use: BTreeSet<u32> = old
-        .values()
-        .map(|(i, _)| *i)
-        .chain([now.config.default_rule])
-        .collect();
-    let (deny_index, allow_index) = now.policy_indexes();
-    let mut free = (0..deny_index).filter(|i| !in_use.contains(i));
-    let mut place = |rule: &common::Rule, previous: Option<(u32, &common::Rule)>| match previous {
-        Some((index, p)) if *p == common::Rule { index, ..*rule } => Ok((index, false)),
-        _ => free.next().map(|i| (i, true)).ok_or(Error::Capacity {
-            what: "rule table entries".into(),
-            wanted: set.rules.len() + 1,
-            capacity: deny_index as usize / 2,
-            option: "--max-rules",
-        }),
-    };
-    let mut table = Vec::new();
-    let mut entries = BTreeMap::new();
-    for (selector, rule) in &values {
-        let previous = old.get(selector).map(|(i, r)| (*i, r));
-        let (index, write) = place(rule, previous)?;
-        if write {
-            table.push((index, common::Rule { index, ..*rule }));
-        }
-        entries.insert(*selector, index);
-    }
-    let (default_index, write) = place(&default, Some((now.config.default_rule, &now.default)))?;
-    if write {
-        table.push((
-            default_index,
-            common::Rule {
-                index: default_index,
-                ..default
-            },
-        ));
-    }
-    config.default_rule = default_index;
-
-    // The rules of the unjudged-frame policies (constant values).
-    for (index, action, current) in [
-        (deny_index, Action::Deny { dry_run: false }, &now.policies.0),
-        (allow_index, Action::Allow, &now.policies.1),
-    ] {
-        let rule = common::Rule {
-            index,
-            // Counted by reason only: a list is not a rule with counters.
-            slot: common::UNCOUNTED_SLOT,
-            ..action.to_kernel(0, "unjudged")?
-        };
-        if *current != rule {
-            table.push((index, rule));
-        }
-    }
-    let policies = matching::Policies {
-        unjudged: match (set.unjudged, set.mode) {
-            (Unjudged::Drop, _) => deny_index,
-            (Unjudged::Pass, Mode::Normal) => allow_index,
-            _ => NO_RULE,
-        },
-        fragments: match set.fragments {
-            Fragments::Drop => deny_index,
-            Fragments::NextRule => NO_RULE,
-        },
-    };
+    let placed = place(set, now, &rules, &default)?;
+    config.default_rule = placed.default_index;
     let group_base = idle as u32 * GROUPS_CAPACITY;
-    let compiled = matching::compile(&entries, &*lists, default_index, policies, group_base)?;
+    let compiled = matching::compile(
+        &placed.entries,
+        &*lists,
+        placed.default_index,
+        policies(set, now),
+        group_base,
+    )?;
     // Entries of the trie, list entries included (0 lets the program skip
     // the lookup): a rule at a list entry's CIDR takes its place.
     let on_lists = compiled
@@ -387,8 +281,8 @@ pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> R
     // fresh counters for a rule in a slot it did not have.
     let mut fresh_shared = Vec::new();
     let mut fresh_counters = Vec::new();
-    for (selector, rule) in &values {
-        let was = old.get(selector).map(|(_, r)| r);
+    for (selector, rule) in &rules {
+        let was = now.rules.get(selector).map(|(_, r)| r);
         fresh_shared.extend(fresh(rule, was.filter(|p| p.id == rule.id)));
         if was.is_none_or(|p| p.slot != rule.slot) {
             fresh_counters.push(rule.slot);
@@ -407,13 +301,161 @@ pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> R
     Ok(Plan {
         fresh_shared,
         fresh_counters,
-        table,
+        table: placed.table,
         groups,
         idle,
         trie: compiled.trie,
         lists,
         config,
     })
+}
+
+/// Each rule of `set` in the kernel's form with its id and slot, and the
+/// default rule's: a rule that carries over keeps both; a new one gets a
+/// fresh id and a slot no old rule had if there is one (a removed rule's
+/// frames may still meet its slot while the change is written), else a
+/// released one. Slot 0 is the default rule's.
+fn identities(
+    set: &RuleSet,
+    now: &Current,
+) -> Result<(Vec<(Selector, common::Rule)>, common::Rule)> {
+    let old = &now.rules;
+    let mut ids = Ids::after(old.values().map(|(_, r)| r.id).chain([now.default.id]));
+    let mut rules = Vec::with_capacity(set.rules.len());
+    let mut taken = BTreeSet::from([0u32]);
+    for (selector, action) in &set.rules {
+        let mut rule = action.to_kernel(0, &selector.to_string())?;
+        match old.get(selector) {
+            Some((_, previous)) if carry_over(&previous.in_normal_mode(), &mut rule) => {
+                rule.id = previous.id;
+                rule.slot = previous.slot;
+                taken.insert(rule.slot);
+            }
+            _ => rule.id = ids.fresh()?,
+        }
+        rules.push((*selector, set.mode.rule(rule)));
+    }
+    let old_slots: BTreeSet<u32> = old.values().map(|(_, r)| r.slot).collect();
+    // Slots no rule had first, then the removed rules' slots: two disjoint
+    // ascending runs, each walked once.
+    let mut unused = (1..now.slots).filter(|i| !taken.contains(i) && !old_slots.contains(i));
+    let mut released = (1..now.slots).filter(|i| !taken.contains(i) && old_slots.contains(i));
+    for (selector, rule) in rules.iter_mut() {
+        if old.get(selector).is_some_and(|(_, p)| p.id == rule.id) {
+            continue;
+        }
+        rule.slot = unused
+            .next()
+            .or_else(|| released.next())
+            .ok_or(Error::Capacity {
+                what: "rules".into(),
+                wanted: set.rules.len(),
+                capacity: now.slots as usize - 1,
+                option: "--max-rules",
+            })?;
+    }
+    let mut default = set.default.to_kernel(0, "default")?;
+    default.id = if carry_over(&now.default.in_normal_mode(), &mut default) {
+        now.default.id
+    } else {
+        ids.fresh()?
+    };
+    default.slot = 0;
+    Ok((rules, set.mode.rule(default)))
+}
+
+/// Where a plan puts its rules in the rule table.
+struct Placed {
+    /// Writes (index, value).
+    table: Vec<(u32, common::Rule)>,
+    /// Each selector's table index.
+    entries: BTreeMap<Selector, u32>,
+    /// The default rule's.
+    default_index: u32,
+}
+
+/// Copy on write: a rule that changes goes to a table index no rule the
+/// program can read uses; one that stays the same stays where it is. The
+/// unjudged-frame policies' rules (constant values) are written where they
+/// differ.
+fn place(
+    set: &RuleSet,
+    now: &Current,
+    rules: &[(Selector, common::Rule)],
+    default: &common::Rule,
+) -> Result<Placed> {
+    let in_use: BTreeSet<u32> = now
+        .rules
+        .values()
+        .map(|(i, _)| *i)
+        .chain([now.config.default_rule])
+        .collect();
+    let (deny_index, allow_index) = now.policy_indexes();
+    let mut free = (0..deny_index).filter(|i| !in_use.contains(i));
+    let mut at = |rule: &common::Rule, previous: Option<(u32, &common::Rule)>| match previous {
+        Some((index, p)) if *p == common::Rule { index, ..*rule } => Ok((index, false)),
+        _ => free.next().map(|i| (i, true)).ok_or(Error::Capacity {
+            what: "rule table entries".into(),
+            wanted: set.rules.len() + 1,
+            capacity: deny_index as usize / 2,
+            option: "--max-rules",
+        }),
+    };
+    let mut table = Vec::new();
+    let mut entries = BTreeMap::new();
+    for (selector, rule) in rules {
+        let previous = now.rules.get(selector).map(|(i, r)| (*i, r));
+        let (index, write) = at(rule, previous)?;
+        if write {
+            table.push((index, common::Rule { index, ..*rule }));
+        }
+        entries.insert(*selector, index);
+    }
+    let (default_index, write) = at(default, Some((now.config.default_rule, &now.default)))?;
+    if write {
+        table.push((
+            default_index,
+            common::Rule {
+                index: default_index,
+                ..*default
+            },
+        ));
+    }
+    for (index, action, current) in [
+        (deny_index, Action::Deny { dry_run: false }, &now.policies.0),
+        (allow_index, Action::Allow, &now.policies.1),
+    ] {
+        let rule = common::Rule {
+            index,
+            // Counted by reason only: a list is not a rule with counters.
+            slot: common::UNCOUNTED_SLOT,
+            ..action.to_kernel(0, "unjudged")?
+        };
+        if *current != rule {
+            table.push((index, rule));
+        }
+    }
+    Ok(Placed {
+        table,
+        entries,
+        default_index,
+    })
+}
+
+/// What judges a frame a match cannot judge, as `set` says.
+fn policies(set: &RuleSet, now: &Current) -> matching::Policies {
+    let (deny_index, allow_index) = now.policy_indexes();
+    matching::Policies {
+        unjudged: match (set.unjudged, set.mode) {
+            (Unjudged::Drop, _) => deny_index,
+            (Unjudged::Pass, Mode::Normal) => allow_index,
+            _ => NO_RULE,
+        },
+        fragments: match set.fragments {
+            Fragments::Drop => deny_index,
+            Fragments::NextRule => NO_RULE,
+        },
+    }
 }
 
 /// Rule ids handed out by a plan: each above every id in use, up to

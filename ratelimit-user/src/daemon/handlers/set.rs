@@ -163,39 +163,17 @@ fn merged(current: Option<&Action>, given: RawLimit) -> RawLimit {
         base.per_v4 = None;
         base.per_v6 = None;
     }
-    // Every field named: one the config grows is merged or refused here.
-    let RawLimit {
-        action,
-        rate,
-        burst,
-        per_v4,
-        per_v6,
-        per,
-        dry_run,
-        algorithm,
-        limit,
-        window,
-        refill_every,
-        refill_amount,
-        capacity,
-        quota,
-        period,
-        rate_cap,
-        new_sources,
-        new_sources_burst,
-        aggregate,
-        aggregate_burst,
-        aggregate_reserve,
-        fleet,
-        host_connections,
-        levels,
-    } = given;
+    // Every field named (the destructuring has no `..`): one the config
+    // grows is merged here or the build fails.
     macro_rules! given_wins {
-        ($($field:ident),*) => {$(
-            if $field.is_some() {
-                base.$field = $field;
-            }
-        )*};
+        ($($field:ident),* $(,)?) => {
+            let RawLimit { $($field),* } = given;
+            $(
+                if $field.is_some() {
+                    base.$field = $field;
+                }
+            )*
+        };
     }
     given_wins!(
         action,

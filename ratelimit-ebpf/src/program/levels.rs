@@ -35,46 +35,10 @@ use ratelimit_common::{
 use super::{
     aggregate::{aggregate, mark_refusal, rule_state},
     bucket::{Taken, cas, give_back, take},
-    limit::{mask_source, reason_of},
+    key::{Level, mask_source, reason_of},
     maps::{RL_RULE_TABLE, RL_STATE, RL_STATE4},
     parse::source_at,
 };
-
-/// One GCRA level: a state word, its parameters, the frame's cost there and
-/// the reasons for its verdicts.
-pub(crate) struct Level {
-    pub(crate) word: *mut u64,
-    pub(crate) params: *const gcra::Params,
-    pub(crate) cost: u64,
-    pub(crate) pass: Reason,
-    pub(crate) deny: Reason,
-}
-
-impl Level {
-    /// No level (a placeholder in a [`super::limit::Target`] of another kind).
-    #[inline(always)]
-    pub(crate) fn none(rule: &Rule) -> Self {
-        Self {
-            word: core::ptr::null_mut(),
-            params: rule.gcra_params(),
-            cost: 0,
-            pass: Reason::Passed,
-            deny: Reason::Limited,
-        }
-    }
-
-    /// A source's own bucket under `rule`.
-    #[inline(always)]
-    pub(crate) fn own(word: *mut u64, rule: &Rule, cost: u64) -> Self {
-        Self {
-            word,
-            params: rule.gcra_params(),
-            cost,
-            pass: Reason::Passed,
-            deny: Reason::Limited,
-        }
-    }
-}
 
 /// How the own level's commit ended.
 pub(crate) enum Commit {

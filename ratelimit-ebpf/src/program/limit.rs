@@ -12,8 +12,7 @@ use core::ptr::read_volatile;
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use ratelimit_common::{
-    Config, FlowKey, REASON_COUNT, Reason, Rule, SourceState, V4_MAPPED_WORD, Words, algorithm,
-    doorkeeper, family, rule_flags,
+    Config, FlowKey, Reason, Rule, SourceState, Words, algorithm, doorkeeper, family, rule_flags,
 };
 
 use super::{
@@ -21,7 +20,8 @@ use super::{
     bucket::peek,
     clock::clock,
     count::fleet_count,
-    levels::{Level, shared_levels, two_levels},
+    key::{Kind, Level, Target, masked, reason_of},
+    levels::{shared_levels, two_levels},
     maps::{RL_CONFIG, RL_RULE_STATE, RL_RULE_TABLE, RL_STATE, RL_STATE4, RL_WIDE},
     parse::source_at,
     untracked::{
@@ -173,87 +173,6 @@ pub(crate) fn limit(
         fleet_count(rule, &key, len);
     }
     reason
-}
-
-/// What judges a frame under a limit rule (all fields always set; see
-/// [`super::aggregate::Aggregate`]).
-pub(crate) struct Target {
-    pub(crate) kind: Kind,
-    /// For [`Kind::Gcra`]: the source's own bucket, or the new-source budget.
-    pub(crate) level: Level,
-    /// For [`Kind::Done`]: the verdict.
-    pub(crate) reason: Reason,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Gcra,
-    Wide,
-    Done,
-}
-
-impl Target {
-    #[inline(always)]
-    pub(crate) fn gcra(level: Level) -> Self {
-        Self {
-            kind: Kind::Gcra,
-            level,
-            reason: Reason::Passed,
-        }
-    }
-
-    #[inline(always)]
-    /// The key has a wide state ([`rl_wide`] finds it again).
-    pub(crate) fn wide(rule: &Rule) -> Self {
-        Self {
-            kind: Kind::Wide,
-            level: Level::none(rule),
-            reason: Reason::Passed,
-        }
-    }
-
-    #[inline(always)]
-    pub(crate) fn done(reason: Reason, rule: &Rule) -> Self {
-        Self {
-            kind: Kind::Done,
-            level: Level::none(rule),
-            reason,
-        }
-    }
-}
-
-/// The reason a global function answered (`Contended` for a number that is
-/// none: it errs toward limiting).
-#[inline(always)]
-pub(crate) fn reason_of(r: u32) -> Reason {
-    if r < REASON_COUNT {
-        // SAFETY: `Reason` is `repr(u32)` with every value below
-        // `REASON_COUNT` a variant (`Reason::ALL` lists them in order).
-        unsafe { core::mem::transmute::<u32, Reason>(r) }
-    } else {
-        Reason::Contended
-    }
-}
-
-/// The bits of `source` that make its key under `rule`.
-#[inline(always)]
-pub(crate) fn masked(rule: &Rule, fam: u8, source: &Words) -> Words {
-    mask_source(rule.mask_v4, &rule.mask_v6, fam, source)
-}
-
-/// `source` with only the bits of its family's mask kept.
-#[inline(always)]
-pub(crate) fn mask_source(mask_v4: u32, mask_v6: &Words, fam: u8, source: &Words) -> Words {
-    if fam == family::V4 {
-        [0, 0, V4_MAPPED_WORD, source[3] & mask_v4]
-    } else {
-        [
-            source[0] & mask_v6[0],
-            source[1] & mask_v6[1],
-            source[2] & mask_v6[2],
-            source[3] & mask_v6[3],
-        ]
-    }
 }
 
 /// The state of an IPv4 key, or null. Not inlined, nor is [`state_v6`]: with

@@ -6,6 +6,7 @@
 //! | [`mod@parse`] | the frame → its source address, where its IP header starts, whether it can be judged (Ethernet, VLAN tags, IPv4, IPv6 and its extension headers, fragments); the transport fields for the stages that match on them |
 //! | [`classify`] | the source (and the transport fields, for a prefix with match groups) → the rule |
 //! | [`limit`] | a frame under a limit rule → its key, the key's state, the [`Reason`] |
+//! | [`key`] | what the limit's stages share: a key's masks, one GCRA level, the target a state leads to |
 //! | [`untracked`] | a key without state → the doorkeeper's sighting, the new-source budget, or a state of its own |
 //! | [`levels`] | the own level and the rule's shared levels (key levels, aggregate) → taken at all of them or at none |
 //! | [`aggregate`] | the rule's aggregate bucket and its episodes of pressure (young and established sources) |
@@ -55,6 +56,7 @@ mod classify;
 mod clock;
 mod count;
 mod host;
+mod key;
 mod levels;
 mod limit;
 mod maps;
@@ -72,8 +74,9 @@ use ratelimit_common::{
 use classify::lookup_rule;
 use count::{count, count_drop, count_rule, event};
 use host::rl_host_connection;
+use key::reason_of;
 use levels::level_masked;
-use limit::{reason_of, rl_limit};
+use limit::rl_limit;
 use maps::RL_CONFIG;
 use parse::{JUDGED, Malformed, Parsed, TINY, parse};
 

@@ -27,8 +27,7 @@ use super::{
     aggregate::rule_state,
     bucket::{SHORT_RETRIES, cas},
     count::event,
-    levels::Level,
-    limit::{Kind, Target, masked},
+    key::{Kind, Level, Target, masked},
     maps::{
         RL_CONFIG, RL_GLOBAL, RL_KNOWN, RL_RULE_TABLE, RL_SEEN, RL_STATE, RL_STATE4, RL_WIDE,
         RL_WIDE_ZERO,

@@ -23,7 +23,7 @@ use ratelimit_common::{
 use super::{
     aggregate::{aggregate, mark_refusal, rule_state, young},
     bucket::{Taken, cas, take},
-    limit::masked,
+    key::masked,
     maps::{RL_RULE_TABLE, RL_WIDE},
     parse::source_at,
 };

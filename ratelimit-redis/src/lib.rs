@@ -43,6 +43,7 @@
 //! ```
 
 pub mod clock;
+pub mod fleet;
 mod lease;
 
 use std::{fmt, sync::Arc, time::Duration};

@@ -8,6 +8,7 @@
 
 pub mod check;
 pub mod fixture;
+pub mod fleet;
 pub mod frames;
 pub mod generator;
 pub mod hold;

@@ -1,6 +1,8 @@
 //! Real Redis for the tests: Debian's `redis-server` (installed by
 //! `cargo xtask setup` when missing), one per test on a free loopback port with
-//! persistence off, killed on drop; and a three-master Redis Cluster.
+//! persistence off, killed on drop; and a three-master Redis Cluster. Either
+//! may run in a network namespace of its own, on an address of it (see
+//! `crate::fleet`), reached over TCP from other namespaces.
 
 use std::{
     io::{Read, Write},
@@ -13,7 +15,8 @@ use std::{
 
 use crate::TempDir;
 
-/// A `redis-server` on 127.0.0.1, killed on drop.
+/// A `redis-server` on 127.0.0.1 (or an address of a namespace), killed on
+/// drop.
 pub struct RedisServer {
     child: Option<Child>,
     /// Its port.
@@ -21,6 +24,9 @@ pub struct RedisServer {
     dir: TempDir,
     cluster: bool,
     unix: bool,
+    /// The namespace it runs in (`None`: this process's) and its address there.
+    netns: Option<String>,
+    host: String,
 }
 
 fn free_port() -> u16 {
@@ -45,7 +51,37 @@ fn redis_server() -> &'static str {
 
 /// Sends one inline command; returns the raw reply.
 pub fn command(port: u16, cmd: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    command_at("127.0.0.1", port, cmd)
+}
+
+/// Sends one inline command to `host:port` in the network namespace `netns`
+/// (from a thread that enters it; `None`: this one's).
+pub fn command_in(
+    netns: Option<&str>,
+    host: &str,
+    port: u16,
+    cmd: &str,
+) -> std::io::Result<String> {
+    let Some(ns) = netns else {
+        return command_at(host, port, cmd);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = std::fs::File::open(Path::new("/run/netns").join(ns))?;
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: a valid namespace fd; only this thread moves.
+            if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            command_at(host, port, cmd)
+        })
+        .join()
+        .expect("a thread in the Redis namespace")
+    })
+}
+
+fn command_at(host: &str, port: u16, cmd: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect((host, port))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     s.write_all(format!("{cmd}\r\n").as_bytes())?;
     let mut buf = [0u8; 16384];
@@ -68,6 +104,8 @@ impl RedisServer {
             dir: TempDir::new("redis"),
             cluster: false,
             unix: true,
+            netns: None,
+            host: "127.0.0.1".into(),
         };
         server.spawn();
         server
@@ -80,18 +118,53 @@ impl RedisServer {
             dir: TempDir::new("redis"),
             cluster,
             unix: false,
+            netns: None,
+            host: "127.0.0.1".into(),
         };
         server.spawn();
         server
     }
 
+    /// Starts one in the network namespace `netns` on `host:port` (an
+    /// address of that namespace), a Cluster node if `cluster`.
+    pub fn start_in(netns: &str, host: &str, port: u16, cluster: bool) -> Self {
+        let mut server = Self {
+            child: None,
+            port,
+            dir: TempDir::new("redis"),
+            cluster,
+            unix: false,
+            netns: Some(netns.to_string()),
+            host: host.to_string(),
+        };
+        server.spawn();
+        server
+    }
+
+    /// Its address: `HOST:PORT`.
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// Whether it answers PING.
+    fn answers(&self) -> bool {
+        matches!(command_in(self.netns.as_deref(), &self.host, self.port, "PING"), Ok(r) if r.starts_with("+PONG"))
+    }
+
     fn spawn(&mut self) {
-        let mut cmd = Command::new(redis_server());
+        let mut cmd = match &self.netns {
+            None => Command::new(redis_server()),
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(redis_server());
+                c
+            }
+        };
         cmd.args([
             "--port",
             &self.port.to_string(),
             "--bind",
-            "127.0.0.1",
+            &self.host,
             "--save",
             "",
             "--appendonly",
@@ -110,6 +183,10 @@ impl RedisServer {
                 "--cluster-config-file",
                 "nodes.conf",
             ]);
+            if self.netns.is_some() {
+                // A master down costs its own slots only (no replicas here).
+                cmd.args(["--cluster-require-full-coverage", "no"]);
+            }
         }
         if self.unix {
             cmd.arg("--unixsocket")
@@ -118,19 +195,19 @@ impl RedisServer {
         }
         self.child = Some(cmd.spawn().expect("starting redis-server"));
         let start = Instant::now();
-        while !matches!(command(self.port, "PING"), Ok(r) if r.starts_with("+PONG")) {
+        while !self.answers() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "redis-server on port {} did not answer within 10 s",
-                self.port
+                "redis-server on {} did not answer within 10 s",
+                self.addr()
             );
             sleep(Duration::from_millis(20));
         }
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://HOST:PORT` (127.0.0.1 unless started in a namespace).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}", self.addr())
     }
 
     /// `redis+unix:///…/redis.sock` (after [`RedisServer::start_unix`]).
@@ -167,11 +244,11 @@ impl RedisServer {
         // SAFETY: a pid we own.
         unsafe { libc::kill(pid, libc::SIGCONT) };
         let start = Instant::now();
-        while !matches!(command(self.port, "PING"), Ok(r) if r.starts_with("+PONG")) {
+        while !self.answers() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "redis-server on port {} did not answer within 10 s of SIGCONT",
-                self.port
+                "redis-server on {} did not answer within 10 s of SIGCONT",
+                self.addr()
             );
             sleep(Duration::from_millis(20));
         }
@@ -208,7 +285,8 @@ impl RedisServer {
 
     /// Runs one inline command, e.g. `SCRIPT FLUSH`.
     pub fn cmd(&self, cmd: &str) -> String {
-        command(self.port, cmd).unwrap_or_else(|e| panic!("redis {cmd}: {e}"))
+        command_in(self.netns.as_deref(), &self.host, self.port, cmd)
+            .unwrap_or_else(|e| panic!("redis {cmd}: {e}"))
     }
 }
 
@@ -228,12 +306,33 @@ impl RedisCluster {
     /// Starts three nodes, joins them with `redis-cli --cluster create`, waits
     /// until every node says `cluster_state:ok`.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(true)).collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
+        Self::join(
+            (0..3).map(|_| RedisServer::start_with(true)).collect(),
+            None,
+        )
+    }
+
+    /// Starts three nodes in the network namespace `netns`, on `host` and
+    /// ports 7000 to 7002, as [`RedisCluster::start`] (a master down there
+    /// costs its own slots only: `cluster-require-full-coverage no`).
+    pub fn start_in(netns: &str, host: &str) -> Self {
+        let nodes = (0..3)
+            .map(|i| RedisServer::start_in(netns, host, 7000 + i, true))
             .collect();
-        let out = Command::new("redis-cli")
+        Self::join(nodes, Some(netns))
+    }
+
+    fn join(nodes: Vec<RedisServer>, netns: Option<&str>) -> Self {
+        let addrs: Vec<String> = nodes.iter().map(RedisServer::addr).collect();
+        let mut cli = match netns {
+            None => Command::new("redis-cli"),
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg("redis-cli");
+                c
+            }
+        };
+        let out = cli
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -258,14 +357,19 @@ impl RedisCluster {
         Self { nodes }
     }
 
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    /// `redis+cluster://HOST:P1,HOST:P2,HOST:P3`.
     pub fn url(&self) -> String {
-        let nodes: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
+        let nodes: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The node that serves `key`: the one that answers it without a
+    /// redirection.
+    pub fn owner(&self, key: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| !n.cmd(&format!("EXISTS {key}")).starts_with("-MOVED"))
+            .unwrap_or_else(|| panic!("no node serves {key}"))
     }
 
     /// Keys held by each node (`DBSIZE`).

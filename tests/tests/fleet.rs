@@ -1,6 +1,16 @@
 //! Fleet-wide rules: three daemons on three namespace pairs share one limit
 //! per source through one real `redis-server` (on a unix socket, which every
-//! namespace reaches); Redis stopped and started under traffic.
+//! namespace reaches); Redis stopped and started under traffic. The faults
+//! by subject in `fleet/` (Redis over TCP from a namespace of its own, see
+//! `ratelimit_tests::fleet`): restarts of every kind, a daemon cut off, a
+//! daemon dead, Redis slow, a Cluster master down and back.
+
+#[path = "fleet/cluster.rs"]
+mod cluster;
+#[path = "fleet/faults.rs"]
+mod faults;
+#[path = "fleet/restarts.rs"]
+mod restarts;
 
 use std::{
     net::IpAddr,
@@ -168,6 +178,26 @@ fn three_daemons_hold_one_limit_and_fall_back_when_redis_stops() {
     );
     assert!(h_logged(&hosts, "back in step"));
 }
+
+/// The rule the fault tests set: 100/s burst 20 per /32, fleet-wide.
+const RULE: [&str; 6] = [
+    "198.18.0.0/24",
+    "--rate",
+    "100/s",
+    "--burst",
+    "20",
+    "--fleet",
+];
+
+/// The fleet's bound over `secs` with `n` daemons and debts `delta` s old:
+/// `B + R·t + (N − 1)·(B + R·Δ)` (the fleet module's).
+fn bound(n: f64, secs: f64, delta: f64) -> f64 {
+    BURST + RATE * secs + (n - 1.0) * (BURST + RATE * delta)
+}
+
+/// The sync age the bound assumes: two syncs and an answer within 100 ms
+/// (later answers are charged as under the fallback).
+const DELTA: f64 = 0.3;
 
 fn h_logged(hosts: &[Member], what: &str) -> bool {
     hosts.iter().all(|h| h.daemon.output().contains(what))

@@ -7,6 +7,8 @@
 
 #[path = "prog_test_run/actions.rs"]
 mod actions;
+#[path = "prog_test_run/fleet.rs"]
+mod fleet;
 #[path = "prog_test_run/fragments.rs"]
 mod fragments;
 #[path = "prog_test_run/host_connections.rs"]

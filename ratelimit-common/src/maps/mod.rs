@@ -8,12 +8,14 @@
 
 mod config;
 mod counters;
+mod fleet;
 mod keys;
 mod rule;
 mod state;
 
 pub use config::*;
 pub use counters::*;
+pub use fleet::*;
 pub use keys::*;
 pub use rule::*;
 pub use state::*;
@@ -64,10 +66,19 @@ pub const MAP_GLOBAL: &str = "RL_GLOBAL";
 /// `PerCpuArray<u64>` indexed by [`Event`]: things that happen to state, not
 /// verdicts. Written by the program.
 pub const MAP_EVENTS: &str = "RL_EVENTS";
-/// `LruHash<FlowKey, Counter>`: what each key of a fleet-wide rule was
+/// `LruHash<FlowKey, FleetUsed>`: what each key of a fleet-wide rule was
 /// admitted here (cumulative), for the daemon to report to the fleet.
 /// Written by the program (atomic add).
 pub const MAP_FLEET_USED: &str = "RL_FLEET_USED";
+/// `LruHash<FlowKey, FleetCursor>`: how much of each key's
+/// [`MAP_FLEET_USED`] count the daemon has accounted for (its report
+/// cursor), pinned so that a daemon that starts again reports nothing twice.
+/// Written by the daemon only; the program never reads it.
+pub const MAP_FLEET_REPORTED: &str = "RL_FLEET_REPORTED";
+/// `Array<FleetBeat>` of one entry: the daemon's heartbeat, and the daemons
+/// of the fleet it counted. Written by the daemon at every sync; read by the
+/// program under fleet-wide rules ([`fleet_cost`]).
+pub const MAP_FLEET_BEAT: &str = "RL_FLEET_BEAT";
 /// Keys of fleet-wide rules followed at once.
 pub const FLEET_CAPACITY: u32 = 65_536;
 /// The match groups ([`MatchGroup`]): two halves of [`GROUPS_CAPACITY`], one
@@ -108,7 +119,7 @@ pub const fn known_bit(h: u64) -> (u32, u64) {
 }
 
 /// Every map.
-pub const ALL_MAPS: [&str; 18] = [
+pub const ALL_MAPS: [&str; 20] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -124,13 +135,15 @@ pub const ALL_MAPS: [&str; 18] = [
     MAP_GLOBAL,
     MAP_EVENTS,
     MAP_FLEET_USED,
+    MAP_FLEET_REPORTED,
+    MAP_FLEET_BEAT,
     MAP_GROUPS,
     MAP_RULE_STATS,
     MAP_KNOWN,
 ];
 
 /// The maps pinned for a restart to adopt: all but the per-CPU scratch.
-pub const PINNED_MAPS: [&str; 17] = [
+pub const PINNED_MAPS: [&str; 19] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -145,6 +158,8 @@ pub const PINNED_MAPS: [&str; 17] = [
     MAP_GLOBAL,
     MAP_EVENTS,
     MAP_FLEET_USED,
+    MAP_FLEET_REPORTED,
+    MAP_FLEET_BEAT,
     MAP_GROUPS,
     MAP_RULE_STATS,
     MAP_KNOWN,
@@ -198,6 +213,9 @@ mod pod {
     unsafe impl aya::Pod for super::RuleState {}
     unsafe impl aya::Pod for super::GlobalState {}
     unsafe impl aya::Pod for super::MatchGroup {}
+    unsafe impl aya::Pod for super::FleetUsed {}
+    unsafe impl aya::Pod for super::FleetCursor {}
+    unsafe impl aya::Pod for super::FleetBeat {}
 }
 
 #[cfg(test)]

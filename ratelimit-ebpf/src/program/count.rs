@@ -1,20 +1,19 @@
 //! Count: what happened to a frame, for the daemon. Per-CPU counters by
 //! reason and by rule, events (states created, capped, frames unjudged),
-//! drops per source for `ratelimit top`, and a fleet-wide rule's admitted
-//! frames per key.
+//! and drops per source for `ratelimit top` (a fleet-wide rule's admitted
+//! frames per key are [`super::fleet`]'s).
 //!
 //! Enters: the reason, the frame's length, the rule's counters. Leaves:
 //! nothing but the counts (and this CPU's count of a reason, for sampling).
-//! Called by the entry for every frame, by the stages for events, and by the
-//! limit for the fleet.
+//! Called by the entry for every frame and by the stages for events.
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
-use ratelimit_common::{Counter, DropKey, Event, FlowKey, Reason, Rule, RuleCounter, rule_flags};
+use ratelimit_common::{DropKey, Event, Reason, RuleCounter};
 
 use super::{
     NO_SLOT,
-    maps::{RL_DROPS, RL_EVENTS, RL_FLEET_USED, RL_RULE_STATS, RL_STATS},
+    maps::{RL_DROPS, RL_EVENTS, RL_RULE_STATS, RL_STATS},
 };
 
 /// Counts the frame under `reason`; returns this CPU's count for it.
@@ -68,32 +67,6 @@ pub(crate) fn count_drop(key: &DropKey, weight: u64) {
         None => {
             // A lost race with another CPU loses one count: fine for a ranking.
             let _ = RL_DROPS.insert(key, weight, 0);
-        }
-    }
-}
-
-/// Counts a frame admitted under a fleet-wide `rule` for its key, for the
-/// daemon to report to the fleet.
-#[inline(always)]
-pub(crate) fn fleet_count(rule: &Rule, key: &FlowKey, len: u64) {
-    if rule.flags & rule_flags::FLEET == 0 {
-        return;
-    }
-    match RL_FLEET_USED.get_ptr_mut(key) {
-        // SAFETY: fields of a map value valid for this run; other CPUs change
-        // them only by atomic add.
-        Some(c) => unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*c).packets, 1);
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*c).bytes, len);
-        },
-        None => {
-            // Two CPUs counting a key's first frame at once lose one count
-            // (the daemon's bound allows for a frame per key and sync).
-            let first = Counter {
-                packets: 1,
-                bytes: len,
-            };
-            let _ = RL_FLEET_USED.insert(key, first, 0);
         }
     }
 }

@@ -19,7 +19,7 @@ use super::{
     aggregate::{aggregate, mark_refusal, young},
     bucket::peek,
     clock::clock,
-    count::fleet_count,
+    fleet::{rl_fleet_cost, rl_fleet_count},
     key::{Kind, Level, Target, masked, reason_of},
     levels::{shared_levels, two_levels},
     maps::{RL_CONFIG, RL_RULE_STATE, RL_RULE_TABLE, RL_STATE, RL_STATE4, RL_WIDE},
@@ -86,6 +86,14 @@ pub(crate) fn limit(
         1
     };
     let now = clock(config);
+    // What the key's own bucket is charged; the fleet's count below stays
+    // the frame's own.
+    let charged = rl_fleet_cost(
+        cost,
+        now,
+        rule.gcra_params().capacity,
+        u64::from(rule.flags & rule_flags::FLEET),
+    );
     let shared = match RL_RULE_STATE.get_ptr_mut(rule.slot) {
         Some(p) => p,
         None => core::ptr::null_mut(),
@@ -116,7 +124,7 @@ pub(crate) fn limit(
             known_v6(&key, known)
         };
         if !state.is_null() {
-            target = Target::gcra(Level::own(state.cast::<u64>(), rule, cost));
+            target = Target::gcra(Level::own(state.cast::<u64>(), rule, charged));
             tracked = true;
             // SAFETY: a map value valid for this run; written once, at its
             // creation.
@@ -144,7 +152,7 @@ pub(crate) fn limit(
                 if state.is_null() {
                     Target::done(Reason::StateFailed, rule)
                 } else {
-                    Target::gcra(Level::own(state.cast::<u64>(), rule, cost))
+                    Target::gcra(Level::own(state.cast::<u64>(), rule, charged))
                 }
             }
             UNTRACKED_PROMOTED_WIDE => Target::wide(rule),
@@ -169,8 +177,8 @@ pub(crate) fn limit(
         )),
         Kind::Done => target.reason,
     };
-    if matches!(reason, Reason::Passed | Reason::NewSource) {
-        fleet_count(rule, &key, len);
+    if matches!(reason, Reason::Passed | Reason::NewSource) && rule.flags & rule_flags::FLEET != 0 {
+        rl_fleet_count(ctx.ctx, l3 as u64, u64::from(fam) | (len << 16), rule.index);
     }
     reason
 }

@@ -10,8 +10,9 @@ use aya_ebpf::{
 use ratelimit_common::{
     Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS, DEFAULT_STATE_CAPACITY,
     DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROPS_CAPACITY, DropKey, EVENT_COUNT,
-    FLEET_CAPACITY, FlowKey, FlowKeyV4, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup,
-    REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState, SourceState, WideState, rule_table_len,
+    FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey, FlowKeyV4, GROUPS_CAPACITY,
+    GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState,
+    SourceState, WideState, rule_table_len,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -79,5 +80,14 @@ pub(crate) static RL_EVENTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EV
 pub(crate) static RL_KNOWN: Array<u64> = Array::with_max_entries(KNOWN_WORDS, 0);
 
 #[map(name = "RL_FLEET_USED")]
-pub(crate) static RL_FLEET_USED: LruHashMap<FlowKey, Counter> =
+pub(crate) static RL_FLEET_USED: LruHashMap<FlowKey, FleetUsed> =
     LruHashMap::with_max_entries(FLEET_CAPACITY, 0);
+
+// The daemon's report cursor: in the object so that it is created, pinned
+// and adopted with the rest; the program never reads it.
+#[map(name = "RL_FLEET_REPORTED")]
+pub(crate) static RL_FLEET_REPORTED: LruHashMap<FlowKey, FleetCursor> =
+    LruHashMap::with_max_entries(FLEET_CAPACITY, 0);
+
+#[map(name = "RL_FLEET_BEAT")]
+pub(crate) static RL_FLEET_BEAT: Array<FleetBeat> = Array::with_max_entries(1, 0);

@@ -13,7 +13,8 @@
 //! | [`wide`] | a key under a wide-state algorithm → its decision under the state's lock, by ratelimit-common's one dispatch (`dispatch::wide`) |
 //! | [`bucket`] | one GCRA word → peeked, taken or given back with compare-and-swap |
 //! | [`host`] | a frame a limit would drop → whether it belongs to one of the host's own connections |
-//! | [`mod@count`] | the verdict → counters by reason and by rule, events, drops for `top`, the fleet's usage |
+//! | [`mod@count`] | the verdict → counters by reason and by rule, events, drops for `top` |
+//! | [`fleet`] | a fleet-wide key's frame → what its bucket is charged (its members times over once the daemon's heartbeat is stale), its count for the daemon |
 //! | [`clock`] | → now |
 //! | [`maps`] | every map, named as ratelimit-common's `MAP_*` consts |
 //!
@@ -55,6 +56,7 @@ mod bucket;
 mod classify;
 mod clock;
 mod count;
+mod fleet;
 mod host;
 mod key;
 mod levels;

@@ -38,7 +38,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge, histogram::Histogram},
     registry::Registry,
 };
 use ratelimit_common::{Counter, EVENT_COUNT, Event, REASON_COUNT, Reason, RuleCounter};
@@ -93,6 +93,8 @@ pub struct Snapshot {
     pub rule_counters: Vec<(String, [Counter; RuleCounter::ALL.len()])>,
     /// The fleet, when run with `--fleet`.
     pub fleet: Option<crate::fleet::Status>,
+    /// The fleet sync's ages, when run with `--fleet`.
+    pub fleet_sync: Option<Histogram>,
 }
 
 impl Collector for Snapshot {
@@ -197,46 +199,96 @@ impl Collector for Snapshot {
                 .collect(),
         )?;
         if let Some(f) = &self.fleet {
-            let one = |v: i64| vec![(vec![iface.clone()], v)];
-            gauge(
+            fleet(&mut encoder, &iface, f)?;
+        }
+        if let Some(h) = &self.fleet_sync {
+            family(
                 &mut encoder,
-                "ratelimit_fleet_redis_up",
-                "1 while the last sync reached the fleet's Redis, 0 while the fallback policy holds.",
-                one(i64::from(f.redis_up)),
-            )?;
-            gauge(
-                &mut encoder,
-                "ratelimit_fleet_daemons",
-                "Daemons of the fleet seen in the last 3 s (this one included).",
-                one(f.daemons as i64),
-            )?;
-            gauge(
-                &mut encoder,
-                "ratelimit_fleet_keys",
-                "Keys of fleet-wide rules this daemon follows (admitted something in the last 2 s).",
-                one(f.keys as i64),
-            )?;
-            gauge(
-                &mut encoder,
-                "ratelimit_fleet_keys_over",
-                "Of those, keys whose fleet-wide bucket is empty (the fleet holds them at their limit).",
-                one(f.keys_over as i64),
-            )?;
-            counter(
-                &mut encoder,
-                "ratelimit_fleet_reported_units",
-                "Units (packets, or bytes for byte rules) this daemon reported to the fleet.",
-                vec![(vec![iface.clone()], f.reported)],
-            )?;
-            counter(
-                &mut encoder,
-                "ratelimit_fleet_fallback_syncs",
-                "Syncs made under the fallback policy (Redis could not be reached).",
-                vec![(vec![iface.clone()], f.fallback_syncs)],
+                "ratelimit_fleet_sync_seconds",
+                "Each fleet sync's age: from reading the counts to Redis's last answer used (what the fleet's bound calls its sync age; an answer past 100 ms is charged as under the fallback).",
+                MetricType::Histogram,
+                vec![(vec![iface.clone()], h.clone())],
             )?;
         }
         Ok(())
     }
+}
+
+/// The fleet's gauges and counters.
+fn fleet(
+    encoder: &mut DescriptorEncoder,
+    iface: &(&'static str, String),
+    f: &crate::fleet::Status,
+) -> Result<(), std::fmt::Error> {
+    let one = |v: i64| vec![(vec![iface.clone()], v)];
+    let count = |v: u64| vec![(vec![iface.clone()], v)];
+    gauge(
+        encoder,
+        "ratelimit_fleet_redis_up",
+        "1 while the last sync reached the fleet's Redis for every key (and the members), 0 while some keys are judged by the fallback.",
+        one(i64::from(f.redis_up)),
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_fleet_daemons",
+        "Daemons of the fleet counted by their leases on Redis's clock (this one included).",
+        one(f.daemons as i64),
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_fleet_silent_daemons",
+        "Of those, daemons that stopped renewing (cut off from Redis, or dead) while their leases last: their share of each key is left to them.",
+        one(f.silent_daemons as i64),
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_fleet_keys",
+        "Keys of fleet-wide rules this daemon follows (admitted something in the last 2 s).",
+        one(f.keys as i64),
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_fleet_keys_over",
+        "Of those, keys whose fleet-wide bucket is empty (the fleet holds them at their limit).",
+        one(f.keys_over as i64),
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_fleet_keys_fallback",
+        "Of those, keys judged by the fallback at their last sync (their Redis, or Cluster master, could not be asked or answered too late).",
+        one(f.keys_fallback as i64),
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_fleet_groups_down",
+        "Key groups whose Redis could not be asked (each is asked again every second).",
+        one(f.groups_down as i64),
+    )?;
+    family(
+        encoder,
+        "ratelimit_fleet_lag_seconds",
+        "The age of the oldest fleet debt a key was judged with at the last sync (the worst key's lag).",
+        MetricType::Gauge,
+        vec![(vec![iface.clone()], ConstGauge::new(f.lag_ms / 1e3))],
+    )?;
+    counter(
+        encoder,
+        "ratelimit_fleet_reported_units",
+        "Units (packets, or bytes for byte rules) this daemon reported to the fleet.",
+        count(f.reported),
+    )?;
+    counter(
+        encoder,
+        "ratelimit_fleet_fallback_syncs",
+        "Syncs with keys judged by the fallback policy (Redis, or their Cluster master, could not be reached).",
+        count(f.fallback_syncs),
+    )?;
+    counter(
+        encoder,
+        "ratelimit_fleet_slow_syncs",
+        "Syncs with an answer later than the fleet's bound assumes (100 ms): its keys were charged as under the fallback too.",
+        count(f.slow_syncs),
+    )
 }
 
 /// A metric's labels: (name, value) pairs.

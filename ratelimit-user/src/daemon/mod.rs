@@ -147,6 +147,10 @@ struct Daemon {
     interface: InterfaceState,
     /// The fleet sync task's view, when run with --fleet.
     fleet: Option<watch::Receiver<crate::fleet::Status>>,
+    /// The fleet sync's histograms, when run with --fleet.
+    fleet_metrics: Option<crate::fleet::Metrics>,
+    /// Writing the fleet heartbeat failed (said once).
+    beat_failing: bool,
     /// Reloads being read and waiting.
     reloads: Reloads,
     /// The list files the saved record names.
@@ -248,6 +252,8 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         baseline,
         interface: InterfaceState::Attached,
         fleet: None,
+        fleet_metrics: None,
+        beat_failing: false,
         reloads: Reloads::default(),
         list_files: store::ListFiles::default(),
         pins_failing: false,
@@ -269,18 +275,25 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let (jobs_tx, jobs_rx) = mpsc::channel::<control::Job>(64);
     tokio::spawn(control::serve(listener, jobs_tx));
     let (fleet_tx, fleet_rx) = mpsc::channel::<crate::fleet::Job>(4);
+    let mut fleet_task = None;
     if let Some(url) = daemon.opts.fleet.clone() {
         let (status_tx, status_rx) = watch::channel(crate::fleet::Status::default());
         daemon.fleet = Some(status_rx);
-        let member = format!("{}/{}/{}", hostname(), daemon.id, std::process::id());
+        let metrics = crate::fleet::Metrics::default();
+        daemon.fleet_metrics = Some(metrics.clone());
+        // The same member across restarts of this daemon (no pid): a
+        // restart is not counted twice while the old lease runs.
+        let member = format!("{}/{}", hostname(), daemon.id);
         info!(redis = %url, fallback = ?daemon.opts.fleet_fallback, "fleet-wide rules are kept in step through Redis");
-        tokio::spawn(crate::fleet::run(
-            url,
+        let task = tokio::spawn(crate::fleet::run(
+            url.clone(),
             daemon.opts.fleet_fallback,
-            member,
+            member.clone(),
             fleet_tx,
             status_tx,
+            metrics,
         ));
+        fleet_task = Some((task, url, member));
     } else {
         drop(fleet_tx);
     }
@@ -288,6 +301,15 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         .run_loop(shutdown, jobs_rx, metrics_rx, fleet_rx)
         .await?;
     let keep = daemon.opts.keep_attached;
+    if let Some((task, url, member)) = fleet_task {
+        task.abort();
+        // With --keep-attached the program stays and charges by the
+        // heartbeat: still a member while its lease runs. Without, it goes
+        // with the daemon, which leaves the fleet's members.
+        if !keep {
+            crate::fleet::leave(&url, &member).await;
+        }
+    }
     rundir::remove(&socket_path(&daemon.id));
     daemon.shutdown(keep);
     drop(lock);

@@ -132,6 +132,7 @@ impl Daemon {
             rules: self.rules.effective().rules.len(),
             rule_counters: self.rule_counters(),
             fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
+            fleet_sync: self.fleet_metrics.as_ref().map(|m| m.sync.clone()),
         }
     }
 
@@ -157,11 +158,32 @@ impl Daemon {
         out
     }
 
-    /// Answers the fleet sync task: what keys were admitted; raises buckets.
+    /// Answers the fleet sync task: writes its heartbeat and reads what
+    /// keys were admitted; raises buckets and writes report cursors.
     pub(super) fn fleet_job(&mut self, job: crate::fleet::Job) {
         use crate::fleet::{FleetRule, Job, Snapshot};
         match job {
-            Job::Read(reply) => {
+            Job::Read {
+                members,
+                cursors,
+                reply,
+            } => {
+                let beat = ratelimit_common::FleetBeat {
+                    at: monotonic_ns(),
+                    members: members.min(u64::from(ratelimit_common::FLEET_MEMBERS_MAX)) as u32,
+                    _pad: 0,
+                };
+                match self.enforcer.maps.write_fleet_beat(beat) {
+                    Ok(()) => self.beat_failing = false,
+                    Err(e) => {
+                        // The program then charges fleet-wide keys as if the
+                        // daemon were dead: errs toward limiting.
+                        if !self.beat_failing {
+                            error!(error = %chain(&e), "writing the fleet heartbeat failed: the program charges fleet-wide keys as if no daemon synced them");
+                        }
+                        self.beat_failing = true;
+                    }
+                }
                 let set = self.rules.effective();
                 let mut rules = std::collections::HashMap::new();
                 let mut add =
@@ -179,20 +201,26 @@ impl Daemon {
                     }
                 }
                 let used = self.enforcer.maps.fleet_used();
-                let _ = reply.send(Snapshot { rules, used });
+                let cursors = cursors.then(|| self.enforcer.maps.fleet_cursors());
+                let _ = reply.send(Snapshot {
+                    rules,
+                    used,
+                    cursors,
+                    at: monotonic_ns(),
+                });
             }
-            Job::Write(raises) => {
+            Job::Write { raises, cursors } => {
+                let now = monotonic_ns();
                 for r in raises {
-                    let (debt, add) = match r.at {
-                        Some(at) => (
-                            r.debt_ns.saturating_sub(
-                                at.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64,
-                            ),
-                            false,
-                        ),
-                        None => (r.debt_ns, true),
-                    };
-                    self.enforcer.maps.raise(&r.key, &r.params, debt, add);
+                    let debt = r.debt_ns.saturating_sub(now.saturating_sub(r.at_ns));
+                    self.enforcer.maps.raise(&r.key, &r.params, debt);
+                }
+                let failed = self.enforcer.maps.write_fleet_cursors(&cursors);
+                if failed > 0 {
+                    warn!(
+                        failed,
+                        "fleet: report cursors could not be written; a restart would report those keys' last sync again (at most a bucket each)"
+                    );
                 }
             }
         }

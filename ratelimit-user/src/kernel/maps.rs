@@ -46,7 +46,11 @@ pub struct Maps {
     /// Held for the program; not read by the daemon.
     seen: Array<MapData, u64>,
     /// What keys of fleet-wide rules were admitted here.
-    fleet_used: HashMap<MapData, FlowKey, Counter>,
+    fleet_used: HashMap<MapData, FlowKey, common::FleetUsed>,
+    /// How much of that the daemon accounted for (its report cursor).
+    fleet_reported: HashMap<MapData, FlowKey, common::FleetCursor>,
+    /// The daemon's heartbeat, for the program.
+    fleet_beat: Array<MapData, common::FleetBeat>,
     /// Match groups: a half for each trie.
     groups: Array<MapData, common::MatchGroup>,
     /// Each rule's verdicts, [`common::RULE_COUNTERS`] slots per rule slot.
@@ -128,6 +132,8 @@ impl Maps {
             global: typed(t, MAP_GLOBAL)?,
             events: typed(t, MAP_EVENTS)?,
             fleet_used: typed(t, common::MAP_FLEET_USED)?,
+            fleet_reported: typed(t, common::MAP_FLEET_REPORTED)?,
+            fleet_beat: typed(t, common::MAP_FLEET_BEAT)?,
             groups: typed(t, common::MAP_GROUPS)?,
             rule_stats: typed(t, common::MAP_RULE_STATS)?,
             known: typed(t, common::MAP_KNOWN)?,
@@ -153,6 +159,8 @@ impl Maps {
             MAP_GLOBAL => self.global.map(),
             MAP_EVENTS => self.events.map(),
             common::MAP_FLEET_USED => self.fleet_used.map(),
+            common::MAP_FLEET_REPORTED => self.fleet_reported.map(),
+            common::MAP_FLEET_BEAT => self.fleet_beat.map(),
             common::MAP_GROUPS => self.groups.map(),
             common::MAP_RULE_STATS => self.rule_stats.map(),
             common::MAP_KNOWN => self.known.map(),
@@ -615,25 +623,54 @@ impl Maps {
     }
 
     /// Every key of a fleet-wide rule with what it was admitted.
-    pub fn fleet_used(&self) -> Vec<(FlowKey, Counter)> {
+    pub fn fleet_used(&self) -> Vec<(FlowKey, common::FleetUsed)> {
         self.fleet_used.iter().filter_map(|e| e.ok()).collect()
     }
 
+    /// The report cursor of every key the daemon accounted for.
+    pub fn fleet_cursors(&self) -> Vec<(FlowKey, common::FleetCursor)> {
+        self.fleet_reported.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// Writes report cursors (`Some`) and removes those of keys the program
+    /// no longer counts (`None`). A cursor that cannot be written is one
+    /// sync of this key that a restarted daemon reports again (at most one
+    /// bucket: see the fleet's module): it is logged by the caller's count.
+    pub fn write_fleet_cursors(
+        &mut self,
+        cursors: &[(FlowKey, Option<common::FleetCursor>)],
+    ) -> usize {
+        let mut failed = 0;
+        for (key, cursor) in cursors {
+            let ok = match cursor {
+                Some(c) => self.fleet_reported.insert(key, c, 0).is_ok(),
+                None => {
+                    let _ = self.fleet_reported.remove(key);
+                    true
+                }
+            };
+            failed += usize::from(!ok);
+        }
+        failed
+    }
+
+    /// Writes the daemon's heartbeat for the program.
+    pub fn write_fleet_beat(&mut self, beat: common::FleetBeat) -> Result<()> {
+        self.fleet_beat
+            .set(0, beat, 0)
+            .map_err(map_err("writing", common::MAP_FLEET_BEAT))
+    }
+
     /// Raises the gcra state of `key` (a key of a fleet-wide rule) to a debt
-    /// of `debt_ns` now, or by `debt_ns` (`add`); never lowers it. A key
-    /// without a state gets one. Not atomic with the program's
-    /// compare-and-swap: a frame admitted between the read and the write is
-    /// not in the written state (it is counted, and in the fleet's debt at the
-    /// next sync).
-    pub fn raise(&mut self, key: &FlowKey, params: &gcra::Params, debt_ns: u64, add: bool) {
+    /// of `debt_ns` now; never lowers it. A key without a state gets one.
+    /// Not atomic with the program's compare-and-swap: a frame admitted
+    /// between the read and the write is not in the written state (it is
+    /// counted, and in the fleet's debt at the next sync).
+    pub fn raise(&mut self, key: &FlowKey, params: &gcra::Params, debt_ns: u64) {
         let now = super::monotonic_ns();
         let found = self.source_state(key);
         let current = found.map_or(0, |s| gcra::debt_ns(s.gcra.tat, params, now));
-        let target = if add {
-            current.saturating_add(debt_ns)
-        } else {
-            debt_ns
-        };
+        let target = debt_ns;
         if target <= current {
             return;
         }

@@ -5,12 +5,13 @@
 //!
 //! One module per measurement: [`cost`] (BPF_PROG_TEST_RUN), [`floods`] (drop
 //! throughput and floods on a veth, against netfilter), [`accuracy`],
-//! [`memory`], [`set`] (from a command to enforcement) and [`serve`] (the
-//! throttling service's latency); [`report`] writes
-//! the results.
+//! [`memory`], [`set`] (from a command to enforcement), [`serve`] (the
+//! throttling service's latency) and [`fleet`] (what fleet-wide keys cost
+//! Redis); [`report`] writes the results.
 
 mod accuracy;
 mod cost;
+mod fleet;
 mod floods;
 mod memory;
 mod report;
@@ -31,13 +32,15 @@ use ratelimit_user::{
 use report::Report;
 
 /// The sections, in the order they run.
-const SECTIONS: [&str; 6] = ["cost", "floods", "accuracy", "memory", "set", "serve"];
+const SECTIONS: [&str; 7] = [
+    "cost", "floods", "accuracy", "memory", "set", "serve", "fleet",
+];
 
 pub struct Opts {
     /// Short runs, for a smoke check.
     pub quick: bool,
     out: PathBuf,
-    /// Run one section only (cost, floods, accuracy, memory, set, serve).
+    /// Run one section only (cost, floods, accuracy, memory, set, serve, fleet).
     only: Option<String>,
 }
 
@@ -68,7 +71,7 @@ fn main() {
                 opts.only = Some(section);
             }
             other => panic!(
-                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|floods|accuracy|memory|set|serve"
+                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|floods|accuracy|memory|set|serve|fleet"
             ),
         }
     }
@@ -101,6 +104,9 @@ fn main() {
     }
     if opts.runs("serve") {
         serve::serve_latency(&opts, &mut report);
+    }
+    if opts.runs("fleet") {
+        fleet::fleet(&opts, &mut report);
     }
     report.write(&opts.out);
 }

@@ -1,0 +1,336 @@
+//! The sync task: every [`SYNC`], the heartbeat and the counts from the
+//! daemon's loop (which owns the maps), one call per key group and the
+//! members' renewal to Redis at once, each group's raises and cursors back
+//! to the loop as its answer comes, and the groups that did not answer
+//! within [`CALL_TIMEOUT`] judged by the fallback.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use prometheus_client::metrics::histogram::Histogram;
+use ratelimit_redis::{
+    Error, Store,
+    fleet::{Members, Report, members_key},
+};
+use tokio::{
+    sync::{mpsc, oneshot, watch},
+    task::JoinSet,
+};
+use tracing::{info, warn};
+
+use super::{
+    CALL_TIMEOUT, Fallback, Job, LEASE, PREFIX, SILENCE, SLOW, SYNC, Status,
+    book::{Book, Item, Settled, View},
+    link::{Link, MEMBERS},
+};
+use crate::kernel::monotonic_ns;
+
+/// The fleet's metrics that are more than a number: shared by the sync task
+/// (which observes) and the daemon's metrics (which encode).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Each sync's age: from reading the counts to the last answer it used,
+    /// seconds.
+    pub sync: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            sync: Histogram::new([
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0,
+            ]),
+        }
+    }
+}
+
+/// One call's answer; an error `None` is no answer in time.
+enum Answer {
+    Group {
+        group: u32,
+        result: Result<Vec<Option<Duration>>, Option<Error>>,
+        sent: u64,
+        answered: u64,
+    },
+    Members(Result<Members, Option<Error>>),
+}
+
+/// What the logs said last, so that each change is said once.
+#[derive(Default)]
+struct Said {
+    down: bool,
+    slow: bool,
+}
+
+/// The sync task: runs until the daemon's loop goes away.
+pub async fn run(
+    url: String,
+    fallback: Fallback,
+    member: String,
+    jobs: mpsc::Sender<Job>,
+    status: watch::Sender<Status>,
+    metrics: Metrics,
+) {
+    let members = members_key(PREFIX);
+    let mut link = Link::new(url.clone());
+    let mut book = Book::default();
+    let mut view = View {
+        members: 1,
+        silent: 0,
+        fallback,
+    };
+    let mut st = Status {
+        redis: url.clone(),
+        daemons: 1,
+        fallback: Some(fallback),
+        ..Default::default()
+    };
+    let mut said = Said::default();
+    let mut members_up = false;
+    let mut tick = tokio::time::interval(SYNC);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut first = true;
+    loop {
+        tick.tick().await;
+        link.refresh().await;
+        let (reply, answer) = oneshot::channel();
+        let read = Job::Read {
+            members: view.members,
+            cursors: first,
+            reply,
+        };
+        if jobs.send(read).await.is_err() {
+            return;
+        }
+        let Ok(snap) = answer.await else {
+            return;
+        };
+        let plan = book.plan(&snap, snap.at, &view);
+        link.keep_groups(|g| plan.contains_key(&g));
+        let now = Instant::now();
+        let mut calls = JoinSet::new();
+        let mut pending: HashMap<u32, Vec<Item>> = HashMap::new();
+        let mut settled = Settled::default();
+        let mut failed_groups = 0u64;
+        match link.store() {
+            Some(store) => {
+                if link.due(MEMBERS, now) {
+                    let (s, key, m) = (store.clone(), members.clone(), member.clone());
+                    calls.spawn(async move {
+                        let call = s.fleet_members(&key, &m, LEASE, SILENCE);
+                        Answer::Members(within(call).await)
+                    });
+                }
+                for (group, items) in plan {
+                    if !link.due(group, now) {
+                        failed_groups += 1;
+                        settled.merge(book.failed(items, monotonic_ns(), &view));
+                        continue;
+                    }
+                    let reports: Vec<Report> = items
+                        .iter()
+                        .map(|i| Report {
+                            name: i.name.clone(),
+                            limit: i.limit,
+                            amount: i.amount,
+                            tallied: i.tallied,
+                        })
+                        .collect();
+                    pending.insert(group, items);
+                    let s = store.clone();
+                    calls.spawn(async move {
+                        let sent = monotonic_ns();
+                        let result = within(s.fleet_sync(PREFIX, group, &reports)).await;
+                        Answer::Group {
+                            group,
+                            result,
+                            sent,
+                            answered: monotonic_ns(),
+                        }
+                    });
+                }
+            }
+            None => {
+                members_up = false;
+                for (_, items) in plan {
+                    failed_groups += 1;
+                    settled.merge(book.failed(items, monotonic_ns(), &view));
+                }
+            }
+        }
+        // What failed at once is written at once.
+        if !write(&jobs, &mut settled, &mut st).await {
+            return;
+        }
+        // Each answer is written as it comes; what has not come by the
+        // deadline is judged by the fallback.
+        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT + Duration::from_millis(10);
+        let mut last_answer = None;
+        loop {
+            let done = tokio::select! {
+                done = calls.join_next() => done,
+                () = tokio::time::sleep_until(deadline) => break,
+            };
+            let Some(done) = done else { break };
+            let Ok(answer) = done else { continue };
+            match answer {
+                Answer::Members(Ok(m)) => {
+                    link.answered(MEMBERS);
+                    members_up = true;
+                    view.members = m.members.max(1);
+                    view.silent = m.silent.min(view.members - 1);
+                }
+                Answer::Members(Err(e)) => {
+                    link.failed(MEMBERS, e.as_ref(), Instant::now());
+                    members_up = false;
+                }
+                Answer::Group {
+                    group,
+                    result,
+                    sent,
+                    answered,
+                } => {
+                    let Some(items) = pending.remove(&group) else {
+                        continue;
+                    };
+                    let s = match result {
+                        Ok(debts) => {
+                            link.answered(group);
+                            last_answer = Some(answered);
+                            book.answered(items, &debts, sent, answered, &view)
+                        }
+                        Err(e) => {
+                            failed_groups += 1;
+                            link.failed(group, e.as_ref(), Instant::now());
+                            book.failed(items, answered, &view)
+                        }
+                    };
+                    settled.merge(s);
+                    if !write(&jobs, &mut settled, &mut st).await {
+                        return;
+                    }
+                }
+            }
+        }
+        calls.abort_all();
+        for (group, items) in pending.drain() {
+            failed_groups += 1;
+            link.failed(group, None, Instant::now());
+            settled.merge(book.failed(items, monotonic_ns(), &view));
+        }
+        if !write(&jobs, &mut settled, &mut st).await {
+            return;
+        }
+        let end = monotonic_ns();
+        if let Some(answered) = last_answer {
+            let age = answered.saturating_sub(snap.at);
+            metrics.sync.observe(age as f64 / 1e9);
+            st.redis_ms = age as f64 / 1e6;
+        }
+        let counts = book.counts(&snap.rules, end);
+        st.redis_up = link.store().is_some() && failed_groups == 0 && members_up;
+        st.daemons = view.members;
+        st.silent_daemons = view.silent;
+        st.keys = counts.keys;
+        st.keys_over = counts.over;
+        st.keys_fallback = counts.fallback;
+        st.lag_ms = counts.lag_ns as f64 / 1e6;
+        st.groups_down = link.groups_down();
+        if failed_groups > 0 || !st.redis_up {
+            st.fallback_syncs += 1;
+        }
+        if settled.slow > 0 {
+            st.slow_syncs += 1;
+        }
+        tell(&st, &view, failed_groups, settled.slow, &mut said, first);
+        let _ = status.send(st.clone());
+        first = false;
+    }
+}
+
+/// Leaves the fleet's members at `url` (the daemon stops, its program with
+/// it): the others take its share at once. Within half a second, or not at
+/// all (its lease then ends by itself).
+pub async fn leave(url: &str, member: &str) {
+    let left = tokio::time::timeout(Duration::from_millis(500), async {
+        let store = Store::connect(url).await?;
+        store.fleet_leave(&members_key(PREFIX), member, LEASE).await
+    })
+    .await;
+    if !matches!(left, Ok(Ok(()))) {
+        info!(redis = %url, "fleet: could not leave the fleet's members; this daemon stops counting when its lease ends ({} s)", LEASE.as_secs());
+    }
+}
+
+/// `call` within [`CALL_TIMEOUT`]; `Err(None)` when it did not answer.
+async fn within<T>(call: impl Future<Output = Result<T, Error>>) -> Result<T, Option<Error>> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(r) => r.map_err(Some),
+        Err(_) => Err(None),
+    }
+}
+
+/// Sends what is settled to the daemon's loop; `false` when it is gone.
+async fn write(jobs: &mpsc::Sender<Job>, settled: &mut Settled, st: &mut Status) -> bool {
+    st.reported += std::mem::take(&mut settled.reported);
+    st.owed_reported += std::mem::take(&mut settled.owed);
+    if settled.is_empty() {
+        return true;
+    }
+    let job = Job::Write {
+        raises: std::mem::take(&mut settled.raises),
+        cursors: std::mem::take(&mut settled.cursors),
+    };
+    jobs.send(job).await.is_ok()
+}
+
+/// Says what changed: Redis gone or back, answers too slow or in time
+/// again; each once.
+fn tell(st: &Status, view: &View, failed_groups: u64, slow: u64, said: &mut Said, first: bool) {
+    let redis = &st.redis;
+    if st.redis_up {
+        if said.down {
+            info!(redis = %redis, "fleet: Redis answers again; fleet-wide rules are back in step");
+        } else if first {
+            info!(redis = %redis, daemons = st.daemons, "fleet: in step through Redis");
+        }
+        said.down = false;
+    } else if !said.down {
+        said.down = true;
+        let n = view.members;
+        let some = failed_groups > 0 && st.keys_fallback < st.keys;
+        match (view.fallback, some) {
+            (Fallback::Share, false) => warn!(
+                redis = %redis,
+                daemons = n,
+                "fleet: Redis cannot be reached; each fleet-wide key is charged {n} times what this daemon admits until it returns (--fleet-fallback share)"
+            ),
+            (Fallback::Local, false) => warn!(
+                redis = %redis,
+                "fleet: Redis cannot be reached; each daemon admits the whole of every fleet-wide limit until it returns (--fleet-fallback local): the fleet may admit up to {n} times it"
+            ),
+            (_, true) => warn!(
+                redis = %redis,
+                groups = st.groups_down,
+                "fleet: Redis cannot be reached for {} key group(s) (a Cluster master down?): {} key(s) are judged by the fallback (--fleet-fallback {}) until it returns; the other keys stay in step",
+                st.groups_down,
+                st.keys_fallback,
+                if view.fallback == Fallback::Share { "share" } else { "local" }
+            ),
+        }
+    }
+    if slow > 0 && !said.slow {
+        said.slow = true;
+        warn!(
+            redis = %redis,
+            keys = slow,
+            "fleet: Redis answered later than the fleet's bound assumes ({} ms); what those keys admitted is charged as under the fallback while it lasts (counted in slow_syncs)",
+            SLOW.as_millis()
+        );
+    } else if slow == 0 && said.slow && failed_groups == 0 {
+        said.slow = false;
+        info!(redis = %redis, "fleet: Redis answers in time again");
+    }
+}

@@ -1,0 +1,197 @@
+//! The faults fleets meet, each against the bound the README states for
+//! it, frames counted at the receivers: a daemon cut off from Redis (its
+//! Redis traffic dropped in its namespace), a daemon SIGKILLed (its program
+//! left attached), and Redis slow for every daemon.
+
+use std::{
+    net::IpAddr,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use ratelimit_tests::{fleet::Fleet, privileged};
+
+use super::{BURST, DELTA, RATE, RULE, bound};
+
+/// Waits until `what` holds of member `i`'s fleet status.
+fn wait_for(fleet: &Fleet, i: usize, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
+    let start = Instant::now();
+    loop {
+        let st = fleet.members[i].fleet_status();
+        if ok(&st) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "member {i}: {what} not seen within 10 s: {st}"
+        );
+        sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_daemon_cut_off_from_redis_is_counted_while_its_lease_lasts() {
+    privileged!("a_daemon_cut_off_from_redis_is_counted_while_its_lease_lasts");
+    let fleet = Fleet::start(3, false, &[], &RULE);
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    let src: IpAddr = "198.18.0.62".parse().unwrap();
+    let reported_before = fleet.members[2].fleet_status()["reported"]
+        .as_u64()
+        .unwrap();
+    fleet.members[2].partition();
+    // The partition is seen: by the cut-off daemon at its next call, by the
+    // others once it has been silent for a second.
+    fleet.flood(src, 67, &[0, 1, 2], Duration::from_millis(1500));
+    wait_for(&fleet, 2, "the fallback", |f| f["redis_up"] == false);
+    for i in [0, 1] {
+        wait_for(&fleet, i, "one silent daemon", |f| {
+            f["daemons"] == 3 && f["silent_daemons"] == 1
+        });
+    }
+    let secs = 6.0;
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs_f64(secs));
+    let total: u64 = got.iter().sum();
+    let limit = bound(3.0, secs, DELTA);
+    eprintln!(
+        "fleet, one daemon cut off: {got:?} = {total} admitted over {secs} s; exact {}, bound {limit}",
+        BURST + RATE * secs
+    );
+    assert!(
+        (total as f64) <= limit,
+        "one daemon cut off: {total} admitted ({got:?}), bound {limit}"
+    );
+    assert!(
+        (total as f64) >= 0.85 * RATE * secs,
+        "one daemon cut off: {total} admitted ({got:?}): below the limit"
+    );
+    // A source that reaches the cut-off daemon alone: its share.
+    let lone: IpAddr = "198.18.0.63".parse().unwrap();
+    let alone = fleet.flood(lone, 67, &[2], Duration::from_secs(3))[0];
+    let share = (BURST + RATE * 3.0) / 3.0;
+    eprintln!(
+        "fleet, a source reaching only the cut-off daemon: {alone} in 3 s (its share {share:.0})"
+    );
+    assert!(
+        (alone as f64) <= share + BURST,
+        "the cut-off daemon admitted {alone} alone in 3 s, its share is {share:.0}"
+    );
+    let cut_off = fleet.members[2].fleet_status();
+    assert!(cut_off["fallback_syncs"].as_u64().unwrap() > 0, "{cut_off}");
+    // Back: in step within seconds, and what it admitted meanwhile reported.
+    let healed = Instant::now();
+    fleet.members[2].heal();
+    wait_for(&fleet, 2, "back in step", |f| f["redis_up"] == true);
+    eprintln!(
+        "fleet: back in step {:.1} s after the partition ended",
+        healed.elapsed().as_secs_f64()
+    );
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    let after = fleet.members[2].fleet_status();
+    assert!(
+        after["reported"].as_u64().unwrap() > reported_before,
+        "what the cut-off daemon admitted is reported when it reconnects: {after}"
+    );
+    for i in [0, 1] {
+        wait_for(&fleet, i, "no silent daemon", |f| f["silent_daemons"] == 0);
+    }
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs(3));
+    let total: u64 = got.iter().sum();
+    let limit = bound(3.0, 3.0, DELTA);
+    eprintln!("fleet, after the partition: {got:?} = {total}, bound {limit}");
+    assert!((total as f64) <= limit, "{total} ({got:?}), bound {limit}");
+    assert!((total as f64) >= 0.85 * RATE * 3.0, "{total} ({got:?})");
+    assert!(fleet.members[2].d().output().contains("back in step"));
+}
+
+#[test]
+fn a_dead_daemons_program_errs_toward_limiting() {
+    privileged!("a_dead_daemons_program_errs_toward_limiting");
+    let fleet = Fleet::start(3, false, &[], &RULE);
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    let src: IpAddr = "198.18.0.64".parse().unwrap();
+    fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs(1));
+    // Killed: its program stays attached and unsynced.
+    fleet.members[2].stop(libc::SIGKILL);
+    let secs = 6.0;
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs_f64(secs));
+    let total: u64 = got.iter().sum();
+    // Its program admits its own bucket for 0.5 s before it charges three
+    // times; the others leave it its share after a second of silence.
+    let limit = bound(3.0, secs, DELTA) + BURST + RATE * 1.0;
+    eprintln!(
+        "fleet, one daemon SIGKILLed: {got:?} = {total} admitted over {secs} s; exact {}, bound {limit}",
+        BURST + RATE * secs
+    );
+    for i in [0, 1] {
+        let f = fleet.members[i].fleet_status();
+        assert_eq!(
+            f["daemons"], 3,
+            "the dead daemon is counted while its lease lasts: {f}"
+        );
+        assert_eq!(f["silent_daemons"], 1, "{f}");
+    }
+    assert!(
+        (total as f64) <= limit,
+        "one daemon dead: {total} admitted ({got:?}), bound {limit}"
+    );
+    assert!(
+        (total as f64) >= 0.85 * RATE * secs,
+        "one daemon dead: {total} admitted ({got:?}): below the limit"
+    );
+    // Started again: in step, nothing reported twice.
+    fleet.members[2].start(&[]);
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs(3));
+    let total: u64 = got.iter().sum();
+    let limit = bound(3.0, 3.0, DELTA);
+    eprintln!("fleet, the dead daemon started again: {got:?} = {total}, bound {limit}");
+    assert!((total as f64) <= limit, "{total} ({got:?}), bound {limit}");
+    assert!((total as f64) >= 0.85 * RATE * 3.0, "{total} ({got:?})");
+}
+
+#[test]
+fn redis_slower_than_the_bound_assumes_is_charged_as_the_fallback() {
+    privileged!("redis_slower_than_the_bound_assumes_is_charged_as_the_fallback");
+    let fleet = Fleet::start(3, false, &[], &RULE);
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    let src: IpAddr = "198.18.0.65".parse().unwrap();
+    // 120 ms round trips: over the 100 ms the bound assumes, under the
+    // 250 ms a call may take.
+    for m in &fleet.members {
+        m.delay(60);
+    }
+    let secs = 6.0;
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs_f64(secs));
+    for m in &fleet.members {
+        m.undelay();
+    }
+    let total: u64 = got.iter().sum();
+    let limit = bound(3.0, secs, DELTA);
+    eprintln!(
+        "fleet, Redis 120 ms away: {got:?} = {total} admitted over {secs} s; exact {}, bound {limit}",
+        BURST + RATE * secs
+    );
+    for (i, m) in fleet.members.iter().enumerate() {
+        let f = m.fleet_status();
+        assert!(
+            f["slow_syncs"].as_u64().unwrap() > 0,
+            "member {i}: answers over 100 ms are counted: {f}"
+        );
+        assert!(
+            m.d()
+                .output()
+                .contains("later than the fleet's bound assumes"),
+            "member {i} says so"
+        );
+    }
+    assert!(
+        (total as f64) <= limit,
+        "Redis slow: {total} admitted ({got:?}), bound {limit}"
+    );
+    // Charged as under the fallback on top of the fleet's debts: stricter
+    // than the limit, never a shut-out.
+    assert!(
+        (total as f64) >= 0.4 * RATE * secs,
+        "Redis slow: {total} admitted ({got:?}): shut out"
+    );
+}

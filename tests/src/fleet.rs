@@ -3,9 +3,8 @@
 //! three-master Cluster) that runs in a namespace of its own and that each
 //! host reaches over TCP through a veth of its own. So a test can cut one
 //! host off from Redis (its Redis traffic dropped in its namespace, with
-//! nft: the connection goes silent, as across a partition), slow its link
-//! (netem), and kill and restart a Cluster master, while the others keep
-//! theirs.
+//! nft: the connection goes silent, as across a partition) while the others
+//! keep theirs, stall Redis, and kill and restart a Cluster master.
 //!
 //! Addresses: the Redis namespace holds 198.19.201.1 (its loopback); host
 //! `i` reaches it through 198.19.200.(4i+2)/30, the Redis side being
@@ -71,8 +70,8 @@ impl RedisSide {
     }
 
     /// The single server.
-    pub fn server(&mut self) -> &mut RedisServer {
-        match &mut self.backend {
+    pub fn server(&self) -> &RedisServer {
+        match &self.backend {
             Backend::Single(s) => s,
             Backend::Cluster(_) => panic!("this fleet's Redis is a Cluster"),
         }
@@ -171,42 +170,6 @@ impl Member {
     /// Ends the partition.
     pub fn heal(&self) {
         self.nft("delete table inet rltpart\n");
-    }
-
-    /// Delays its Redis traffic by `ms` each way (netem on its link).
-    pub fn delay(&self, ms: u32) {
-        let out = Command::new("tc")
-            .args([
-                "-n",
-                &self.host.pair.rx.name,
-                "qdisc",
-                "replace",
-                "dev",
-                &self.link,
-            ])
-            .args(["root", "netem", "delay", &format!("{ms}ms")])
-            .output()
-            .expect("running tc");
-        assert!(
-            out.status.success(),
-            "tc netem: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Ends the delay.
-    pub fn undelay(&self) {
-        let _ = Command::new("tc")
-            .args([
-                "-n",
-                &self.host.pair.rx.name,
-                "qdisc",
-                "del",
-                "dev",
-                &self.link,
-                "root",
-            ])
-            .output();
     }
 
     /// The daemon's `status --json`'s `fleet`.

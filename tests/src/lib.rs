@@ -303,12 +303,20 @@ impl Daemon {
     /// Runs a CLI command that must succeed; returns its stdout.
     pub fn cli_ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "`ratelimit {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            // The daemon's last words, in case it is gone.
+            let log = self.output();
+            let mut from = log.len().saturating_sub(3000);
+            while !log.is_char_boundary(from) {
+                from += 1;
+            }
+            let tail = &log[from..];
+            panic!(
+                "`ratelimit {}` failed: {}\nthe daemon's output ends with:\n{tail}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 

@@ -11,6 +11,8 @@ mod cluster;
 mod faults;
 #[path = "fleet/restarts.rs"]
 mod restarts;
+#[path = "fleet/store.rs"]
+mod store;
 
 use std::{
     net::IpAddr,

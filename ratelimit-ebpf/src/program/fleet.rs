@@ -80,7 +80,7 @@ pub extern "C" fn rl_fleet_count(ctx: *mut xdp_md, l3: u64, packed: u64, index: 
     };
     let key = FlowKey::of(&masked(rule, (packed & 0xff) as u8, &source), rule.id);
     let len = packed >> 16;
-    match RL_FLEET_USED.get_ptr_mut(&key) {
+    match RL_FLEET_USED.get_ptr_mut(key) {
         // SAFETY: fields of a map value valid for this run; other CPUs change
         // them only by atomic add.
         Some(c) => unsafe {
@@ -95,7 +95,7 @@ pub extern "C" fn rl_fleet_count(ctx: *mut xdp_md, l3: u64, packed: u64, index: 
                 bytes: len,
                 born: stamp(),
             };
-            let _ = RL_FLEET_USED.insert(&key, &first, 0);
+            let _ = RL_FLEET_USED.insert(key, first, 0);
         }
     }
     0

@@ -476,7 +476,7 @@ impl Book {
                 let fresh = k.fresh_at.unwrap_or(k.since);
                 c.lag_ns = c.lag_ns.max(now.saturating_sub(fresh));
             }
-            if !k.active.is_some_and(|a| now.saturating_sub(a) <= follow) {
+            if k.active.is_none_or(|a| now.saturating_sub(a) > follow) {
                 continue;
             }
             c.keys += 1;

@@ -1,11 +1,14 @@
 //! The sync's connection to Redis, and which of its key groups can be asked.
 //!
 //! A connection is made in the background (a sync never waits on it), and
-//! made again when calls fail in a way a new connection may mend: a broken
-//! or silent connection (a partition: TCP retransmits with growing waits and
-//! would come back seconds after Redis does), or a Cluster's slots that
-//! moved (`MOVED`, `CLUSTERDOWN`: a new connection reads the slot map
-//! afresh). The old connection serves until the new one is made.
+//! made again when calls fail in a way a new connection may mend: above all
+//! a silent connection (a partition: TCP retransmits with growing waits and
+//! would come back seconds after Redis does), and a Cluster's slot map
+//! (`MOVED`, `ASK`, `CLUSTERDOWN` coming back to us: the `redis` crate's
+//! Cluster connection reads the map again on `MOVED` and reconnects to a
+//! master that comes back by itself, as the fleet tests check, so this is
+//! the guarantee, not the rule). The old connection serves until the new
+//! one is made.
 //!
 //! A key group whose call failed is asked again once a [`RETRY`], with the
 //! very call a sync makes (no `PING`: a Cluster answers one while a master
@@ -47,6 +50,18 @@ impl Link {
             started: None,
             renew: false,
             down: HashMap::new(),
+        }
+    }
+
+    /// Makes the first connection, waiting for it (at most the time a
+    /// connection may take): the first sync then knows whether Redis
+    /// answers.
+    pub async fn first(&mut self) {
+        self.refresh().await;
+        if let Some(handle) = self.connecting.take()
+            && let Ok(Some(store)) = handle.await
+        {
+            self.store = Some(store);
         }
     }
 

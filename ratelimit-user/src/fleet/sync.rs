@@ -92,6 +92,7 @@ pub async fn run(
     let mut tick = tokio::time::interval(SYNC);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut first = true;
+    link.first().await;
     loop {
         tick.tick().await;
         link.refresh().await;

@@ -1,8 +1,8 @@
 -- ratelimit: one fleet sync's reports, many keys in one call (atomic: a
--- script runs alone). Each key is a gcra bucket in limit.lua's form, and
--- each report is limit.lua's "report": what a daemon admitted is added to
--- the key's debt, beyond empty if it comes to that (by at most a minute of
--- refill), and the debt after it is returned.
+-- script runs alone). Each key is a gcra bucket with limit.lua's arithmetic,
+-- and each report is limit.lua's "report": what a daemon admitted is added
+-- to the key's debt, beyond empty if it comes to that (by at most a minute
+-- of refill), and the debt after it is returned.
 --
 -- KEYS[1]      the tally: a sorted set of the units each key was admitted
 --              this minute (for `ratelimit top --fleet`)
@@ -16,7 +16,8 @@
 -- ARGV[4..]    five per key, in KEYS' order: s, p, b (gcra, reduced as in
 --              limit.lua: time in units of 1/s microsecond, a token is p of
 --              them, the bucket b tokens), the amount to add to the debt
---              (units, >= 0; 0 only reads it), and the units to tally
+--              (units, >= 0; 0 only reads it), and the units to tally (0:
+--              none; a daemon tallies a key about once a second)
 --
 -- A key whose amount is 0 is read, not written: an idle key costs nothing
 -- but the read.
@@ -39,21 +40,23 @@ local skip = tonumber(ARGV[3])
 local tally = KEYS[1]
 local tallied = false
 
-local function int(v)
-  return string.format('%.0f', v)
-end
-
+-- A bucket is one string, "s p b t d" (limit.lua's gcra fields: the
+-- parameters, the time of the last write and the debt then), written with
+-- its time to live: one read and one write a report, the least Redis can do.
 local function report(key, s, p, b, amount)
-  local st = redis.pcall('HMGET', key, 'a', 'x', 'y', 'z', 't', 'd')
-  if type(st) ~= 'table' or st.err then
+  local st = redis.pcall('GET', key)
+  if type(st) == 'table' and st.err then
     return -2
   end
   local tau = b * p
   local t = now
   local debt = 0
-  if st[1] == 'gcra' then
-    local ls, lp, lb = tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
-    local lt, ld = tonumber(st[5]), tonumber(st[6])
+  if st then
+    local ls, lp, lb, lt, ld = string.match(st, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if not ls then
+      return -2
+    end
+    ls, lp, lb, lt, ld = tonumber(ls), tonumber(lp), tonumber(lb), tonumber(lt), tonumber(ld)
     -- A clock stepped back never refills: time runs from the later reading.
     if lt > now then t = lt end
     local gone = (t - lt) * ls
@@ -72,13 +75,9 @@ local function report(key, s, p, b, amount)
     if d <= 0 then
       redis.call('DEL', key)
     else
-      local ok = redis.pcall('HSET', key, 'a', 'gcra', 'x', int(s), 'y', int(p),
-        'z', int(b), 't', int(t), 'd', int(d))
-      if type(ok) == 'table' and ok.err then
-        return -2
-      end
       -- Full again after d/s microseconds.
-      redis.call('PEXPIRE', key, math.floor((d + s - 1) / s / 1000) + 1)
+      redis.call('SET', key, string.format('%.0f %.0f %.0f %.0f %.0f', s, p, b, t, d),
+        'PX', math.floor((d + s - 1) / s / 1000) + 1)
     end
   end
   return math.floor((d + s - 1) / s)
@@ -92,7 +91,7 @@ for i = 2, #KEYS do
   local debt = report(KEYS[i], s, p, b, amount)
   out[i] = debt
   if debt ~= -2 and units > 0 then
-    redis.pcall('ZINCRBY', tally, int(units), string.sub(KEYS[i], skip + 1))
+    redis.pcall('ZINCRBY', tally, string.format('%.0f', units), string.sub(KEYS[i], skip + 1))
     tallied = true
   end
 end

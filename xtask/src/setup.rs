@@ -10,7 +10,7 @@
 //!    lives under `$CARGO_HOME/ratelimit-llvm/<major>/`.
 //!
 //! And, as root, the Debian packages the tests run (redis-server, redis-tools,
-//! systemd for systemd-analyze, strace).
+//! systemd for systemd-analyze, strace, nftables).
 
 use std::{
     env, fs,
@@ -57,8 +57,9 @@ struct Package {
 /// What the tests run besides the build: Debian's `redis-server` and
 /// `redis-cli` for the fleet tests and the service benchmark;
 /// `systemd-analyze` to verify the unit and score its exposure, and `strace`
-/// to check its system call filter (tests/tests/service.rs).
-const PACKAGES: [Package; 4] = [
+/// to check its system call filter (tests/tests/service.rs); `nft` to cut a
+/// fleet's daemon off from Redis (tests/tests/fleet/faults.rs).
+const PACKAGES: [Package; 5] = [
     Package {
         name: "redis-server",
         file: "/usr/bin/redis-server",
@@ -78,6 +79,11 @@ const PACKAGES: [Package; 4] = [
         name: "strace",
         file: "/usr/bin/strace",
         why: "the systemd unit's system call filter test",
+    },
+    Package {
+        name: "nftables",
+        file: "/usr/sbin/nft",
+        why: "the fleet's partition test",
     },
 ];
 

@@ -41,6 +41,10 @@ use ratelimit_redis::{Limit, fleet::group_of};
 
 use super::{FOLLOW, Fallback, FleetRule, Raise, SLOW, Snapshot, key_name};
 
+/// How often a key's use is tallied in Redis for `top --fleet` (its reports
+/// go every sync; the tally, a write of its own, need not).
+pub const TALLY_EVERY: Duration = Duration::from_secs(1);
+
 /// How the fleet is seen now: its members, and the policy without Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct View {
@@ -92,8 +96,12 @@ pub struct Item {
     /// What to add to the fleet's debt: `delta + owed`, weighted for the
     /// silent members.
     pub amount: u64,
-    /// Units past the cursor (never reported): tallied when Redis answers.
-    pub tallied: u64,
+    /// Units past the cursor (never reported): accounted for when Redis
+    /// answers.
+    pub accounted: u64,
+    /// Units to tally now (for `top --fleet`): what was accounted for since
+    /// the key's last tally, about once a [`TALLY_EVERY`]; 0 otherwise.
+    pub tally: u64,
     /// The counts read: the cursor once Redis answers.
     used: FleetUsed,
 }
@@ -135,6 +143,10 @@ struct Key {
     name: Option<(String, String)>,
     /// What was reported (pinned).
     cursor: FleetCursor,
+    /// Units reported and not tallied yet, and when the key was last
+    /// tallied.
+    untallied: u64,
+    tallied_at: u64,
     /// The counts the last sync read.
     seen: FleetUsed,
     /// The cursor changed since it was last written.
@@ -160,6 +172,8 @@ impl Key {
         Self {
             name: None,
             cursor,
+            untallied: 0,
+            tallied_at: 0,
             seen: FleetUsed {
                 packets: cursor.packets,
                 bytes: cursor.bytes,
@@ -326,13 +340,13 @@ impl Book {
             } else {
                 k.cursor.packets
             };
-            let tallied = units(used).saturating_sub(reported);
+            let accounted = units(used).saturating_sub(reported);
             if delta > 0 {
                 k.active = Some(now);
             }
             if adopting {
                 // Admitted while no daemon synced: owed, at most a bucket.
-                k.owe(&rule.params, tallied, now);
+                k.owe(&rule.params, accounted, now);
                 delta = 0;
             }
             k.seen = *used;
@@ -340,7 +354,18 @@ impl Book {
             let followed = k
                 .active
                 .is_some_and(|a| now.saturating_sub(a) <= FOLLOW.as_nanos() as u64);
-            if !(delta > 0 || owed > 0 || tallied > 0 || (followed && k.debt_left(now) > 0)) {
+            let tally_due = now.saturating_sub(k.tallied_at) >= TALLY_EVERY.as_nanos() as u64;
+            let tally = if tally_due {
+                k.untallied + accounted
+            } else {
+                0
+            };
+            if !(delta > 0
+                || owed > 0
+                || accounted > 0
+                || tally > 0
+                || (followed && k.debt_left(now) > 0))
+            {
                 continue;
             }
             k.wanted = true;
@@ -360,7 +385,8 @@ impl Book {
                 delta,
                 owed,
                 amount: view.weighted(delta + owed),
-                tallied,
+                accounted,
+                tally,
                 used: *used,
             });
         }
@@ -395,7 +421,13 @@ impl Book {
                 k.cursor.owed_until = 0;
                 k.dirty = true;
             }
-            out.reported += item.tallied;
+            out.reported += item.accounted;
+            if item.tally > 0 {
+                k.untallied = 0;
+                k.tallied_at = answered;
+            } else {
+                k.untallied += item.accounted;
+            }
             out.owed += item.owed;
             k.debt_ns = debt.as_nanos().min(u128::from(u64::MAX)) as u64;
             k.debt_at = answered;

@@ -136,7 +136,7 @@ pub async fn run(
                             name: i.name.clone(),
                             limit: i.limit,
                             amount: i.amount,
-                            tallied: i.tallied,
+                            tallied: i.tally,
                         })
                         .collect();
                     pending.insert(group, items);
@@ -239,7 +239,7 @@ pub async fn run(
         st.keys_fallback = counts.fallback;
         st.lag_ms = counts.lag_ns as f64 / 1e6;
         st.groups_down = link.groups_down();
-        if failed_groups > 0 || !st.redis_up {
+        if failed_groups > 0 || link.store().is_none() {
             st.fallback_syncs += 1;
         }
         if settled.slow > 0 {

@@ -32,6 +32,12 @@ fn wait_for(fleet: &Fleet, i: usize, what: &str, ok: impl Fn(&serde_json::Value)
 #[test]
 fn a_daemon_cut_off_from_redis_is_counted_while_its_lease_lasts() {
     privileged!("a_daemon_cut_off_from_redis_is_counted_while_its_lease_lasts");
+    if !ratelimit_tests::require_tool(
+        "a_daemon_cut_off_from_redis_is_counted_while_its_lease_lasts",
+        "nft",
+    ) {
+        return;
+    }
     let fleet = Fleet::start(3, false, &[], &RULE);
     fleet.wait_in_step(3, Duration::from_secs(10));
     let src: IpAddr = "198.18.0.62".parse().unwrap();

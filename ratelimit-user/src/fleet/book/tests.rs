@@ -106,7 +106,7 @@ fn a_restarted_daemon_reports_no_history_twice() {
     let i = items(plan);
     assert_eq!(i.len(), 1);
     assert_eq!(
-        (i[0].delta, i[0].owed, i[0].amount, i[0].tallied),
+        (i[0].delta, i[0].owed, i[0].amount, i[0].accounted),
         (0, 3, 3, 3),
         "{i:?}"
     );
@@ -129,7 +129,8 @@ fn what_a_restart_finds_past_the_cursor_is_owed_at_most_a_bucket() {
     );
     let i = items(plan);
     assert_eq!(i[0].owed, 20, "a whole bucket, not 5 000");
-    assert_eq!(i[0].tallied, 5_000, "every unit is tallied");
+    assert_eq!(i[0].accounted, 5_000, "every unit is accounted for");
+    assert_eq!(i[0].tally, 5_000, "and tallied: the key's first");
     // Nothing pinned for a key the program counted: the same.
     let mut b = Book::default();
     let plan = b.plan(
@@ -181,8 +182,8 @@ fn what_redis_did_not_take_is_owed_and_reported_when_it_answers() {
     // 50 ms later, nothing new: half of it is still owed.
     let at = at + 50 * MS;
     let i = items(b.plan(&snap(vec![(k, used(10, 5))], None, at), at, &v));
-    assert_eq!((i[0].delta, i[0].owed, i[0].tallied), (0, 5, 10));
-    // Answered: everything since the cursor tallied, what still weighs
+    assert_eq!((i[0].delta, i[0].owed, i[0].accounted), (0, 5, 10));
+    // Answered: everything since the cursor accounted for, what still weighs
     // charged, and nothing owed any more.
     let plan = b.plan(&snap(vec![(k, used(12, 5))], None, at), at, &v);
     assert_eq!(items(plan.clone())[0].amount, 7);
@@ -322,4 +323,27 @@ fn counts_show_the_worst_lag_and_the_keys_in_fallback() {
     // The key in fallback was never answered: its lag runs from its first
     // sight.
     assert_eq!(c.lag_ns, 5 * MS);
+}
+
+#[test]
+fn a_key_is_tallied_about_once_a_second() {
+    let mut b = started();
+    let k = key(60);
+    let v = view(1, 0);
+    let mut tallied = 0;
+    for n in 1..=25u64 {
+        let at = T0 + n * 100 * MS;
+        let plan = b.plan(&snap(vec![(k, used(n * 3, 5))], None, at), at, &v);
+        let i = items(plan.clone());
+        assert_eq!(i[0].delta, 3, "reported every sync");
+        tallied += i[0].tally;
+        answer(&mut b, plan, 0, at, at, &v);
+    }
+    // 75 units in 2.5 s: the first sync's and two more, each with what came
+    // since the last.
+    assert_eq!(tallied, 3 + 30 + 30);
+    // Idle: what is left is tallied when it is due.
+    let at = T0 + 3_600 * MS;
+    let i = items(b.plan(&snap(vec![(k, used(75, 5))], None, at), at, &v));
+    assert_eq!((i[0].amount, i[0].tally), (0, 12));
 }

@@ -104,6 +104,8 @@ pub struct Item {
     pub tally: u64,
     /// The counts read: the cursor once Redis answers.
     used: FleetUsed,
+    /// Charged as under the fallback already (its answer was late).
+    late: bool,
 }
 
 /// What to raise in the kernel and what cursors to write, after a sync (or
@@ -388,6 +390,7 @@ impl Book {
                 accounted,
                 tally,
                 used: *used,
+                late: false,
             });
         }
         plan
@@ -429,19 +432,23 @@ impl Book {
                 k.untallied += item.accounted;
             }
             out.owed += item.owed;
-            k.debt_ns = debt.as_nanos().min(u128::from(u64::MAX)) as u64;
-            k.debt_at = answered;
+            let debt = debt.as_nanos().min(u128::from(u64::MAX)) as u64;
             k.fresh_at = Some(sent);
             k.fallback = false;
-            if slow {
-                // The answer is older than the bound assumes: what this
-                // daemon admitted meanwhile is charged as under the
-                // fallback, on top of the fleet's debt.
+            if item.late || slow {
+                // An answer later than the bound assumes: what this daemon
+                // admitted meanwhile was (or is now) charged as under the
+                // fallback; the fleet's debt counts beside it.
                 out.slow += 1;
                 k.fallback = true;
-                let extra = item.delta.saturating_mul(view.times().saturating_sub(1));
-                k.debt_ns = k.debt_ns.saturating_add(gcra::units_ns(params, extra));
+                if !item.late {
+                    Self::charge(k, &item, answered, view, &mut out);
+                }
+                k.debt_ns = k.debt_left(answered).max(debt);
+            } else {
+                k.debt_ns = debt;
             }
+            k.debt_at = answered;
             out.raises.push(Raise {
                 key: item.key,
                 params: *params,
@@ -454,6 +461,22 @@ impl Book {
         out
     }
 
+    /// Redis has not answered `items` within [`SLOW`] at `now`: what they
+    /// admitted is charged as under the fallback at once, rather than judged
+    /// on debts older than the bound assumes. Their answer, when it comes,
+    /// counts beside it ([`Book::answered`]).
+    pub fn late(&mut self, items: &mut [Item], now: u64, view: &View) -> Settled {
+        let mut out = Settled::default();
+        for item in items.iter_mut().filter(|i| !i.late) {
+            item.late = true;
+            if let Some(k) = self.keys.get_mut(&item.key) {
+                k.fallback = true;
+                Self::charge(k, item, now, view, &mut out);
+            }
+        }
+        out
+    }
+
     /// Redis could not be asked about `items` at `now` (or did not answer):
     /// what they admitted is owed, and charged by the fallback.
     pub fn failed(&mut self, items: Vec<Item>, now: u64, view: &View) -> Settled {
@@ -462,29 +485,35 @@ impl Book {
             let Some(k) = self.keys.get_mut(&item.key) else {
                 continue;
             };
-            let params = &item.params;
-            k.owe(params, item.delta, now);
+            k.owe(&item.params, item.delta, now);
             k.fallback = true;
-            // The fleet's debt kept here: what it was, paid down since, plus
-            // what this daemon admitted charged for the whole fleet.
-            let left = k.debt_left(now);
-            let charged = item.delta.saturating_mul(view.times());
-            k.debt_at = now;
-            match view.fallback {
-                Fallback::Share => {
-                    k.debt_ns = left.saturating_add(gcra::units_ns(params, charged));
-                    out.raises.push(Raise {
-                        key: item.key,
-                        params: *params,
-                        debt_ns: k.debt_ns,
-                        at_ns: now,
-                    });
-                }
-                Fallback::Local => k.debt_ns = left,
+            if !item.late {
+                Self::charge(k, &item, now, view, &mut out);
             }
         }
         out.cursors.extend(self.take_writes());
         out
+    }
+
+    /// The fallback's charge for what `item` admitted here, at `now`: the
+    /// fleet's debt kept here (what it was, paid down since) plus, under
+    /// `share`, what this daemon admitted charged for the whole fleet.
+    fn charge(k: &mut Key, item: &Item, now: u64, view: &View, out: &mut Settled) {
+        let left = k.debt_left(now);
+        k.debt_at = now;
+        match view.fallback {
+            Fallback::Share => {
+                let charged = item.delta.saturating_mul(view.times());
+                k.debt_ns = left.saturating_add(gcra::units_ns(&item.params, charged));
+                out.raises.push(Raise {
+                    key: item.key,
+                    params: item.params,
+                    debt_ns: k.debt_ns,
+                    at_ns: now,
+                });
+            }
+            Fallback::Local => k.debt_ns = left,
+        }
     }
 
     /// Cursors to write or remove since the last call.

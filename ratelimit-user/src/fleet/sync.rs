@@ -165,13 +165,27 @@ pub async fn run(
         if !write(&jobs, &mut settled, &mut st).await {
             return;
         }
-        // Each answer is written as it comes; what has not come by the
-        // deadline is judged by the fallback.
-        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT + Duration::from_millis(10);
+        // Each answer is written as it comes; what has not come within
+        // SLOW is charged as under the fallback at once, and what has not
+        // come by the deadline is judged by the fallback.
+        let sent = tokio::time::Instant::now();
+        let deadline = sent + CALL_TIMEOUT + Duration::from_millis(10);
+        let mut late = false;
         let mut last_answer = None;
         loop {
             let done = tokio::select! {
                 done = calls.join_next() => done,
+                () = tokio::time::sleep_until(sent + SLOW), if !late && !pending.is_empty() => {
+                    late = true;
+                    let now = monotonic_ns();
+                    for items in pending.values_mut() {
+                        settled.merge(book.late(items, now, &view));
+                    }
+                    if !write(&jobs, &mut settled, &mut st).await {
+                        return;
+                    }
+                    continue;
+                }
                 () = tokio::time::sleep_until(deadline) => break,
             };
             let Some(done) = done else { break };

@@ -13,6 +13,18 @@ use ratelimit_tests::{fleet::Fleet, privileged};
 
 use super::{BURST, DELTA, RATE, RULE, bound};
 
+/// Where the daemons serve their metrics (each in its own namespace).
+const METRICS: &str = "127.0.0.1:9477";
+
+/// The value of the first sample of `name` whose labels contain `labels`.
+fn metric(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} {{{labels}}} in the metrics:\n{text}"))
+}
+
 /// Waits until `what` holds of member `i`'s fleet status.
 fn wait_for(fleet: &Fleet, i: usize, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
     let start = Instant::now();
@@ -158,7 +170,7 @@ fn a_dead_daemons_program_errs_toward_limiting() {
 #[test]
 fn redis_slower_than_the_bound_assumes_is_charged_as_the_fallback() {
     privileged!("redis_slower_than_the_bound_assumes_is_charged_as_the_fallback");
-    let fleet = Fleet::start(3, false, &[], &RULE);
+    let fleet = Fleet::start(3, false, &["--metrics", METRICS], &RULE);
     fleet.wait_in_step(3, Duration::from_secs(10));
     let src: IpAddr = "198.18.0.65".parse().unwrap();
     // Redis stalls 150 ms in every 250 (SIGSTOP, SIGCONT): answers come
@@ -200,6 +212,23 @@ fn redis_slower_than_the_bound_assumes_is_charged_as_the_fallback() {
             "member {i} says so"
         );
     }
+    // What an operator's Prometheus sees: syncs past 100 ms in the sync's
+    // histogram, and counted.
+    let text = fleet.members[0].host.pair.rx.scrape(METRICS);
+    let under = |le: &str| {
+        metric(
+            &text,
+            "ratelimit_fleet_sync_seconds_bucket",
+            &format!("le=\"{le}\""),
+        )
+    };
+    let (fast, all) = (under("0.1"), under("+Inf"));
+    eprintln!("member 0's syncs: {fast} within 100 ms of {all}");
+    assert!(
+        all > fast,
+        "the histogram shows the syncs past 100 ms: {fast} of {all} within it"
+    );
+    assert!(metric(&text, "ratelimit_fleet_slow_syncs_total", "") > 0.0);
     assert!(
         (total as f64) <= limit,
         "Redis slow: {total} admitted ({got:?}), bound {limit}"

@@ -347,3 +347,32 @@ fn a_key_is_tallied_about_once_a_second() {
     let i = items(b.plan(&snap(vec![(k, used(75, 5))], None, at), at, &v));
     assert_eq!((i[0].amount, i[0].tally), (0, 12));
 }
+
+#[test]
+fn an_answer_not_come_within_100_ms_is_charged_as_the_fallback_at_once() {
+    let mut b = started();
+    let k = key(60);
+    let v = view(3, 0);
+    let plan = b.plan(&snap(vec![(k, used(4, 5))], None, T0), T0, &v);
+    let mut i = items(plan);
+    // 100 ms and no answer: this daemon's 4 units charged three times now.
+    let s = b.late(&mut i, T0 + 100 * MS, &v);
+    assert_eq!(s.raises[0].debt_ns, 120 * MS);
+    // The answer at 150 ms: the fleet's 200 ms counts beside it (not on top).
+    let s = b.answered(
+        i.clone(),
+        &[Some(Duration::from_millis(200))],
+        T0,
+        T0 + 150 * MS,
+        &v,
+    );
+    assert_eq!((s.slow, s.raises[0].debt_ns), (1, 200 * MS));
+    // No answer at all: owed, and not charged a second time.
+    let at = T0 + 200 * MS;
+    let plan = b.plan(&snap(vec![(k, used(8, 5))], None, at), at, &v);
+    let mut i = items(plan);
+    let late = b.late(&mut i, at + 100 * MS, &v);
+    let s = b.failed(i, at + 260 * MS, &v);
+    assert_eq!(late.raises.len(), 1);
+    assert!(s.raises.is_empty(), "charged once: {s:?}");
+}

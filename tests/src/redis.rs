@@ -215,6 +215,11 @@ impl RedisServer {
         format!("redis+unix://{}", self.dir.0.join("redis.sock").display())
     }
 
+    /// Its process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops it (SIGKILL): clients see the connection fail.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

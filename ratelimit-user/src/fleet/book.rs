@@ -2,7 +2,8 @@
 //! cursor, which the pins keep), what this daemon owes the fleet, and the
 //! fleet's debt as last known. From a snapshot of the counts, what to report
 //! ([`Book::plan`]); from Redis's answers, or their absence, what to raise
-//! and what cursors to write back ([`Book::answered`], [`Book::failed`]).
+//! ([`Book::answered`], [`Book::failed`]), and once a sync, what cursors to
+//! write back ([`Book::take_writes`]).
 //! No I/O and no clock: every time is given (CLOCK_MONOTONIC, ns), so the
 //! tests drive it by hand.
 //!
@@ -44,6 +45,12 @@ use super::{FOLLOW, Fallback, FleetRule, Raise, SLOW, Snapshot, key_name};
 /// How often a key's use is tallied in Redis for `top --fleet` (its reports
 /// go every sync; the tally, a write of its own, need not).
 pub const TALLY_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a key's report cursor is written to its map (at most): a
+/// restart then finds at most this much of a key's units past the cursor,
+/// which it charges as owed, at most a bucket, as it does what was admitted
+/// while no daemon synced.
+pub const CURSOR_EVERY: Duration = Duration::from_secs(1);
 
 /// How the fleet is seen now: its members, and the policy without Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +160,10 @@ struct Key {
     seen: FleetUsed,
     /// The cursor changed since it was last written.
     dirty: bool,
+    /// When it was last written.
+    written_at: Option<u64>,
+    /// In the book's `touched`.
+    queued: bool,
     /// When it last admitted something here.
     active: Option<u64>,
     /// The fleet's debt as last known (from Redis, or kept here under the
@@ -174,6 +185,8 @@ impl Key {
         Self {
             name: None,
             cursor,
+            written_at: None,
+            queued: false,
             untallied: 0,
             tallied_at: 0,
             seen: FleetUsed {
@@ -237,6 +250,15 @@ impl Key {
     }
 }
 
+/// Queues `key` for [`Book::take_writes`] if its cursor changed and it is
+/// not queued yet.
+fn touch(touched: &mut Vec<FlowKey>, key: FlowKey, k: &mut Key) {
+    if k.dirty && !k.queued {
+        k.queued = true;
+        touched.push(key);
+    }
+}
+
 /// A whole bucket of `params`, ns.
 fn tau_ns(params: &gcra::Params) -> u64 {
     gcra::units_ns(params, params.capacity)
@@ -261,6 +283,10 @@ pub struct Book {
     adopted: bool,
     /// Cursors to remove: keys the program no longer counts.
     gone: Vec<FlowKey>,
+    /// Keys whose cursor may have changed since the last writes (a key's
+    /// `dirty` says whether it did): so that writing them back costs what
+    /// changed, not every key each time a group answers.
+    touched: Vec<FlowKey>,
 }
 
 /// What a sync reports, by group.
@@ -353,6 +379,7 @@ impl Book {
             }
             k.seen = *used;
             let owed = k.owed(&rule.params, now);
+            touch(&mut self.touched, *fk, k);
             let followed = k
                 .active
                 .is_some_and(|a| now.saturating_sub(a) <= FOLLOW.as_nanos() as u64);
@@ -449,6 +476,7 @@ impl Book {
                 k.debt_ns = debt;
             }
             k.debt_at = answered;
+            touch(&mut self.touched, item.key, k);
             out.raises.push(Raise {
                 key: item.key,
                 params: *params,
@@ -457,7 +485,6 @@ impl Book {
             });
         }
         out.merge(self.failed(failed, answered, view));
-        out.cursors.extend(self.take_writes());
         out
     }
 
@@ -487,11 +514,11 @@ impl Book {
             };
             k.owe(&item.params, item.delta, now);
             k.fallback = true;
+            touch(&mut self.touched, item.key, k);
             if !item.late {
                 Self::charge(k, &item, now, view, &mut out);
             }
         }
-        out.cursors.extend(self.take_writes());
         out
     }
 
@@ -517,14 +544,32 @@ impl Book {
     }
 
     /// Cursors to write or remove since the last call.
-    pub fn take_writes(&mut self) -> Vec<(FlowKey, Option<FleetCursor>)> {
+    /// Cursors to write (each at most once a [`CURSOR_EVERY`]; those held
+    /// back are written later) or remove, at `now`.
+    pub fn take_writes(&mut self, now: u64) -> Vec<(FlowKey, Option<FleetCursor>)> {
+        let every = CURSOR_EVERY.as_nanos() as u64;
         let mut out: Vec<_> = self.gone.drain(..).map(|k| (k, None)).collect();
-        for (key, k) in &mut self.keys {
-            if k.dirty {
-                k.dirty = false;
-                out.push((*key, Some(k.cursor)));
+        let mut later = Vec::new();
+        for key in self.touched.drain(..) {
+            let Some(k) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            if !k.dirty {
+                k.queued = false;
+                continue;
             }
+            if k.written_at
+                .is_some_and(|at| now.saturating_sub(at) < every)
+            {
+                later.push(key);
+                continue;
+            }
+            k.queued = false;
+            k.dirty = false;
+            k.written_at = Some(now);
+            out.push((key, Some(k.cursor)));
         }
+        self.touched = later;
         out
     }
 

@@ -235,6 +235,8 @@ pub async fn run(
             link.failed(group, None, Instant::now());
             settled.merge(book.failed(items, monotonic_ns(), &view));
         }
+        // The report cursors, once a sync.
+        settled.cursors.extend(book.take_writes(monotonic_ns()));
         if !write(&jobs, &mut settled, &mut st).await {
             return;
         }

@@ -69,12 +69,21 @@ fn items(plan: Plan) -> Vec<Item> {
     plan.into_values().flatten().collect()
 }
 
+/// Every group of `plan` answered with `debt_ms`, and the sync's cursors.
 fn answer(b: &mut Book, plan: Plan, debt_ms: u64, sent: u64, answered: u64, v: &View) -> Settled {
     let mut out = Settled::default();
     for (_, items) in plan {
         let debts = vec![Some(Duration::from_millis(debt_ms)); items.len()];
         out.merge(b.answered(items, &debts, sent, answered, v));
     }
+    out.cursors.extend(b.take_writes(answered));
+    out
+}
+
+/// `items` failed at `now`, and the sync's cursors.
+fn fail(b: &mut Book, items: Vec<Item>, now: u64, v: &View) -> Settled {
+    let mut out = b.failed(items, now, v);
+    out.cursors.extend(b.take_writes(now));
     out
 }
 
@@ -173,7 +182,7 @@ fn what_redis_did_not_take_is_owed_and_reported_when_it_answers() {
     let v = view(3, 0);
     let at = T0 + 100 * MS;
     let plan = b.plan(&snap(vec![(k, used(10, 5))], None, at), at, &v);
-    let s = b.failed(items(plan), at, &v);
+    let s = fail(&mut b, items(plan), at, &v);
     // Share: charged three times here: 30 units, 300 ms.
     assert_eq!(s.raises[0].debt_ns, 300 * MS);
     // Not reported: the cursor stays; owed: 100 ms of refill.
@@ -189,7 +198,11 @@ fn what_redis_did_not_take_is_owed_and_reported_when_it_answers() {
     assert_eq!(items(plan.clone())[0].amount, 7);
     let s = answer(&mut b, plan, 0, at, at + MS, &v);
     assert_eq!(s.reported, 12);
-    let c = cursor_of(&s, k).unwrap();
+    // Its cursor was written 50 ms ago: the next write waits its second.
+    assert_eq!(cursor_of(&s, k), None);
+    let w = b.take_writes(at + 1_100 * MS);
+    assert_eq!(w.len(), 1);
+    let c = w[0].1.unwrap();
     assert_eq!((c.packets, c.owed_until), (12, 0));
     // Long after, nothing is owed at all.
     let mut b = started();
@@ -293,7 +306,7 @@ fn cursors_of_keys_gone_are_removed() {
         T0 + 100 * MS,
         &v,
     );
-    let w = b.take_writes();
+    let w = b.take_writes(T0 + 100 * MS);
     assert_eq!(w, vec![(j, None)]);
 }
 

@@ -124,19 +124,33 @@ impl Store {
     ) -> Result<Vec<Option<Duration>>, Error> {
         let deadline = self.deadline().await?;
         let minute = self.redis_now_us().await? / 60_000_000;
+        let head = format!("{prefix}{}", tag(group));
         let mut call = SYNC.prepare_invoke();
         call.key(tally_key(prefix, group, minute))
             .arg(deadline)
             .arg(TALLY_TTL.as_millis() as u64)
-            .arg(prefix.len() + tag(group).len());
+            .arg(head.len());
+        // A sync's keys share a few limits: each reduced once.
+        let mut last: Option<(Limit, (u64, u64, u64))> = None;
+        let mut key = String::with_capacity(head.len() + 64);
         for r in reports {
-            let ("gcra", s, p, b) = r.limit.args()? else {
-                return Err(Error::Param(ParamError {
-                    param: "limit",
-                    accepted: "a fleet's keys take a gcra limit",
-                }));
+            let (s, p, b) = match last {
+                Some((l, args)) if l == r.limit => args,
+                _ => {
+                    let ("gcra", s, p, b) = r.limit.args()? else {
+                        return Err(Error::Param(ParamError {
+                            param: "limit",
+                            accepted: "a fleet's keys take a gcra limit",
+                        }));
+                    };
+                    last = Some((r.limit, (s, p, b)));
+                    (s, p, b)
+                }
             };
-            call.key(format!("{prefix}{}{}", tag(group), r.name))
+            key.clear();
+            key.push_str(&head);
+            key.push_str(&r.name);
+            call.key(key.as_str())
                 .arg(s)
                 .arg(p)
                 .arg(b)

@@ -93,7 +93,7 @@ pub struct Item {
     pub limit: Limit,
     /// Its rule's parameters in the kernel.
     pub params: gcra::Params,
-    /// Its name across the fleet.
+    /// Its name across the fleet (the sync hands it to the call).
     pub name: String,
     /// Units admitted since the last sync.
     pub delta: u64,

@@ -124,16 +124,17 @@ pub async fn run(
                         Answer::Members(within(call).await)
                     });
                 }
-                for (group, items) in plan {
+                for (group, mut items) in plan {
                     if !link.due(group, now) {
                         failed_groups += 1;
                         settled.merge(book.failed(items, monotonic_ns(), &view));
                         continue;
                     }
+                    // The names go with the call (the books need them no more).
                     let reports: Vec<Report> = items
-                        .iter()
+                        .iter_mut()
                         .map(|i| Report {
-                            name: i.name.clone(),
+                            name: std::mem::take(&mut i.name),
                             limit: i.limit,
                             amount: i.amount,
                             tallied: i.tally,

@@ -51,10 +51,11 @@
 //! The daemon that admits last admitted at most `B + R·t` counting what it
 //! knew of the others; what it did not know is what the others admitted in
 //! the last `Δ`, at most `B + R·Δ` each (their own buckets hold). The excess
-//! does not grow with `t`. An answer later than [`SLOW`] is not trusted
-//! alone: what its keys admitted is also charged as under the fallback, so
-//! that `Δ` stays at most `2·SYNC + SLOW` (0.3 s) in the bound however slow
-//! Redis gets. Under each fault:
+//! does not grow with `t`. An answer not come within [`SLOW`] is not
+//! waited for: what its keys admitted is charged as under the fallback at
+//! once (its answer counts beside that when it comes), so that `Δ` stays at
+//! most `2·SYNC + SLOW` (0.3 s) in the bound however slow Redis gets. Under
+//! each fault:
 //!
 //! - **Redis down, slow, or a Cluster master down** (its keys; the others
 //!   stay in step): each daemon charges what it admits `N` times (`share`):
@@ -80,8 +81,10 @@
 //!
 //! A report whose answer is lost (sent, decided by Redis, and not seen back
 //! within [`CALL_TIMEOUT`]) is owed and reported again: one sync's units
-//! twice, erring toward limiting; so is a sync cut by a SIGKILL between
-//! Redis's answer and the cursor's write.
+//! twice, erring toward limiting. A key's cursor is written at most once a
+//! second (`book::CURSOR_EVERY`): a restart finds at most that much past it
+//! (and whatever was admitted while no daemon synced), charged as owed, at
+//! most a bucket.
 //!
 //! The aggregate level of a fleet-wide rule stays per host.
 
@@ -113,7 +116,7 @@ pub const FOLLOW: Duration = Duration::from_secs(2);
 /// How long a member is counted after its last renewal (on Redis's clock).
 pub const LEASE: Duration = Duration::from_secs(10);
 /// A member counted that has not renewed for this long is silent: its
-/// share is left to it ([`book`]).
+/// share is left to it (see `book`).
 pub const SILENCE: Duration = Duration::from_secs(1);
 /// How long one call to Redis may take before its keys are judged by the
 /// fallback for the sync.

@@ -23,11 +23,11 @@ use super::{
     parse::source_at,
 };
 
-/// What a frame of `cost` costs its key's own bucket at `now` under a rule
-/// of burst `capacity`, fleet-wide if `fleet` is not 0: `cost` while the
-/// daemon syncs (or the rule is not fleet-wide), the fleet's members times
-/// that once the daemon's heartbeat is stale (a program whose daemon is dead
-/// errs toward limiting).
+/// What a frame of `cost` costs its key's own bucket at `now` under a
+/// fleet-wide rule of burst `capacity`: `cost` while the daemon syncs, the
+/// fleet's members times that once the daemon's heartbeat is stale (a
+/// program whose daemon is dead errs toward limiting). Called for
+/// fleet-wide rules only: the others pay nothing for it.
 ///
 /// A global function, as `rl_known`: its reads and arithmetic stay out of
 /// the limit's frame on the stack (which the verifier's 512-byte bound on
@@ -35,10 +35,7 @@ use super::{
 /// back.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn rl_fleet_cost(cost: u64, now: u64, capacity: u64, fleet: u64) -> u64 {
-    if fleet == 0 {
-        return cost;
-    }
+pub extern "C" fn rl_fleet_cost(cost: u64, now: u64, capacity: u64) -> u64 {
     match RL_FLEET_BEAT.get_ptr(0) {
         Some(beat) => {
             // SAFETY: a map value valid for this run; the daemon rewrites it

@@ -88,12 +88,11 @@ pub(crate) fn limit(
     let now = clock(config);
     // What the key's own bucket is charged; the fleet's count below stays
     // the frame's own.
-    let charged = rl_fleet_cost(
-        cost,
-        now,
-        rule.gcra_params().capacity,
-        u64::from(rule.flags & rule_flags::FLEET),
-    );
+    let charged = if rule.flags & rule_flags::FLEET != 0 {
+        rl_fleet_cost(cost, now, rule.gcra_params().capacity)
+    } else {
+        cost
+    };
     let shared = match RL_RULE_STATE.get_ptr_mut(rule.slot) {
         Some(p) => p,
         None => core::ptr::null_mut(),

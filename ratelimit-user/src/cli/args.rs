@@ -67,6 +67,11 @@ pub enum Command {
     /// if there is any.
     #[command(after_help = help::CHECK)]
     Check(CheckArgs),
+    /// Remove the pins of network namespaces that are gone (a daemon killed,
+    /// or run with --keep-attached, in a namespace deleted since): they
+    /// enforce nothing and hold kernel memory. Daemons do it as they start.
+    #[command(after_help = help::GC)]
+    Gc(GcArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = help::COMPLETIONS)]
     Completions(CompletionsArgs),
@@ -91,6 +96,14 @@ pub struct CheckArgs {
     /// The daemon's --max-list-entries: more list entries are an error.
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_LIST_CAPACITY, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_list_entries: u32,
+}
+
+/// `ratelimit gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Print JSON: {"removed": [{"dir", "layout", "bytes"}]}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `ratelimit completions`.
@@ -118,6 +131,7 @@ impl Cli {
             Command::List(l) => l.read.json,
             Command::Status(r) => r.json,
             Command::Check(c) => c.json,
+            Command::Gc(g) => g.json,
             Command::Stats(s) => s.read.json,
             Command::Top(t) => t.read.json,
             Command::Run(_)

@@ -105,6 +105,12 @@ Examples:
   ratelimit check --config next.toml --json
   ratelimit check --config big.toml --max-rules 65536";
 
+/// `ratelimit gc`.
+pub const GC: &str = "\
+Examples:
+  ratelimit gc
+  ratelimit gc --json";
+
 /// `ratelimit completions`.
 pub const COMPLETIONS: &str = "\
 Examples:

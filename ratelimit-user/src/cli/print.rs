@@ -285,6 +285,11 @@ pub(super) fn stats(data: &Stats) {
     }
 }
 
+/// `bytes` for people: `88.0 MiB`.
+pub(super) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
 /// `ratelimit status`: one field a line, by name, its value as JSON.
 pub(super) fn status(data: &Status) {
     if let Value::Object(fields) = value(data) {

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 
 use super::{
     args::{
-        Cli, Command, ListArgs, ListableArgs, ModeArgs, ReadArgs, ReloadArgs, SetArgs, StatsArgs,
-        Target, TopArgs, UnsetArgs,
+        Cli, Command, GcArgs, ListArgs, ListableArgs, ModeArgs, ReadArgs, ReloadArgs, SetArgs,
+        StatsArgs, Target, TopArgs, UnsetArgs,
     },
     print,
 };
@@ -50,6 +50,7 @@ async fn run_command(command: Command) -> Result<()> {
             daemon::run(opts, shutdown_signal()).await
         }
         Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
+        Command::Gc(g) => gc(g),
         Command::Check(a) => {
             if !super::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
                 // The report is printed; 2 is invalid input's exit status.
@@ -201,11 +202,50 @@ async fn list(l: ListArgs) -> Result<()> {
 
 /// `ratelimit status`.
 async fn status(r: ReadArgs) -> Result<()> {
-    let status: Status = read(&r.target, &Request::Status).await?;
+    let mut status: Status = read(&r.target, &Request::Status).await?;
+    status.orphaned_pins = crate::kernel::pins::orphans();
+    if !status.orphaned_pins.is_empty() {
+        let bytes: u64 = status.orphaned_pins.iter().map(|o| o.bytes).sum();
+        status.notes.push(format!(
+            "{} of kernel memory held for nothing by {} pin director{} of network namespaces that are gone: `ratelimit gc` removes {}",
+            print::mib(bytes),
+            status.orphaned_pins.len(),
+            if status.orphaned_pins.len() == 1 { "y" } else { "ies" },
+            if status.orphaned_pins.len() == 1 { "it" } else { "them" },
+        ));
+    }
     if r.json {
         print::json(&status);
     } else {
         print::status(&status);
+    }
+    Ok(())
+}
+
+/// `ratelimit gc`: removes the pins of namespaces that are gone, and says
+/// what it removed and the memory that freed.
+fn gc(g: GcArgs) -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::Permission(
+            "the pins under /sys/fs/bpf are root's; run the command as root (for example with sudo)"
+                .into(),
+        ));
+    }
+    let removed = crate::kernel::pins::remove_orphans();
+    if g.json {
+        print::json(&serde_json::json!({ "removed": removed }));
+        return Ok(());
+    }
+    if removed.is_empty() {
+        println!("no pins of network namespaces that are gone");
+    }
+    for o in &removed {
+        println!(
+            "removed {} ({} freed)",
+            o.dir.display(),
+            print::mib(o.bytes)
+        );
     }
     Ok(())
 }
@@ -220,6 +260,13 @@ async fn stats(s: StatsArgs) -> Result<()> {
         if s.watch && tty {
             // Clear the screen and home the cursor.
             print!("\x1b[2J\x1b[H");
+        } else if s.watch && !s.read.json {
+            // Into a pipe each reading follows the last: a line that says
+            // when it was taken tells one from the next.
+            println!(
+                "--- {}",
+                crate::model::describe::rfc3339(crate::host::clock::now_ms())
+            );
         }
         match (s.read.json, s.watch && !tty) {
             (true, true) => print::json_line(&stats),

@@ -190,8 +190,8 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     rundir::check_files(&id)?;
     let lock = lock(&id)?;
     rundir::tidy(&id);
-    for dir in crate::kernel::sweep_stale_pins() {
-        info!(dir = %dir.display(), "removed the pins of a network namespace that is gone (its interfaces went with it; its maps held kernel memory)");
+    for gone in crate::kernel::pins::remove_orphans() {
+        info!(dir = %gone.dir.display(), mib = gone.bytes >> 20, "removed the pins of a network namespace that is gone (its interfaces went with it; its maps held kernel memory)");
     }
     let found = store::load(&id);
     let mut prepared = Enforcer::prepare(&id, &opts.load, opts.reset)?;

@@ -330,7 +330,7 @@ pub(super) fn status_of(
             };
             let b = facts.baseline;
             let running = Running {
-                mode: facts.mode,
+                attach: facts.mode,
                 adopted: facts.adopted,
                 took_over_link: facts.took_over_link,
                 uptime_s: facts.uptime.as_secs(),
@@ -368,8 +368,10 @@ pub(super) fn status_of(
         rules: set.rules.len(),
         lists: set.lists.len(),
         dry_run: set.dry_run,
+        mode: set.mode,
         pins,
         notes,
+        orphaned_pins: Vec::new(),
         daemon,
         offline,
     })

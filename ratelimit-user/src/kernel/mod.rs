@@ -7,6 +7,7 @@
 
 mod enforcer;
 mod maps;
+pub mod pins;
 pub mod plan;
 pub mod sys;
 
@@ -18,7 +19,7 @@ use ratelimit_common::{
     MAP_STATE_V4,
 };
 
-pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins, sweep_stale_pins};
+pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins};
 pub use maps::Maps;
 
 /// The name of the link's pin in a daemon's pin directory.

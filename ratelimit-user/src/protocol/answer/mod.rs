@@ -207,7 +207,7 @@ mod tests {
     #[test]
     fn a_status_reads_back_with_or_without_a_daemon() {
         let running = Running {
-            mode: crate::kernel::Attached::Generic,
+            attach: crate::kernel::Attached::Generic,
             adopted: true,
             took_over_link: false,
             uptime_s: 10,
@@ -245,8 +245,14 @@ mod tests {
             rules: 1,
             lists: 1,
             dry_run: false,
+            mode: crate::model::rules::Mode::AllowlistOnly,
             pins: "/sys/fs/bpf/ratelimit".into(),
             notes: vec!["a note".into()],
+            orphaned_pins: vec![crate::kernel::pins::Orphan {
+                dir: "/sys/fs/bpf/ratelimit/v8/ns4096".into(),
+                layout: "v8".into(),
+                bytes: 92_274_688,
+            }],
             daemon,
             offline,
         };
@@ -260,7 +266,8 @@ mod tests {
             }),
         );
         assert_eq!(round_trip(&pins), pins);
-        // What a status read from the pins always said, and nothing more.
+        // What a status read from the pins always said, with the mode and
+        // the orphaned pins, and nothing more.
         let written = serde_json::to_value(&pins).unwrap();
         let keys: Vec<&str> = written
             .as_object()
@@ -280,9 +287,11 @@ mod tests {
                 "ipv6_capacity",
                 "ipv6_sources",
                 "lists",
+                "mode",
                 "netns",
                 "netns_cookie",
                 "notes",
+                "orphaned_pins",
                 "pid",
                 "pins",
                 "rules",

@@ -710,3 +710,70 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
         "{got:?}"
     );
 }
+
+/// A clean slate: `reset --live` drops what was set with the CLI (the config
+/// file's rules hold again), `reset` removes every rule but the default and
+/// says what it removed, and a restart with the same file keeps the slate
+/// clean until `reload --replace` reads the file again. Frames at the
+/// receiver follow each step.
+#[test]
+fn reset_leaves_the_default_rule_and_says_what_it_removed() {
+    privileged!("reset_leaves_the_default_rule_and_says_what_it_removed");
+    let toml =
+        "[default]\nrate = \"1000/s\"\n\n[[rule]]\ncidr = \"198.18.0.50/32\"\naction = \"deny\"\n";
+    let (h, d) = Host::with_config("reset", toml, &[]);
+    let (by_file, by_cli) = (ip("198.18.0.50"), ip("198.18.0.51"));
+    d.cli_ok(&["deny", "198.18.0.51"]);
+    d.cli_ok(&["set", "default", "--burst", "700"]);
+    let passed = |src| {
+        h.pair
+            .probe(&[(src, 200)], Duration::from_millis(300))
+            .get(&src)
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!((passed(by_file), passed(by_cli)), (0, 0), "both denied");
+
+    let out = d.cli_ok(&["reset", "--live"]);
+    assert!(out.contains("removed 198.18.0.51/32"), "{out}");
+    assert!(
+        out.contains("changed default") && out.contains("burst 1000"),
+        "the live default goes too: {out}"
+    );
+    assert!(!out.contains("198.18.0.50"), "the file's rule stays: {out}");
+    assert_eq!(passed(by_file), 0, "the file's deny holds");
+    assert!(passed(by_cli) > 30, "the live deny is gone");
+
+    d.cli_ok(&["deny", "198.18.0.51"]);
+    let out = d.cli_ok(&["reset"]);
+    assert!(
+        out.contains("removed 198.18.0.50/32") && out.contains("removed 198.18.0.51/32"),
+        "{out}"
+    );
+    let list = d.json(&["list"]);
+    assert_eq!(list["rules"], serde_json::json!([]), "{list}");
+    assert!(
+        passed(by_file) > 30 && passed(by_cli) > 30,
+        "nothing denied"
+    );
+    let out = d.cli_ok(&["reset"]);
+    assert!(out.starts_with("no change"), "{out}");
+
+    // A restart with the same file: the slate stays clean, and says why.
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let config = h.config().to_string();
+    let d = h.daemon(&["--config", &config]);
+    assert_eq!(
+        d.json(&["list"])["rules"],
+        serde_json::json!([]),
+        "the reset came back undone"
+    );
+    d.cli_ok(&["reload", "--replace"]);
+    assert_eq!(passed(by_file), 0, "reload --replace reads the file again");
+    let err = d.cli(&["unset", "default"]);
+    assert_eq!(err.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&err.stderr).contains("ratelimit reset"),
+        "{err:?}"
+    );
+}

@@ -44,6 +44,11 @@ pub enum Command {
     /// `allow` rule dropped); kept across restarts.
     #[command(after_help = help::MODE)]
     Mode(ModeArgs),
+    /// A clean slate: remove every rule and list (or only the live ones, or
+    /// only the config file's), leaving the default rule; says what it
+    /// removed.
+    #[command(after_help = help::RESET)]
+    Reset(ResetArgs),
     /// Read the config file again; live changes stay on top (unless --replace).
     #[command(after_help = help::RELOAD)]
     Reload(ReloadArgs),
@@ -140,6 +145,7 @@ impl Cli {
             | Command::Deny(_)
             | Command::Unset(_)
             | Command::Mode(_)
+            | Command::Reset(_)
             | Command::Reload(_)
             | Command::Serve(_)
             | Command::Completions(_)
@@ -410,6 +416,23 @@ pub struct ModeArgs {
     /// what it says again.
     #[arg(value_enum)]
     pub mode: crate::model::rules::Mode,
+    #[command(flatten)]
+    pub quiet: QuietArgs,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `ratelimit reset`.
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    /// Only the live changes (set with the CLI, temporary ones too): the
+    /// config file's rules and lists are enforced again.
+    #[arg(long, conflicts_with = "config")]
+    pub live: bool,
+    /// Only the config file's rules and lists (until `reload --replace`);
+    /// the live changes stay.
+    #[arg(long)]
+    pub config: bool,
     #[command(flatten)]
     pub quiet: QuietArgs,
     #[command(flatten)]

@@ -200,6 +200,13 @@ impl MatchArgs {
     /// `ratelimit list` writes a selector) with these matches: errors name
     /// `CIDR` and the match flags.
     pub(super) fn selector(&self, cidr: &str) -> Result<Selector> {
+        if cidr.trim() == "default" {
+            // `set default` is the one command where the word is a rule.
+            return Err(Error::invalid(
+                "CIDR",
+                "the default rule is never removed, allowed or denied: change it with `ratelimit set default --rate …`; `ratelimit reset` removes every other rule",
+            ));
+        }
         let mut s = Selector::parse("CIDR", cidr)?;
         let m = &mut s.matches;
         if let Some(t) = &self.to {

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 
 use super::{
     args::{
-        Cli, Command, GcArgs, ListArgs, ListableArgs, ModeArgs, ReadArgs, ReloadArgs, SetArgs,
-        StatsArgs, Target, TopArgs, UnsetArgs,
+        Cli, Command, GcArgs, ListArgs, ListableArgs, ModeArgs, ReadArgs, ReloadArgs, ResetArgs,
+        SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
     },
     print,
 };
@@ -20,7 +20,7 @@ use crate::{
     host::input,
     model::lists::{self, ListAction},
     protocol::{
-        self, Connection, Request,
+        self, Connection, Request, ResetScope,
         answer::{Answer, Changed, FleetTop, ListLoaded, Rules, Stats, Status, Top},
     },
 };
@@ -65,6 +65,7 @@ async fn run_command(command: Command) -> Result<()> {
         Command::Deny(a) => listable(a, ListAction::Deny).await,
         Command::Unset(a) => unset(a).await,
         Command::Mode(m) => mode(m).await,
+        Command::Reset(r) => reset(r).await,
         Command::Reload(r) => reload(r).await,
         Command::List(l) => list(l).await,
         Command::Status(r) => status(r).await,
@@ -177,6 +178,17 @@ async fn unset(a: UnsetArgs) -> Result<()> {
 async fn mode(m: ModeArgs) -> Result<()> {
     let daemon = protocol::connect(&iface(&m.target)?).await?;
     change(daemon, &Request::Mode { mode: m.mode }, m.quiet.quiet).await
+}
+
+/// `ratelimit reset`.
+async fn reset(r: ResetArgs) -> Result<()> {
+    let daemon = protocol::connect(&iface(&r.target)?).await?;
+    let scope = match (r.live, r.config) {
+        (true, _) => ResetScope::Live,
+        (_, true) => ResetScope::Config,
+        _ => ResetScope::All,
+    };
+    change(daemon, &Request::Reset { scope }, r.quiet.quiet).await
 }
 
 /// `ratelimit reload`.

@@ -458,18 +458,50 @@ impl Daemon {
                 ""
             },
         ));
-        for (p, a) in &set.rules {
+        // Live changes kept from before this start are marked: an operator
+        // who restarts with a changed config sees what does not come from it.
+        let live = |yes: bool| if yes { "  (live)" } else { "" };
+        let mut any_live = self.rules.live.default.is_some();
+        if set.mode != crate::model::rules::Mode::Normal {
             say(format_args!(
-                "ratelimit:   {p}: {}",
-                a.text(Some(p.source.addr.is_ipv4()))
+                "ratelimit:   mode {}{}",
+                set.mode.name(),
+                live(self.rules.live.mode.is_some())
+            ));
+        }
+        for (p, a) in &set.rules {
+            let is_live = self.rules.origin(p) == "live";
+            any_live |= is_live;
+            say(format_args!(
+                "ratelimit:   {p}: {}{}",
+                a.text(Some(p.source.addr.is_ipv4())),
+                live(is_live)
             ));
         }
         for (name, l) in &set.lists {
+            let is_live = self.rules.list_origin(name) == "live";
+            any_live |= is_live;
             say(format_args!(
-                "ratelimit:   {} list {name}: {} entries from {}",
+                "ratelimit:   {} list {name}: {} entries from {}{}",
                 l.action,
                 l.entries.len(),
-                l.source
+                l.source,
+                live(is_live)
+            ));
+        }
+        if any_live || self.rules.live.mode.is_some() {
+            say(format_args!(
+                "ratelimit:   (live: changes made with the CLI before this start, kept on top of {}{}; `ratelimit reset --live` drops them)",
+                if self.opts.config.is_some() {
+                    "the config file"
+                } else {
+                    "the command line's rules"
+                },
+                if self.rules.live.default.is_some() {
+                    ", the default rule among them"
+                } else {
+                    ""
+                },
             ));
         }
     }

@@ -10,6 +10,7 @@
 //! - `allow`, `deny` and `unset` of a selector in [`rules`];
 //! - `deny --from`, `allow --from` and `unset --list` in [`lists`];
 //! - `mode` in [`mode`];
+//! - `reset` in [`reset`];
 //! - `list`, `status`, `stats`, the drop counters and the fleet's rules in
 //!   [`reads`].
 
@@ -17,6 +18,7 @@ mod changes;
 mod lists;
 mod mode;
 mod reads;
+mod reset;
 mod rules;
 mod set;
 
@@ -58,6 +60,7 @@ impl Daemon {
                 .map(Answer::from),
             Request::UnsetList { name } => self.unset_list(name).map(Answer::from),
             Request::Mode { mode } => self.mode(mode).map(Answer::from),
+            Request::Reset { scope } => self.reset(scope).map(Answer::from),
             Request::List { counters } => self.list(counters).map(Answer::from),
             Request::Status => self.status().map(Answer::from),
             Request::Stats => self.stats().map(Answer::from),

@@ -62,14 +62,10 @@ Examples:
 
 /// `ratelimit reset`.
 pub const RESET: &str = "\
-Without a flag every rule and list goes, live or of the config file (until
-`reload --replace` reads the file again), the mode is normal again, and the
-default rule stays.
-
 Examples:
   ratelimit reset
-  ratelimit reset --live      # drop the live changes: the config file alone
-  ratelimit reset --config    # drop the config file's rules, keep live ones";
+  ratelimit reset --live
+  ratelimit reset --config";
 
 /// `ratelimit reload`.
 pub const RELOAD: &str = "\

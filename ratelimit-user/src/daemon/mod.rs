@@ -173,7 +173,8 @@ fn lock(id: &Identity) -> Result<Lock> {
     // SAFETY: a valid open fd.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(Error::AlreadyRunning {
-            iface: id.to_string(),
+            iface: id.iface.clone(),
+            place: id.to_string(),
             lock: path,
         });
     }

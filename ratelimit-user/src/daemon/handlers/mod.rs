@@ -106,11 +106,11 @@ fn until(for_ms: Option<u64>) -> Result<Option<u64>> {
         None => Ok(None),
         Some(0) => Err(Error::invalid(
             "--for",
-            "must be longer than 0, e.g. 10m, 1h or 7d",
+            "must be longer than 0, e.g. 10m, 1h, 7d or 1y",
         )),
         Some(ms) if ms > FOR_MAX_MS => Err(Error::invalid(
             "--for",
-            "at most ten years (3660d); leave --for out for a rule that stays",
+            "at most ten years (10y, or 3660d); leave --for out for a rule that stays",
         )),
         Some(ms) => Ok(Some(now_ms() + ms)),
     }

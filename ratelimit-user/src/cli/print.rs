@@ -311,6 +311,17 @@ pub(super) fn top(data: &Top) {
             row.source, row.level, row.dropped, row.dropped_per_s as f64
         );
     }
+    if data.top.is_empty() {
+        println!(
+            "(no drops in the last {:.1} s: every source within its limits)",
+            data.window_s
+        );
+    } else {
+        println!(
+            "(an estimate: one drop in {s} per CPU is counted, {s} times, so each count is a multiple of {s} and may be off by up to {s} per CPU)",
+            s = ratelimit_common::DROP_SAMPLE
+        );
+    }
 }
 
 /// `ratelimit top --fleet`.

@@ -777,3 +777,38 @@ fn reset_leaves_the_default_rule_and_says_what_it_removed() {
         "{err:?}"
     );
 }
+
+/// A fleet-wide rule saved as a live change does not lock a host out of a
+/// restart without `--fleet`: the refusal names the rules and the way out,
+/// and `--drop-fleet-rules` starts without them (a config file's fleet-wide
+/// default becomes this host's own limit).
+#[test]
+fn a_fleet_rule_without_fleet_names_the_rules_and_the_way_out() {
+    privileged!("a_fleet_rule_without_fleet_names_the_rules_and_the_way_out");
+    let toml = "[default]\nrate = \"100/s\"\nfleet = true\n";
+    // A Redis nobody listens on: the fleet runs in its fallback.
+    let (h, d) = Host::with_config("nofleet", toml, &["--fleet", "redis://127.0.0.1:1"]);
+    d.cli_ok(&["set", "198.18.7.0/24", "--rate", "50/s", "--fleet"]);
+    d.cli_ok(&["deny", "198.18.0.9"]);
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let config = h.config().to_string();
+    let out = h
+        .daemon_command(&["--config", &config])
+        .output()
+        .expect("ratelimit run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("default")
+            && err.contains("198.18.7.0/24")
+            && err.contains("--drop-fleet-rules"),
+        "the refusal names the rules and the way out: {err}"
+    );
+    let d = h.daemon(&["--config", &config, "--drop-fleet-rules"]);
+    let list = d.json(&["list"]);
+    let rules = list["rules"].as_array().expect("rules");
+    assert_eq!(rules.len(), 1, "only the deny stays: {list}");
+    assert_eq!(rules[0]["cidr"], "198.18.0.9/32", "{list}");
+    assert_eq!(list["default"]["fleet"], false, "{list}");
+    assert_eq!(list["default"]["rate"]["per_second"], 100, "{list}");
+}

@@ -287,6 +287,12 @@ pub struct RunArgs {
     /// (each daemon admits the whole limit: the fleet up to N times it).
     #[arg(long, value_enum, default_value_t = crate::fleet::Fallback::Share)]
     pub fleet_fallback: crate::fleet::Fallback,
+    /// Start without --fleet even though the rules have fleet-wide limits
+    /// (saved live changes, or the config file): those rules are removed (a
+    /// config file's until `reload --replace`), and a fleet-wide default
+    /// rule becomes a limit of this host alone; the start says which.
+    #[arg(long, conflicts_with = "fleet")]
+    pub drop_fleet_rules: bool,
 }
 
 /// The daemon to talk to.

@@ -83,6 +83,8 @@ pub struct RunOptions {
     pub fleet: Option<String>,
     /// What fleet-wide rules do while Redis cannot be reached.
     pub fleet_fallback: crate::fleet::Fallback,
+    /// Without `fleet`: remove fleet-wide rules rather than refuse to start.
+    pub drop_fleet_rules: bool,
 }
 
 impl RunOptions {
@@ -205,12 +207,20 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         }
         other => other.transpose()?,
     };
-    let rules = store::initial(&id, given, found, kernel)?;
-    if opts.fleet.is_none() && rules.effective().has_fleet() {
-        return Err(Error::invalid(
-            "--fleet",
-            "the rules have a fleet-wide limit: run with --fleet REDIS_URL (the Redis the fleet shares)",
-        ));
+    let mut rules = store::initial(&id, given, found, kernel)?;
+    let fleet_rules = rules.fleet_rules();
+    if opts.fleet.is_none() && !fleet_rules.is_empty() {
+        let named = fleet_rules.join(", ");
+        if !opts.drop_fleet_rules {
+            return Err(Error::invalid(
+                "--fleet",
+                format!(
+                    "fleet-wide limits ({named}) need a daemon run with --fleet REDIS_URL (the Redis the fleet shares); to start without the fleet, add --drop-fleet-rules: those rules are removed (a config file's until `ratelimit reload --replace`) and a fleet-wide default rule becomes a limit of this host alone"
+                ),
+            ));
+        }
+        rules.drop_fleet();
+        warn!(rules = %named, "started without --fleet: the fleet-wide rules are removed (--drop-fleet-rules); a fleet-wide default rule is a limit of this host alone");
     }
     let sizes = prepared.maps.capacities();
     if prepared.adopted_maps && sizes != opts.load {

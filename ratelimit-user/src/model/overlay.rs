@@ -218,6 +218,47 @@ impl Layers {
         self.live.expiring_lists.get(name).copied()
     }
 
+    /// The rules held across a fleet, by name (`default`, a selector).
+    pub fn fleet_rules(&self) -> Vec<String> {
+        let set = self.effective();
+        let fleet = |a: &Action| matches!(a, Action::Limit(l) if l.fleet);
+        fleet(&set.default)
+            .then(|| "default".to_string())
+            .into_iter()
+            .chain(
+                set.rules
+                    .iter()
+                    .filter(|(_, a)| fleet(a))
+                    .map(|(p, _)| p.to_string()),
+            )
+            .collect()
+    }
+
+    /// Removes the rules held across a fleet, as live changes (a config
+    /// file's until `reload --replace`); a fleet-wide default rule becomes
+    /// the same limit held by this host alone.
+    pub fn drop_fleet(&mut self) {
+        let set = self.effective();
+        if let Action::Limit(l) = set.default
+            && l.fleet
+        {
+            self.live.default = Some(Action::Limit(crate::model::limit::Limit {
+                fleet: false,
+                ..l
+            }));
+        }
+        for (p, a) in &set.rules {
+            if !matches!(a, Action::Limit(l) if l.fleet) {
+                continue;
+            }
+            if self.base.rules.contains_key(p) {
+                self.set_live(*p, None, None);
+            } else {
+                self.clear_live(p);
+            }
+        }
+    }
+
     /// Where the list `name` comes from: `live` or `config`.
     pub fn list_origin(&self, name: &str) -> &'static str {
         if self.live.lists.contains_key(name) {

@@ -812,3 +812,68 @@ fn a_fleet_rule_without_fleet_names_the_rules_and_the_way_out() {
     assert_eq!(list["default"]["fleet"], false, "{list}");
     assert_eq!(list["default"]["rate"]["per_second"], 100, "{list}");
 }
+
+/// `explain` says which rule judges a frame and why the others do not, the
+/// case that surprised an operator first: a /28's limit takes the game
+/// port's frames from its sources (the longest prefix wins). Under a flood,
+/// the source's state shows: tracked, nothing left, the next admission
+/// within one token's time. `get` gives the state under every rule.
+#[test]
+fn explain_names_the_judging_rule_and_get_the_sources_state() {
+    privileged!("explain_names_the_judging_rule_and_get_the_sources_state");
+    let toml = "[default]\nrate = \"100/s\"\nburst = 50\n\n[[rule]]\ncidr = \"198.18.0.0/24\"\nproto = \"udp\"\ndport = \"27015\"\nrate = \"50/s\"\n\n[[rule]]\ncidr = \"198.18.0.16/28\"\nrate = \"10/s\"\nburst = 5\n";
+    let (h, d) = Host::with_config("explain", toml, &[]);
+    let src = ip("198.18.0.20");
+    let game = ["--proto", "udp", "--dport", "27015"];
+    let mut args = vec!["explain", "198.18.0.20"];
+    args.extend_from_slice(&game);
+    let before = d.json(&args);
+    assert_eq!(before["judged_by"]["kind"], "rule", "{before}");
+    assert_eq!(before["judged_by"]["name"], "198.18.0.16/28", "{before}");
+    assert_eq!(before["action"], "limit 10/s burst 5 per /32", "{before}");
+    let beaten = before["beaten"].as_array().expect("beaten");
+    let port_rule = beaten
+        .iter()
+        .find(|b| b["name"] == "198.18.0.0/24 udp dport 27015")
+        .unwrap_or_else(|| panic!("the port rule is not among the beaten: {before}"));
+    assert!(
+        port_rule["why"].as_str().unwrap_or("").contains("longer prefix"),
+        "{port_rule}"
+    );
+    assert!(beaten.iter().any(|b| b["kind"] == "default"), "{before}");
+    assert_eq!(before["state"]["tracked"], false, "{before}");
+    assert_eq!(before["state"]["remaining"], 4, "a full bucket of 5: {before}");
+    // Outside the /28 the port rule judges.
+    let other = d.json(&["explain", "198.18.0.5", "--proto", "udp", "--dport", "27015"]);
+    assert_eq!(other["judged_by"]["name"], "198.18.0.0/24 udp dport 27015", "{other}");
+
+    let rx = h.pair.receiver(27015);
+    let sender = h
+        .pair
+        .send_async(&[h.pair.flow(src, 27015, 200)], Duration::from_millis(2500));
+    sleep(Duration::from_millis(1200));
+    let during = d.json(&args);
+    let got = d.json(&["get", "198.18.0.20"]);
+    sender.join().expect("sender");
+    drop(rx);
+    let state = &during["state"];
+    assert_eq!(state["tracked"], true, "{during}");
+    assert_eq!(state["key"], "198.18.0.20/32", "{during}");
+    assert_eq!(state["algorithm"], "gcra", "{during}");
+    assert_eq!(state["remaining"], 0, "flooded at 20x: {during}");
+    let next = state["next_admission_in_s"].as_f64().expect("a next admission");
+    assert!((0.0..=0.1).contains(&next), "one token takes 0.1 s: {during}");
+    assert!(state["age_s"].as_f64().unwrap_or(0.0) > 0.0, "{during}");
+    let states = got["states"].as_array().expect("states");
+    let rules: Vec<&str> = states.iter().filter_map(|s| s["rule"].as_str()).collect();
+    assert_eq!(
+        rules,
+        ["198.18.0.16/28", "198.18.0.0/24 udp dport 27015", "default"],
+        "every limit rule holding the source, the most specific first: {got}"
+    );
+    assert_eq!(states[0]["tracked"], true, "{got}");
+    assert_eq!(states[2]["tracked"], false, "no frame met the default: {got}");
+    let bad = d.cli(&["explain", "not-an-address"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("SOURCE"), "{bad:?}");
+}

@@ -64,6 +64,14 @@ pub enum Command {
     /// Show the sources with the most drops.
     #[command(after_help = help::TOP)]
     Top(TopArgs),
+    /// Say which rule judges a frame from SOURCE (with the match fields
+    /// given), which rules it beat and why, and the source's state under it.
+    #[command(after_help = help::EXPLAIN)]
+    Explain(ExplainArgs),
+    /// Show SOURCE's state under every limit rule that may judge it: tracked
+    /// or not, what is left, when a frame is admitted again.
+    #[command(after_help = help::GET)]
+    Get(GetArgs),
     /// Serve the throttling service (HTTP and JSON) for other programs, on Redis.
     #[command(after_help = help::SERVE)]
     Serve(ServeArgs),
@@ -103,6 +111,39 @@ pub struct CheckArgs {
     pub max_list_entries: u32,
 }
 
+/// `ratelimit explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The source address.
+    pub source: String,
+    /// The transport protocol: tcp, udp, icmp, icmpv6 or a number.
+    #[arg(long)]
+    pub proto: Option<String>,
+    /// The destination port (TCP, UDP).
+    #[arg(long)]
+    pub dport: Option<u16>,
+    /// A TCP SYN without ACK (a new connection).
+    #[arg(long)]
+    pub syn: bool,
+    /// The ICMP or ICMPv6 type.
+    #[arg(long)]
+    pub icmp_type: Option<u8>,
+    /// The destination address.
+    #[arg(long)]
+    pub to: Option<String>,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+/// `ratelimit get`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The source address.
+    pub source: String,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
 /// `ratelimit gc`.
 #[derive(Debug, Args)]
 pub struct GcArgs {
@@ -137,6 +178,8 @@ impl Cli {
             Command::Status(r) => r.json,
             Command::Check(c) => c.json,
             Command::Gc(g) => g.json,
+            Command::Explain(e) => e.read.json,
+            Command::Get(g) => g.read.json,
             Command::Stats(s) => s.read.json,
             Command::Top(t) => t.read.json,
             Command::Run(_)

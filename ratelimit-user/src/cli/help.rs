@@ -112,6 +112,19 @@ Examples:
   ratelimit check --config next.toml --json
   ratelimit check --config big.toml --max-rules 65536";
 
+/// `ratelimit explain`.
+pub const EXPLAIN: &str = "\
+Examples:
+  ratelimit explain 198.18.0.20
+  ratelimit explain 198.18.0.20 --proto udp --dport 27015
+  ratelimit explain 2001:db8::7 --proto tcp --dport 443 --syn --json";
+
+/// `ratelimit get`.
+pub const GET: &str = "\
+Examples:
+  ratelimit get 198.18.0.20
+  ratelimit get 2001:db8::7 --json";
+
 /// `ratelimit gc`.
 pub const GC: &str = "\
 Examples:

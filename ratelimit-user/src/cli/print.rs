@@ -13,7 +13,8 @@ use crate::{
         rules::{Fragments, Mode, Unjudged},
     },
     protocol::answer::{
-        Change, FleetTop, ListChange, RuleView, Rules, Stats, Status, Top,
+        Change, Explained, FleetTop, JudgeKind, Judged, KeyState, ListChange, RuleView, Rules,
+        States, Stats, Status, Top,
         rules::{Counters, Origin},
     },
 };
@@ -297,6 +298,76 @@ pub(super) fn status(data: &Status) {
             println!("{k:16} {v}");
         }
     }
+}
+
+/// `ratelimit explain`.
+pub(super) fn explained(e: &Explained) {
+    println!("{}", e.frame);
+    println!(
+        "  judged by {}: {}",
+        judge_name(&e.judged_by),
+        e.judged_by.rule
+    );
+    if e.mode != crate::model::rules::Mode::Normal {
+        println!("  does: {} (mode {})", e.action, e.mode.name());
+    }
+    if let Some(s) = &e.state {
+        println!("  {}", state_line(s));
+    }
+    for b in &e.beaten {
+        println!(
+            "  not by {} ({}): {}",
+            judge_name(&b.judge),
+            b.judge.rule,
+            b.why
+        );
+    }
+    if !e.not_given.is_empty() {
+        println!(
+            "  (not given: {}; a rule that needs them was taken as not matching)",
+            e.not_given.join(", ")
+        );
+    }
+}
+
+/// `ratelimit get`.
+pub(super) fn states(s: &States) {
+    if s.states.is_empty() {
+        println!("{}: no limit rule holds it", s.source);
+    }
+    for k in &s.states {
+        println!("{}\n  {}", k.rule, state_line(k));
+    }
+}
+
+/// `rule 198.18.0.0/24`, `list bad 198.18.4.0/24`, `the default rule`.
+fn judge_name(j: &Judged) -> String {
+    match j.kind {
+        JudgeKind::Rule => format!("rule {}", j.name),
+        JudgeKind::List => format!("list {}", j.name),
+        JudgeKind::Default => "the default rule".into(),
+    }
+}
+
+/// `key 198.18.0.0/24 (gcra): tracked 12 s, 3 left now` and the like.
+fn state_line(k: &KeyState) -> String {
+    let tracked = match (k.tracked, k.age_s) {
+        (true, Some(age)) => format!(
+            "tracked {}",
+            crate::model::describe::span((age * 1e3) as u64)
+        ),
+        (true, None) => "tracked".into(),
+        (false, _) => "not tracked (its frames meet the new-source budget; a full bucket)".into(),
+    };
+    let next = match (k.admitted_now, k.next_admission_in_s) {
+        (true, _) => format!("a frame passes now, {} left after it", k.remaining),
+        (false, Some(s)) => format!(
+            "a frame is dropped now; the next passes in {}",
+            crate::model::describe::span((s * 1e3).ceil() as u64)
+        ),
+        (false, None) => "a frame is dropped now and never passes (a rate of 0)".into(),
+    };
+    format!("key {} ({}): {tracked}; {next}", k.key, k.algorithm)
 }
 
 /// `ratelimit top`.

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 
 use super::{
     args::{
-        Cli, Command, GcArgs, ListArgs, ListableArgs, ModeArgs, ReadArgs, ReloadArgs, ResetArgs,
-        SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
+        Cli, Command, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, ModeArgs, ReadArgs,
+        ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
     },
     print,
 };
@@ -21,7 +21,9 @@ use crate::{
     model::lists::{self, ListAction},
     protocol::{
         self, Connection, Request, ResetScope,
-        answer::{Answer, Changed, FleetTop, ListLoaded, Rules, Stats, Status, Top},
+        answer::{
+            Answer, Changed, Explained, FleetTop, ListLoaded, Rules, States, Stats, Status, Top,
+        },
     },
 };
 
@@ -51,6 +53,8 @@ async fn run_command(command: Command) -> Result<()> {
         }
         Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
         Command::Gc(g) => gc(g),
+        Command::Explain(e) => explain(e).await,
+        Command::Get(g) => get(g).await,
         Command::Check(a) => {
             if !super::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
                 // The report is printed; 2 is invalid input's exit status.
@@ -230,6 +234,53 @@ async fn status(r: ReadArgs) -> Result<()> {
         print::json(&status);
     } else {
         print::status(&status);
+    }
+    Ok(())
+}
+
+/// An address the user typed, or an error naming `field`.
+fn address(field: &str, s: &str) -> Result<std::net::IpAddr> {
+    s.trim().parse().map_err(|_| {
+        Error::invalid(
+            field,
+            format!("{s:?} is not an IP address: give one like 198.18.0.20 or 2001:db8::7"),
+        )
+    })
+}
+
+/// `ratelimit explain`: asks the daemon (it holds the rules and the maps).
+async fn explain(e: ExplainArgs) -> Result<()> {
+    let probe = crate::kernel::explain::Probe {
+        source: Some(address("SOURCE", &e.source)?),
+        dest: e.to.as_deref().map(|t| address("--to", t)).transpose()?,
+        proto: e
+            .proto
+            .as_deref()
+            .map(|p| crate::model::matching::parse_proto("--proto", p))
+            .transpose()?,
+        dport: e.dport,
+        syn: e.syn,
+        icmp_type: e.icmp_type,
+    };
+    let daemon = protocol::connect(&iface(&e.read.target)?).await?;
+    let answer: Explained = daemon.ask(&Request::Explain { probe }).await?;
+    if e.read.json {
+        print::json(&answer);
+    } else {
+        print::explained(&answer);
+    }
+    Ok(())
+}
+
+/// `ratelimit get`.
+async fn get(g: GetArgs) -> Result<()> {
+    let source = address("SOURCE", &g.source)?;
+    let daemon = protocol::connect(&iface(&g.read.target)?).await?;
+    let answer: States = daemon.ask(&Request::Get { source }).await?;
+    if g.read.json {
+        print::json(&answer);
+    } else {
+        print::states(&answer);
     }
     Ok(())
 }

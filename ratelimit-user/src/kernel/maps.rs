@@ -651,6 +651,11 @@ impl Maps {
         };
     }
 
+    /// The wide state of one key, if tracked.
+    pub fn wide_state(&self, key: &FlowKey) -> Option<common::WideState> {
+        self.wide.get(key, 0).ok()
+    }
+
     /// Deletes the wide state of `key` (tests).
     pub fn remove_wide_state(&mut self, key: &FlowKey) -> Result<()> {
         self.wide

@@ -125,6 +125,16 @@ pub enum Request {
         /// How many keys per rule.
         n: usize,
     },
+    /// Which rule judges a frame, and why.
+    Explain {
+        /// The frame.
+        probe: crate::kernel::explain::Probe,
+    },
+    /// A source's state under every limit rule that may judge it.
+    Get {
+        /// The source.
+        source: std::net::IpAddr,
+    },
     /// The fleet's Redis and the names of the fleet-wide rules.
     FleetRules,
 }

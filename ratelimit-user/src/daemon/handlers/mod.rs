@@ -12,9 +12,11 @@
 //! - `mode` in [`mode`];
 //! - `reset` in [`reset`];
 //! - `list`, `status`, `stats`, the drop counters and the fleet's rules in
-//!   [`reads`].
+//!   [`reads`];
+//! - `explain` and `get` in [`explain`].
 
 mod changes;
+mod explain;
 mod lists;
 mod mode;
 mod reads;
@@ -66,6 +68,8 @@ impl Daemon {
             Request::Stats => self.stats().map(Answer::from),
             Request::Drops => self.drops().map(Answer::from),
             Request::FleetRules => self.fleet_rules().map(Answer::from),
+            Request::Explain { probe } => self.explain(probe).map(Answer::from),
+            Request::Get { source } => self.get(source).map(Answer::from),
             Request::Reload { .. } => Err(Error::Refused(
                 "reload is answered by the loop when its file is read, not here".into(),
             )),

@@ -6,6 +6,7 @@
 //! - [`rules`]: `list` ([`Rules`]) and the rules within every change;
 //! - [`changes`]: what a change changed ([`Changed`], [`ListLoaded`]);
 //! - [`status`]: `status` ([`Status`]);
+//! - [`explain`]: `explain` ([`Explained`]) and `get` ([`States`]);
 //! - [`stats`]: `stats` ([`Stats`]);
 //! - [`top`]: `top` ([`Top`]), its readings ([`Drops`]), and the fleet's
 //!   ([`FleetRules`], [`FleetTop`]).
@@ -13,6 +14,7 @@
 //! `--json` prints an answer's fields sorted by name, as a JSON object's.
 
 pub mod changes;
+pub mod explain;
 pub mod rules;
 pub mod stats;
 pub mod status;
@@ -21,6 +23,7 @@ pub mod top;
 use serde::{Deserialize, Serialize};
 
 pub use changes::{Change, Changed, ListChange, ListLoaded, Loaded, ModeChange};
+pub use explain::{Beaten, Explained, JudgeKind, Judged, KeyState, States};
 pub use rules::{ActionView, DefaultView, ListView, RuleView, Rules};
 pub use stats::{ReasonCount, Stats};
 pub use status::{Interface, Running, Status};
@@ -69,6 +72,10 @@ pub enum Answer {
     FleetRules(Box<FleetRules>),
     /// `top --fleet`.
     FleetTop(Box<FleetTop>),
+    /// `explain`.
+    Explained(Box<Explained>),
+    /// `get`.
+    States(Box<States>),
 }
 
 /// Each answer type into [`Answer`] and back: `try_from` gives the answer
@@ -95,7 +102,7 @@ macro_rules! answers {
 }
 
 answers!(
-    Rules, Changed, ListLoaded, Status, Stats, Drops, Top, FleetRules, FleetTop
+    Rules, Changed, ListLoaded, Status, Stats, Drops, Top, FleetRules, FleetTop, Explained, States
 );
 
 #[cfg(test)]

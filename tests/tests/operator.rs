@@ -837,15 +837,31 @@ fn explain_names_the_judging_rule_and_get_the_sources_state() {
         .find(|b| b["name"] == "198.18.0.0/24 udp dport 27015")
         .unwrap_or_else(|| panic!("the port rule is not among the beaten: {before}"));
     assert!(
-        port_rule["why"].as_str().unwrap_or("").contains("longer prefix"),
+        port_rule["why"]
+            .as_str()
+            .unwrap_or("")
+            .contains("longer prefix"),
         "{port_rule}"
     );
     assert!(beaten.iter().any(|b| b["kind"] == "default"), "{before}");
     assert_eq!(before["state"]["tracked"], false, "{before}");
-    assert_eq!(before["state"]["remaining"], 4, "a full bucket of 5: {before}");
+    assert_eq!(
+        before["state"]["remaining"], 4,
+        "a full bucket of 5: {before}"
+    );
     // Outside the /28 the port rule judges.
-    let other = d.json(&["explain", "198.18.0.5", "--proto", "udp", "--dport", "27015"]);
-    assert_eq!(other["judged_by"]["name"], "198.18.0.0/24 udp dport 27015", "{other}");
+    let other = d.json(&[
+        "explain",
+        "198.18.0.5",
+        "--proto",
+        "udp",
+        "--dport",
+        "27015",
+    ]);
+    assert_eq!(
+        other["judged_by"]["name"], "198.18.0.0/24 udp dport 27015",
+        "{other}"
+    );
 
     let rx = h.pair.receiver(27015);
     let sender = h
@@ -861,8 +877,13 @@ fn explain_names_the_judging_rule_and_get_the_sources_state() {
     assert_eq!(state["key"], "198.18.0.20/32", "{during}");
     assert_eq!(state["algorithm"], "gcra", "{during}");
     assert_eq!(state["remaining"], 0, "flooded at 20x: {during}");
-    let next = state["next_admission_in_s"].as_f64().expect("a next admission");
-    assert!((0.0..=0.1).contains(&next), "one token takes 0.1 s: {during}");
+    let next = state["next_admission_in_s"]
+        .as_f64()
+        .expect("a next admission");
+    assert!(
+        (0.0..=0.1).contains(&next),
+        "one token takes 0.1 s: {during}"
+    );
     assert!(state["age_s"].as_f64().unwrap_or(0.0) > 0.0, "{during}");
     let states = got["states"].as_array().expect("states");
     let rules: Vec<&str> = states.iter().filter_map(|s| s["rule"].as_str()).collect();
@@ -872,8 +893,14 @@ fn explain_names_the_judging_rule_and_get_the_sources_state() {
         "every limit rule holding the source, the most specific first: {got}"
     );
     assert_eq!(states[0]["tracked"], true, "{got}");
-    assert_eq!(states[2]["tracked"], false, "no frame met the default: {got}");
+    assert_eq!(
+        states[2]["tracked"], false,
+        "no frame met the default: {got}"
+    );
     let bad = d.cli(&["explain", "not-an-address"]);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("SOURCE"), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("SOURCE"),
+        "{bad:?}"
+    );
 }

@@ -634,3 +634,49 @@ fn a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it() {
         "the pins went with the daemon"
     );
 }
+
+/// `ratelimit detach` stops a program left enforcing without a daemon: it is
+/// refused while a daemon runs (stopping the daemon detaches), then the
+/// program leaves the interface (a denied source passes again) and its pins
+/// go; with nothing pinned it says so.
+#[test]
+fn detach_stops_a_program_left_without_a_daemon() {
+    privileged!("detach_stops_a_program_left_without_a_daemon");
+    let (h, d) = Host::start("detach", &["--keep-attached"]);
+    let denied = ip("198.18.0.77");
+    d.cli_ok(&["deny", "198.18.0.77"]);
+    let passed = || {
+        h.pair
+            .probe(&[(denied, 200)], Duration::from_millis(300))
+            .get(&denied)
+            .copied()
+            .unwrap_or(0)
+    };
+    let out = h.command(&["detach"]).output().expect("ratelimit detach");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "refused while a daemon runs: {out:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a daemon runs"),
+        "{out:?}"
+    );
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    assert_eq!(passed(), 0, "--keep-attached keeps enforcing");
+    let out = h.command(&["detach"]).output().expect("ratelimit detach");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("detached from"),
+        "{out:?}"
+    );
+    assert!(pin_dirs(&h.pair.rx_if).is_empty(), "the pins stayed");
+    assert!(!h.pair.rx_has_xdp(), "the program stayed attached");
+    assert!(passed() > 30, "the deny still holds after detach");
+    let out = h.command(&["detach"]).output().expect("ratelimit detach");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing to detach"),
+        "{out:?}"
+    );
+}

@@ -85,6 +85,11 @@ pub enum Command {
     /// enforce nothing and hold kernel memory. Daemons do it as they start.
     #[command(after_help = help::GC)]
     Gc(GcArgs),
+    /// Stop a program left enforcing without a daemon (run with
+    /// --keep-attached, or a daemon killed): detach it and remove its pins.
+    /// With a daemon running, stop the daemon instead.
+    #[command(after_help = help::DETACH)]
+    Detach(DetachArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = help::COMPLETIONS)]
     Completions(CompletionsArgs),
@@ -144,6 +149,15 @@ pub struct GetArgs {
     pub read: ReadArgs,
 }
 
+/// `ratelimit detach`.
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    #[command(flatten)]
+    pub quiet: QuietArgs,
+    #[command(flatten)]
+    pub target: Target,
+}
+
 /// `ratelimit gc`.
 #[derive(Debug, Args)]
 pub struct GcArgs {
@@ -189,6 +203,7 @@ impl Cli {
             | Command::Unset(_)
             | Command::Mode(_)
             | Command::Reset(_)
+            | Command::Detach(_)
             | Command::Reload(_)
             | Command::Serve(_)
             | Command::Completions(_)

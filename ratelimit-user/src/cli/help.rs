@@ -125,6 +125,12 @@ Examples:
   ratelimit get 198.18.0.20
   ratelimit get 2001:db8::7 --json";
 
+/// `ratelimit detach`.
+pub const DETACH: &str = "\
+Examples:
+  ratelimit detach
+  ratelimit detach --iface eth0";
+
 /// `ratelimit gc`.
 pub const GC: &str = "\
 Examples:

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 
 use super::{
     args::{
-        Cli, Command, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, ModeArgs, ReadArgs,
-        ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
+        Cli, Command, DetachArgs, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, ModeArgs,
+        ReadArgs, ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
     },
     print,
 };
@@ -53,6 +53,7 @@ async fn run_command(command: Command) -> Result<()> {
         }
         Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
         Command::Gc(g) => gc(g),
+        Command::Detach(d) => detach(d),
         Command::Explain(e) => explain(e).await,
         Command::Get(g) => get(g).await,
         Command::Check(a) => {
@@ -281,6 +282,62 @@ async fn get(g: GetArgs) -> Result<()> {
         print::json(&answer);
     } else {
         print::states(&answer);
+    }
+    Ok(())
+}
+
+/// `ratelimit detach`: a program pinned and enforcing with no daemon (left
+/// by `--keep-attached`, or a daemon killed) stops: its pins go, and with
+/// the link's the program leaves the interface. Refused while a daemon runs
+/// on the interface (stopping it detaches) and where nothing is pinned. The
+/// saved rules stay for the next daemon.
+fn detach(a: DetachArgs) -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::Permission(
+            "the pins under /sys/fs/bpf are root's; run the command as root (for example with sudo)"
+                .into(),
+        ));
+    }
+    let pinned = offline::pinned_here()?;
+    let iface = match (&a.target.iface, pinned.as_slice()) {
+        (Some(i), _) => i.clone(),
+        (None, [one]) => one.clone(),
+        (None, []) => {
+            return Err(Error::Refused(
+                "no program is pinned in this network namespace: nothing to detach".into(),
+            ));
+        }
+        (None, many) => {
+            return Err(Error::invalid(
+                "--iface",
+                format!(
+                    "programs are pinned for {} in this network namespace: say which with --iface",
+                    many.join(", ")
+                ),
+            ));
+        }
+    };
+    if protocol::daemons_here()?.contains(&iface) {
+        return Err(Error::Refused(format!(
+            "a daemon runs on {iface}: stop it (Ctrl-C, or kill -TERM its pid: `ratelimit status --iface {iface}` shows it), and it detaches as it stops; `ratelimit detach` is for a program left enforcing without a daemon"
+        )));
+    }
+    if !pinned.contains(&iface) {
+        return Err(Error::invalid(
+            "--iface",
+            format!("no program is pinned for {iface} in this network namespace"),
+        ));
+    }
+    let id = crate::host::identity::Identity::here(&iface)?;
+    let root = crate::host::identity::find_bpffs()?
+        .ok_or_else(|| Error::Refused("no bpffs holds pins here".into()))?;
+    let dir = crate::host::identity::pin_dir(&root.path, &id);
+    crate::kernel::remove_pins(&dir)?;
+    if !a.quiet.quiet {
+        println!(
+            "detached from {id}: its program and pins are gone; the saved rules stay for the next `ratelimit run --iface {iface}`"
+        );
     }
     Ok(())
 }

@@ -286,12 +286,8 @@ async fn get(g: GetArgs) -> Result<()> {
     Ok(())
 }
 
-/// `ratelimit detach`: a program pinned and enforcing with no daemon (left
-/// by `--keep-attached`, or a daemon killed) stops: its pins go, and with
-/// the link's the program leaves the interface. Refused while a daemon runs
-/// on the interface (stopping it detaches) and where nothing is pinned. The
-/// saved rules stay for the next daemon.
-fn detach(a: DetachArgs) -> Result<()> {
+/// Refuses a command on pins to a user other than root.
+fn pins_are_root_s() -> Result<()> {
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(Error::Permission(
@@ -299,6 +295,16 @@ fn detach(a: DetachArgs) -> Result<()> {
                 .into(),
         ));
     }
+    Ok(())
+}
+
+/// `ratelimit detach`: a program pinned and enforcing with no daemon (left
+/// by `--keep-attached`, or a daemon killed) stops: its pins go, and with
+/// the link's the program leaves the interface. Refused while a daemon runs
+/// on the interface (stopping it detaches) and where nothing is pinned. The
+/// saved rules stay for the next daemon.
+fn detach(a: DetachArgs) -> Result<()> {
+    pins_are_root_s()?;
     let pinned = offline::pinned_here()?;
     let iface = match (&a.target.iface, pinned.as_slice()) {
         (Some(i), _) => i.clone(),
@@ -345,13 +351,7 @@ fn detach(a: DetachArgs) -> Result<()> {
 /// `ratelimit gc`: removes the pins of namespaces that are gone, and says
 /// what it removed and the memory that freed.
 fn gc(g: GcArgs) -> Result<()> {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Error::Permission(
-            "the pins under /sys/fs/bpf are root's; run the command as root (for example with sudo)"
-                .into(),
-        ));
-    }
+    pins_are_root_s()?;
     let removed = crate::kernel::pins::remove_orphans();
     if g.json {
         print::json(&serde_json::json!({ "removed": removed }));

@@ -59,7 +59,8 @@ pub enum Command {
     /// Show the sources with the most drops.
     #[command(after_help = help::TOP)]
     Top(TopArgs),
-    /// Serve the throttling service (HTTP and JSON) for other programs, on Redis.
+    /// Serve the throttling service (HTTP and JSON, and Envoy's rate limit
+    /// service API over gRPC) for other programs, on Redis.
     #[command(after_help = help::SERVE)]
     Serve(ServeArgs),
     /// Check a config file as `run` and `reload` would read it, without
@@ -168,6 +169,23 @@ pub struct ServeArgs {
     /// it.
     #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_BODY)]
     pub max_body: String,
+    /// Limits, tenants and their tokens: a TOML file (see
+    /// examples/serve.toml). Callers then name a limit, not its numbers, and
+    /// send `Authorization: Bearer TOKEN`. Without it the service is open:
+    /// any caller names any key and the limit's numbers.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Also serve Envoy's rate limit service API (gRPC,
+    /// envoy.service.ratelimit.v3) on this address: HOST:PORT, like
+    /// 127.0.0.1:8081.
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<String>,
+    /// TLS on both listeners: the certificate chain (PEM, leaf first).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS on both listeners: the certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `ratelimit run`.

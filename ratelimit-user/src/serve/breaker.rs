@@ -37,6 +37,8 @@ const SLOTS: usize = 16384;
 pub struct Tripped {
     /// What the call that opened the breaker met ("redis unreachable: ...").
     pub cause: String,
+    /// Its label in the metrics (`unreachable`, `timeout`).
+    pub label: &'static str,
     /// The node.
     pub node: String,
     /// How long it has been open.
@@ -59,7 +61,7 @@ struct NodeState {
     name: String,
     /// A slot it serves, for its probes.
     slot: u16,
-    open: Option<(Instant, String)>,
+    open: Option<(Instant, String, &'static str)>,
 }
 
 struct Inner {
@@ -178,8 +180,9 @@ impl Breakers {
         let n = &inner.nodes[Self::node_of(&inner, slot)];
         match &n.open {
             None => Ok(()),
-            Some((since, cause)) => Err(Tripped {
+            Some((since, cause, label)) => Err(Tripped {
                 cause: cause.clone(),
+                label,
                 node: n.name.clone(),
                 open_for: since.elapsed(),
             }),
@@ -199,7 +202,7 @@ impl Breakers {
             if n.open.is_some() {
                 return;
             }
-            n.open = Some((Instant::now(), e.to_string()));
+            n.open = Some((Instant::now(), e.to_string(), super::metrics::cause(e)));
             if inner.slots.is_empty() {
                 // No map of the Cluster: probe the slot that failed.
                 inner.nodes[i].slot = slot;

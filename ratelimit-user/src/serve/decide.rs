@@ -121,7 +121,7 @@ impl Decider {
     pub async fn acquire(&self, asks: Vec<Ask>) -> Vec<Result<Granted, Failed>> {
         if let Some(b) = &self.batcher {
             if let Err(t) = self.breakers.check(0) {
-                self.metrics.breaker_rejected.inc_by(asks.len() as u64);
+                self.metrics.rejected(t.label, asks.len() as u64);
                 return asks.iter().map(|_| Err(Failed::Down(t.clone()))).collect();
             }
             return b.submit(asks).await;
@@ -138,7 +138,7 @@ impl Decider {
         let mut calls = Vec::new();
         for (slot, idx) in by_slot {
             if let Err(t) = self.breakers.check(slot) {
-                self.metrics.breaker_rejected.inc_by(idx.len() as u64);
+                self.metrics.rejected(t.label, idx.len() as u64);
                 for i in idx {
                     out[i] = Some(Err(Failed::Down(t.clone())));
                 }
@@ -201,7 +201,7 @@ impl Decider {
 
     fn down(&self, slot: u16) -> Result<(), Failed> {
         self.breakers.check(slot).map_err(|t| {
-            self.metrics.breaker_rejected.inc();
+            self.metrics.rejected(t.label, 1);
             Failed::Down(t)
         })
     }
@@ -271,7 +271,7 @@ async fn call(store: &Store, metrics: &Metrics, asks: &[Ask]) -> Result<Vec<Gran
     match &r {
         Ok(g) if g.iter().any(|g| g.granted > 0) => metrics.wrote(),
         Ok(_) => {}
-        Err(e) => metrics.failed(e),
+        Err(e) => metrics.failed_keys(e, asks.len() as u64),
     }
     r
 }
@@ -364,7 +364,7 @@ impl Batcher {
         let (asks, replies): (Vec<Ask>, Vec<_>) =
             batch.into_iter().map(|p| (p.ask, p.reply)).unzip();
         if let Err(t) = self.breakers.check(0) {
-            self.metrics.breaker_rejected.inc_by(replies.len() as u64);
+            self.metrics.rejected(t.label, replies.len() as u64);
             for reply in replies {
                 let _ = reply.send(Err(Failed::Down(t.clone())));
             }

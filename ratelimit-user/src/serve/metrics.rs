@@ -79,6 +79,18 @@ pub(super) struct Metrics {
     pub conn: ConnMetrics,
 }
 
+/// The label of a failure's cause.
+pub(super) fn cause(e: &ratelimit_redis::Error) -> &'static str {
+    use ratelimit_redis::Error as E;
+    match e {
+        E::Refused(_) => "refused",
+        E::Unreachable(_) => "unreachable",
+        E::TimedOut(_) => "timeout",
+        E::Late { .. } => "late",
+        _ => "other",
+    }
+}
+
 impl Metrics {
     pub(super) fn new() -> Self {
         let mut registry = Registry::default();
@@ -122,7 +134,7 @@ impl Metrics {
         let redis_errors = Family::<Cause, Counter>::default();
         registry.register(
             "ratelimit_serve_redis_errors",
-            "Failed Redis calls by cause: refused (Redis answered an error, such as out of memory), unreachable, timeout, late (reached after its deadline: took nothing), other",
+            "Keys that Redis failed to decide, by cause (a call that decided many keys counts once per key; a key answered by an open breaker counts under the cause that opened it): refused (Redis answered an error, such as out of memory), unreachable, timeout, late (reached after its deadline: took nothing), other",
             redis_errors.clone(),
         );
         let redis_calls = Counter::default();
@@ -202,16 +214,24 @@ impl Metrics {
 
     /// A Redis call failed.
     pub(super) fn failed(&self, e: &ratelimit_redis::Error) {
-        use ratelimit_redis::Error as E;
-        let cause = match e {
-            E::Refused(_) => "refused",
-            E::Unreachable(_) => "unreachable",
-            E::TimedOut(_) => "timeout",
-            E::Late { .. } => "late",
-            _ => "other",
-        };
-        self.redis_errors.get_or_create(&Cause { cause }).inc();
+        self.failed_keys(e, 1);
+    }
+
+    /// A Redis call that decided `keys` keys failed.
+    pub(super) fn failed_keys(&self, e: &ratelimit_redis::Error, keys: u64) {
+        self.redis_errors
+            .get_or_create(&Cause { cause: cause(e) })
+            .inc_by(keys);
         self.redis_up.set(0);
+    }
+
+    /// `keys` keys answered by an open breaker, opened by a failure of
+    /// `cause`.
+    pub(super) fn rejected(&self, cause: &'static str, keys: u64) {
+        self.breaker_rejected.inc_by(keys);
+        self.redis_errors
+            .get_or_create(&Cause { cause })
+            .inc_by(keys);
     }
 
     /// A Redis call that wrote succeeded: Redis takes decisions.

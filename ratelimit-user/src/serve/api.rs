@@ -162,7 +162,7 @@ fn refused(r: Refusal) -> Response {
 }
 
 /// The caller's tenant (`None` in the open mode), or the 401 to answer.
-fn caller<'a>(app: &'a App, headers: &HeaderMap) -> Result<Option<&'a Tenant>, Response> {
+fn caller<'a>(app: &'a App, headers: &HeaderMap) -> Result<Option<&'a Tenant>, Box<Response>> {
     let Some(policy) = &app.policy else {
         return Ok(None);
     };
@@ -175,7 +175,7 @@ fn caller<'a>(app: &'a App, headers: &HeaderMap) -> Result<Option<&'a Tenant>, R
         );
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        r
+        Box::new(r)
     };
     let token =
         auth::bearer(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())).map_err(|why| {
@@ -270,7 +270,7 @@ async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) ->
     };
     let tenant = match caller(&app, &headers) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let parsed = request::parse_body(&body)
         .map_err(Refusal::from)
@@ -387,7 +387,7 @@ async fn refill(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
     };
     let tenant = match caller(&app, &headers) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let m = match request::parse_body(&body) {
         Ok(m) => m,

@@ -27,6 +27,7 @@
 --
 -- ARGV[1] operation, ARGV[2] deadline (µs on the server's clock, 0: none; a
 -- call reached later changes nothing and returns {-1, late_us, now_us}).
+-- limit.lua reads the clock itself: an acquire reads it once a key.
 --
 -- "acquire": KEYS = limit key, grant key (per item); ARGV[3..] per item:
 --   mode ("partial" | "take"), algorithm, x, y, z, amount, grant id ("" for
@@ -42,10 +43,9 @@
 --   when the key has no state and no limit was named.
 
 local op = ARGV[1]
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local deadline = tonumber(ARGV[2]) or 0
-if deadline > 0 and now > deadline then
+
+local function late(now)
   return {-1, now - deadline, now}
 end
 
@@ -73,6 +73,7 @@ end
 
 if op == 'acquire' then
   local out = {}
+  local now = 0
   local n = (#ARGV - 2) / 7
   for i = 0, n - 1 do
     local a = 3 + i * 7
@@ -80,8 +81,15 @@ if op == 'acquire' then
     local x, y, z = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
     local amount, id = tonumber(ARGV[a + 5]), ARGV[a + 6]
     local key, gkey = KEYS[i * 2 + 1], KEYS[i * 2 + 2]
-    local r = limit({key}, {mode, algo, x, y, z, amount, 0})
+    -- The first key checks the deadline (limit.lua reads the clock once a
+    -- key): past it, nothing is written; once it passed, the call runs
+    -- whole.
+    local r = limit({key}, {mode, algo, x, y, z, amount, i == 0 and deadline or 0})
+    if r[1] == -1 then return late(r[5]) end
+    now = r[5]
     if r[2] > 0 and id ~= '' then
+      -- Written from the strings at hand: formatting numbers costs Redis
+      -- more than the rest of the record.
       local f = redis.call('HMGET', key, 't', 'd', 'R', 'e', 'i')
       local epoch = f[4]
       if not epoch then
@@ -90,16 +98,15 @@ if op == 'acquire' then
       end
       local t, d, ttl
       if algo == 'gcra' then
-        t, d = tonumber(f[1]), tonumber(f[2])
+        t, d = f[1], f[2]
         -- The grant's units are back by themselves when the debt is gone.
-        ttl = math.floor((d + x - 1) / x / 1000) + 1
+        ttl = math.floor((tonumber(d) + x - 1) / x / 1000) + 1
       else
-        t, d = tonumber(f[5]), 0
-        local horizon = (t + 1) * y - now
-        ttl = math.floor(horizon / 1000) + 1
+        t, d = f[5], '0'
+        ttl = math.floor(((tonumber(t) + 1) * y - now) / 1000) + 1
       end
-      local rec = table.concat({algo, int(x), int(y), int(z), int(t), int(d), int(r[2]), '0',
-        f[3] or '0', epoch}, ' ')
+      local rec = table.concat({algo, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], t, d,
+        tostring(r[2]), '0', f[3] or '0', epoch}, ' ')
       redis.call('SET', gkey, rec, 'PX', ttl)
     end
     out[#out + 1] = r[1]
@@ -109,6 +116,12 @@ if op == 'acquire' then
   end
   out[#out + 1] = now
   return out
+end
+
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+if deadline > 0 and now > deadline then
+  return late(now)
 end
 
 if op == 'refill' then

@@ -112,6 +112,18 @@ pub struct ManArgs {
 }
 
 impl Cli {
+    /// The runtime the command runs on: `serve`'s with its `--threads`
+    /// workers, the others' with one worker per CPU.
+    pub fn runtime(&self) -> crate::Result<tokio::runtime::Runtime> {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if let Command::Serve(s) = &self.command {
+            b.worker_threads(s.worker_threads()?);
+        }
+        b.enable_all()
+            .build()
+            .map_err(crate::error::Error::io("starting the async runtime"))
+    }
+
     /// Whether the command asked for JSON output (`--json`): a failure is then
     /// reported as JSON on stdout too.
     pub fn json(&self) -> bool {
@@ -186,6 +198,29 @@ pub struct ServeArgs {
     /// TLS on both listeners: the certificate's private key (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Threads serving requests [default: half the CPUs, rounded up: the
+    /// service mostly waits on Redis, and on a small host shares it with
+    /// Redis or the programs it serves].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<String>,
+}
+
+impl ServeArgs {
+    /// `--threads`, checked, or its default.
+    pub fn worker_threads(&self) -> crate::Result<usize> {
+        match &self.threads {
+            None => Ok(std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .div_ceil(2)),
+            Some(s) => match s.trim().parse::<usize>() {
+                Ok(n) if (1..=1024).contains(&n) => Ok(n),
+                _ => Err(crate::error::Error::invalid(
+                    "--threads",
+                    format!("{s:?} is not a number of threads from 1 to 1024, like 2"),
+                )),
+            },
+        }
+    }
 }
 
 /// `ratelimit run`.

@@ -2,11 +2,11 @@
 //! over gRPC): acquires of many keys, refills by grant, keyed refunds; each
 //! through the node's breaker ([`super::breaker`]), timed and counted.
 //!
-//! **Batching.** On one Redis server, acquires that arrive while calls are in
-//! flight wait for the next call and share it: one script call decides them
-//! all (each key atomically, in order), so Redis runs one command where it
-//! would run many. A request that finds fewer than [`IN_FLIGHT`] calls
-//! under way is sent at once: a lone client waits for nothing. On a Cluster,
+//! **Batching.** On one Redis server, acquires that arrive while
+//! [`IN_FLIGHT`] calls are under way wait for the next call and share it: one
+//! script call decides them all (each key atomically, in order), so Redis
+//! runs one command where it would run many. Below that, each request is
+//! sent at once: a lone client waits for nothing. On a Cluster,
 //! the keys of one request are grouped by hash slot, one call per slot, the
 //! slots at once.
 //!
@@ -35,8 +35,11 @@ use super::{
 };
 
 /// Calls in flight at once to one Redis server before acquires wait for the
-/// next call and share it.
-pub const IN_FLIGHT: usize = 4;
+/// next call and share it. The connection pipelines the calls in flight, so
+/// Redis reads many at once either way; sharing a call pays only past this
+/// (measured: 8 clients got 26 k/s with 1 in flight, 32 k/s with 2 to 4,
+/// 36 k/s with 16 or more).
+pub const IN_FLIGHT: usize = 16;
 
 /// Why a key was not decided.
 #[derive(Clone, Debug)]

@@ -35,11 +35,11 @@ use super::{
 };
 
 /// Calls in flight at once to one Redis server before acquires wait for the
-/// next call and share it. The connection pipelines the calls in flight, so
-/// Redis reads many at once either way; sharing a call pays only past this
-/// (measured: 8 clients got 26 k/s with 1 in flight, 32 k/s with 2 to 4,
-/// 36 k/s with 16 or more).
-pub const IN_FLIGHT: usize = 16;
+/// next call and share it. Measured on 2 CPUs beside Redis (three rounds,
+/// 8 and 32 clients): 1 spent the least of the service's CPU per request
+/// (13 to 18 µs, against 15 to 21 with 4 and 16) and served the most at 32
+/// clients; at 8 the rounds overlapped.
+pub const IN_FLIGHT: usize = 1;
 
 /// Why a key was not decided.
 #[derive(Clone, Debug)]

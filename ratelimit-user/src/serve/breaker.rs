@@ -47,11 +47,15 @@ pub struct Tripped {
 
 impl std::fmt::Display for Tripped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let who = if self.node == "redis" {
+            "Redis".to_string()
+        } else {
+            format!("the Redis master {}", self.node)
+        };
         write!(
             f,
-            "{} (Redis {} is known down for {} ms: answered at once, without asking it; served again as soon as it answers a probe)",
+            "{} ({who} is known down for {} ms: answered at once, without asking it; served again as soon as it answers a probe)",
             self.cause,
-            self.node,
             self.open_for.as_millis()
         )
     }

@@ -110,6 +110,17 @@ fn a_refill_gives_back_at_most_what_its_grant_took() {
     // A made-up grant is refused; an acquire that took nothing has none.
     let (status, r) = s.post("/v1/refill", json!({"grant": "not-a-grant", "amount": 1}));
     assert_eq!((status, r["field"].as_str()), (400, Some("grant")), "{r}");
+    // A caller that never refills asks for no grant: none is kept.
+    let (status, r) = s.post(
+        "/v1/acquire",
+        json!({"key": "nogrant", "limit": slow(), "grant": false}),
+    );
+    assert_eq!(
+        (status, got(&r, "granted"), &r["grant"]),
+        (200, 1, &Value::Null),
+        "{r}"
+    );
+    assert_eq!(redis.cmd("KEYS ratelimit:{nogrant}:g:*").trim(), "*0");
     for _ in 0..10 {
         acquire(&s, "shared", 1, slow());
     }

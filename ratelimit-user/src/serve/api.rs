@@ -303,13 +303,13 @@ async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) ->
     let mut ids = Vec::new();
     for (item, t) in items.iter().zip(&targets) {
         if let Some(t) = t {
-            let id = app.decider.grant_id();
+            let id = item.grant.then(|| app.decider.grant_id());
             asks.push(Ask {
                 key: app.decider.key(&t.content),
                 limit: t.limit,
                 amount: item.amount,
                 whole: false,
-                grant: Some(id.clone()),
+                grant: id.clone(),
             });
             ids.push(id);
         }
@@ -331,7 +331,7 @@ async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) ->
         answers.push(match r {
             Ok(g) => (
                 StatusCode::OK,
-                granted_answer(&app, item, t, g, Some(grant_token(&id, &t.content))),
+                granted_answer(&app, item, t, g, id.map(|id| grant_token(&id, &t.content))),
             ),
             Err(f) => failed_answer(&app, t, &f),
         });

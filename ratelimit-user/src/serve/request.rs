@@ -50,6 +50,9 @@ pub struct Item {
     pub form: Form,
     /// Units asked for.
     pub amount: u64,
+    /// Whether to hand out a grant (`"grant": false`: the caller never
+    /// refills, and Redis keeps no record).
+    pub grant: bool,
 }
 
 /// What an item is counted under.
@@ -173,8 +176,22 @@ pub fn amount_of(m: &Map<String, Value>) -> Result<u64> {
 
 /// One acquire's form and amount.
 pub fn item_of(m: &Map<String, Value>) -> Result<Item> {
-    only(m, "", &["key", "amount", "limit", "domain", "descriptor"])?;
+    only(
+        m,
+        "",
+        &["key", "amount", "limit", "domain", "descriptor", "grant"],
+    )?;
     let amount = amount_of(m)?;
+    let grant = match m.get("grant") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(Error::invalid(
+                "grant",
+                "must be true or false (false: no grant, for a caller that never refills)",
+            ));
+        }
+    };
     if let Some(d) = m.get("descriptor") {
         for k in ["key", "limit"] {
             if m.contains_key(k) {
@@ -199,6 +216,7 @@ pub fn item_of(m: &Map<String, Value>) -> Result<Item> {
                 entries: entries_of(d)?,
             },
             amount,
+            grant,
         });
     }
     if m.contains_key("domain") {
@@ -226,7 +244,11 @@ pub fn item_of(m: &Map<String, Value>) -> Result<Item> {
             ));
         }
     };
-    Ok(Item { form, amount })
+    Ok(Item {
+        form,
+        amount,
+        grant,
+    })
 }
 
 fn entries_of(v: &Value) -> Result<Vec<(String, String)>> {

@@ -552,7 +552,8 @@ mod tests {
             item(json!({"limit": "per-user", "key": "42", "amount": 3})).unwrap(),
             Item {
                 form: Form::Named { .. },
-                amount: 3
+                amount: 3,
+                grant: true
             }
         ));
         let d =

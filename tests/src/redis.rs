@@ -21,6 +21,8 @@ pub struct RedisServer {
     dir: TempDir,
     cluster: bool,
     unix: bool,
+    /// More `redis-server` arguments.
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -68,18 +70,24 @@ impl RedisServer {
             dir: TempDir::new("redis"),
             cluster: false,
             unix: true,
+            extra: Vec::new(),
         };
         server.spawn();
         server
     }
 
     fn start_with(cluster: bool) -> Self {
+        Self::start_args(cluster, &[])
+    }
+
+    fn start_args(cluster: bool, extra: &[&str]) -> Self {
         let mut server = Self {
             child: None,
             port: free_port(),
             dir: TempDir::new("redis"),
             cluster,
             unix: false,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         server.spawn();
         server
@@ -111,6 +119,7 @@ impl RedisServer {
                 "nodes.conf",
             ]);
         }
+        cmd.args(&self.extra);
         if self.unix {
             cmd.arg("--unixsocket")
                 .arg(self.dir.0.join("redis.sock"))
@@ -228,7 +237,16 @@ impl RedisCluster {
     /// Starts three nodes, joins them with `redis-cli --cluster create`, waits
     /// until every node says `cluster_state:ok`.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(true)).collect();
+        Self::start_args(&[])
+    }
+
+    /// The same, each node run with `extra` arguments too (e.g.
+    /// `--cluster-require-full-coverage no`: the masters that are up serve
+    /// their slots while another is down).
+    pub fn start_args(extra: &[&str]) -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_args(true, extra))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))

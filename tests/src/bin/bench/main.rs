@@ -5,8 +5,9 @@
 //!
 //! One module per measurement: [`cost`] (BPF_PROG_TEST_RUN), [`floods`] (drop
 //! throughput and floods on a veth, against netfilter), [`accuracy`],
-//! [`memory`], [`set`] (from a command to enforcement) and [`serve`] (the
-//! throttling service's latency); [`report`] writes
+//! [`memory`], [`set`] (from a command to enforcement), [`serve`] (the
+//! throttling service's latency) and [`serve_load`] (its throughput beside
+//! raw EVALSHA); [`report`] writes
 //! the results.
 
 mod accuracy;
@@ -15,6 +16,7 @@ mod floods;
 mod memory;
 mod report;
 mod serve;
+mod serve_load;
 mod set;
 
 use std::{net::IpAddr, path::PathBuf};
@@ -101,6 +103,7 @@ fn main() {
     }
     if opts.runs("serve") {
         serve::serve_latency(&opts, &mut report);
+        serve_load::serve_load(&opts, &mut report);
     }
     report.write(&opts.out);
 }

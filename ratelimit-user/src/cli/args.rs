@@ -267,6 +267,9 @@ pub struct RunArgs {
     /// (each daemon admits the whole limit: the fleet up to N times it).
     #[arg(long, value_enum, default_value_t = crate::fleet::Fallback::Share)]
     pub fleet_fallback: crate::fleet::Fallback,
+    /// Enforce a CrowdSec Local API's decisions.
+    #[command(flatten)]
+    pub crowdsec: crate::crowdsec::Args,
 }
 
 /// The daemon to talk to.

@@ -161,6 +161,7 @@ impl RunArgs {
             metrics,
             fleet: self.fleet.clone(),
             fleet_fallback: self.fleet_fallback,
+            crowdsec: self.crowdsec.options()?,
             load: LoadOptions {
                 state_capacity: self.max_sources,
                 state_capacity_v6: self.max_sources_v6,

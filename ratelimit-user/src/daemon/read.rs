@@ -347,6 +347,7 @@ pub(super) fn status_of(
                 doorkeeper_slots: sizes.seen_slots,
                 keep_attached: facts.keep_attached,
                 fleet: facts.fleet,
+                crowdsec: None,
             };
             (interface, Some(running), None)
         }

@@ -32,13 +32,17 @@ impl Daemon {
             interface: self.interface,
             baseline: self.baseline,
         };
-        read::status_of(
+        let mut status = read::status_of(
             &e.maps,
             &self.rules.effective(),
             &self.id,
             e.pin_dir().display().to_string(),
             Teller::Daemon(Box::new(facts)),
-        )
+        )?;
+        if let Some(running) = &mut status.daemon {
+            running.crowdsec = self.crowdsec_status();
+        }
+        Ok(status)
     }
 
     /// Totals read now; per-second rates over the last second or so, up to

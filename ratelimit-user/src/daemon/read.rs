@@ -159,6 +159,7 @@ pub(super) fn stats_of(
             .iter()
             .map(|e| (e.name().to_string(), events[*e as usize]))
             .collect(),
+        crowdsec: Vec::new(),
         pins: None,
         offline: None,
     })

@@ -132,7 +132,7 @@ fn prefix(value: &str) -> Option<Prefix> {
     let text = match addr {
         IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => {
             let v4 = v6.to_ipv4_mapped()?;
-            let len = len.map_or(32, |l| l.checked_sub(96).unwrap_or(0).min(32));
+            let len = len.map_or(32, |l| l.saturating_sub(96).min(32));
             format!("{v4}/{len}")
         }
         _ => match len {

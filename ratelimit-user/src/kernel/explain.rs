@@ -152,7 +152,15 @@ pub fn explain(set: &RuleSet, probe: &Probe) -> Result<Verdict> {
         .enumerate()
         .map(|(i, s)| (*s, i as u32))
         .collect();
-    let lists = ListPlan::build(set, (deny, allow));
+    // A counted list (CrowdSec's origins) points at a rule of its own.
+    let counted: std::collections::BTreeMap<String, u32> = set
+        .lists
+        .iter()
+        .filter(|(_, l)| l.counted)
+        .enumerate()
+        .map(|(k, (name, _))| (name.clone(), n + 3 + k as u32))
+        .collect();
+    let lists = ListPlan::build(set, (deny, allow), &counted);
     // A frame a match cannot judge goes on to the next entry: explain is
     // asked about whole frames.
     let policies = matching::Policies {
@@ -204,7 +212,11 @@ pub fn explain(set: &RuleSet, probe: &Probe) -> Result<Verdict> {
             } else {
                 ListAction::Allow
             };
-            list_entry(set, action, &frame).unwrap_or(Judge::Default)
+            list_entry(set, action, &frame, None).unwrap_or(Judge::Default)
+        }
+        i if i > allow => {
+            let name = counted.iter().find(|(_, at)| **at == i).map(|(n, _)| n);
+            list_entry(set, ListAction::Deny, &frame, name).unwrap_or(Judge::Default)
         }
         _ => Judge::Default,
     };
@@ -285,13 +297,19 @@ pub fn explain(set: &RuleSet, probe: &Probe) -> Result<Verdict> {
     })
 }
 
-/// The longest entry holding `frame` of the lists of `action` (that is not
-/// shadowed by an allow list, for a deny).
-fn list_entry(set: &RuleSet, action: ListAction, frame: &Prefix) -> Option<Judge> {
+/// The longest entry holding `frame` of the lists of `action` (of the list
+/// `only`, when given; not shadowed by an allow list, for a deny).
+fn list_entry(
+    set: &RuleSet,
+    action: ListAction,
+    frame: &Prefix,
+    only: Option<&String>,
+) -> Option<Judge> {
     let allowed = crate::model::lists::Allowed::of(set.lists.values());
     set.lists
         .iter()
         .filter(|(_, l)| l.action == action)
+        .filter(|(name, l)| only.map_or(!l.counted, |o| o == *name))
         .flat_map(|(name, l)| l.entries.iter().map(move |e| (name, e)))
         .filter(|(_, e)| contains(e, frame))
         .filter(|(_, e)| action == ListAction::Allow || !allowed.covers(e))

@@ -76,6 +76,7 @@ mod tests {
                 action: ListAction::Deny,
                 source: "bad.txt".into(),
                 entries: vec![p("198.18.9.9/32").source].into(),
+                counted: false,
             },
         );
         let mut l = Layers::of(base);

@@ -112,6 +112,7 @@ fn lists_rules_and_allow_lists_in_their_order() {
         action,
         source: "t".into(),
         entries: cidrs.iter().map(|c| sel(c).source).collect(),
+        counted: false,
     };
     set.lists.insert(
         "bad".into(),
@@ -169,5 +170,42 @@ fn ipv6_sources_meet_ipv6_rules_only() {
         explain(&set, &probe("198.18.0.1")).unwrap().judge,
         Judge::Default,
         "::/0 never covers an IPv4 source"
+    );
+}
+
+/// CrowdSec's lists point at rules of their own (their drops counted per
+/// origin): explain names the origin's list.
+#[test]
+fn a_counted_list_is_named_by_its_origin() {
+    let mut set = RuleSet::default();
+    set.lists.insert(
+        "crowdsec:cscli".into(),
+        List {
+            action: ListAction::Deny,
+            source: "crowdsec".into(),
+            entries: vec![sel("198.18.8.0/24").source].into(),
+            counted: true,
+        },
+    );
+    set.lists.insert(
+        "bad".into(),
+        List {
+            action: ListAction::Deny,
+            source: "t".into(),
+            entries: vec![sel("198.18.9.0/24").source].into(),
+            counted: false,
+        },
+    );
+    assert_eq!(
+        explain(&set, &probe("198.18.8.1")).unwrap().judge,
+        Judge::List(
+            "crowdsec:cscli".into(),
+            ListAction::Deny,
+            sel("198.18.8.0/24").source
+        )
+    );
+    assert_eq!(
+        explain(&set, &probe("198.18.9.1")).unwrap().judge,
+        Judge::List("bad".into(), ListAction::Deny, sel("198.18.9.0/24").source)
     );
 }

@@ -234,6 +234,19 @@ mod tests {
                 redis_ms: 0.5,
                 ..Default::default()
             }),
+            crowdsec: Some(crate::crowdsec::Status {
+                lapi: "http://127.0.0.1:8080".into(),
+                lapi_up: true,
+                decisions: 2,
+                origins: vec![crate::crowdsec::OriginStatus {
+                    origin: "cscli".into(),
+                    list: "crowdsec:cscli".into(),
+                    entries: 2,
+                    dropped_packets: 5,
+                    dropped_bytes: 500,
+                }],
+                ..Default::default()
+            }),
         };
         let status = |daemon: Option<Running>, offline: Option<Offline>| Status {
             iface: "eth0".into(),

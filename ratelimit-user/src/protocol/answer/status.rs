@@ -110,4 +110,7 @@ pub struct Running {
     pub keep_attached: bool,
     /// The fleet as it sees it, when run with `--fleet`.
     pub fleet: Option<fleet::Status>,
+    /// The CrowdSec bouncer, when run with `--crowdsec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crowdsec: Option<crate::crowdsec::Status>,
 }

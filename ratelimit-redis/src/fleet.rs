@@ -105,11 +105,6 @@ impl Error {
 }
 
 impl Store {
-    /// Whether this is a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
-    }
-
     /// Reports `reports` (every key of `group`, under `prefix`) in one
     /// script call, with a deadline on Redis's clock as every call; answers
     /// each key's debt after it (how long its bucket takes to be full

@@ -44,6 +44,7 @@
 
 pub mod clock;
 pub mod fleet;
+mod grant;
 mod lease;
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -56,7 +57,12 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
+pub use grant::{Ask, Granted, MAX_BATCH, RefillOutcome, Refilled, Refunded, slot, tag_of_slot};
 pub use lease::{Leases, bound as lease_bound};
+
+/// The decision script (`limit.lua`), as Redis runs it: for tools that
+/// measure against calling it directly (the service's benchmark).
+pub const LIMIT_SCRIPT: &str = include_str!("limit.lua");
 
 /// The largest value the script's arithmetic reaches: Lua's numbers are doubles,
 /// exact for integers up to 2^53; one bit of headroom for sums.

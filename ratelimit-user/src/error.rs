@@ -23,12 +23,14 @@ pub enum Error {
     UnknownInterface(String),
     /// Another daemon holds the interface.
     #[error(
-        "another ratelimit daemon already runs on {iface} (it holds {}); stop it first, or use `ratelimit set --iface {iface}` to change its limits",
+        "another ratelimit daemon already runs on {place} (it holds {}); stop it first, or change what it enforces through it: `ratelimit list --iface {iface}`, `ratelimit set default --rate 100/s --iface {iface}`",
         lock.display()
     )]
     AlreadyRunning {
-        /// The interface.
+        /// The interface's name, as a command takes it.
         iface: String,
+        /// The interface and its network namespace, for people.
+        place: String,
         /// The lock file it holds.
         lock: PathBuf,
     },

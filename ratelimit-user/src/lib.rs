@@ -11,6 +11,8 @@
 //! - [`kernel`]: the XDP program loaded, attached and pinned; its maps written
 //!   and read.
 //! - [`fleet`]: fleet-wide limits through Redis.
+//! - [`crowdsec`]: the CrowdSec bouncer: a Local API's decision stream
+//!   followed, its bans handed to the daemon's loop.
 //! - [`protocol`]: the control socket's requests and answers, typed on both
 //!   ends, and the CLI's side of the socket.
 //! - [`daemon`]: the daemon's loop, its control server, a handler per
@@ -21,6 +23,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod crowdsec;
 pub mod daemon;
 pub mod error;
 pub mod fleet;

@@ -8,15 +8,18 @@ use ratelimit_user::{
     host::logs,
 };
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     logs::init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return report::usage_error(e, report::json_in_args(std::env::args_os())),
     };
     let json = cli.json();
-    match cli::main(cli).await {
+    let runtime = match cli.runtime() {
+        Ok(r) => r,
+        Err(e) => return report::failure(e, json),
+    };
+    match runtime.block_on(cli::main(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => report::failure(e, json),
     }

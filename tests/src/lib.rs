@@ -7,6 +7,8 @@
 //! Addresses: 198.18.0.0/15 and 2001:db8::/32 only.
 
 pub mod check;
+pub mod crowdsec;
+pub mod envoy;
 pub mod fixture;
 pub mod fleet;
 pub mod frames;

@@ -27,6 +27,8 @@ pub struct RedisServer {
     /// The namespace it runs in (`None`: this process's) and its address there.
     netns: Option<String>,
     host: String,
+    /// More `redis-server` arguments.
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -106,12 +108,17 @@ impl RedisServer {
             unix: true,
             netns: None,
             host: "127.0.0.1".into(),
+            extra: Vec::new(),
         };
         server.spawn();
         server
     }
 
     fn start_with(cluster: bool) -> Self {
+        Self::start_args(cluster, &[])
+    }
+
+    fn start_args(cluster: bool, extra: &[&str]) -> Self {
         let mut server = Self {
             child: None,
             port: free_port(),
@@ -120,6 +127,7 @@ impl RedisServer {
             unix: false,
             netns: None,
             host: "127.0.0.1".into(),
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         server.spawn();
         server
@@ -136,6 +144,7 @@ impl RedisServer {
             unix: false,
             netns: Some(netns.to_string()),
             host: host.to_string(),
+            extra: Vec::new(),
         };
         server.spawn();
         server
@@ -188,6 +197,7 @@ impl RedisServer {
                 cmd.args(["--cluster-require-full-coverage", "no"]);
             }
         }
+        cmd.args(&self.extra);
         if self.unix {
             cmd.arg("--unixsocket")
                 .arg(self.dir.0.join("redis.sock"))
@@ -311,8 +321,17 @@ impl RedisCluster {
     /// Starts three nodes, joins them with `redis-cli --cluster create`, waits
     /// until every node says `cluster_state:ok`.
     pub fn start() -> Self {
+        Self::start_args(&[])
+    }
+
+    /// The same, each node run with `extra` arguments too (e.g.
+    /// `--cluster-require-full-coverage no`: the masters that are up serve
+    /// their slots while another is down).
+    pub fn start_args(extra: &[&str]) -> Self {
         Self::join(
-            (0..3).map(|_| RedisServer::start_with(true)).collect(),
+            (0..3)
+                .map(|_| RedisServer::start_args(true, extra))
+                .collect(),
             None,
         )
     }

@@ -1,6 +1,7 @@
 //! `ratelimit serve` for the tests: started against a test's Redis on a free
-//! loopback port, its log in a file, killed on drop; and a plain HTTP/1.1
-//! client that shows what a client sees (status, headers, body).
+//! loopback port (with a config, gRPC and TLS when asked), its log in a file,
+//! killed on drop; and a plain HTTP/1.1 client that shows what a client sees
+//! (status, headers, body), over TLS too.
 
 use std::{
     io::{Read, Write},
@@ -20,8 +21,23 @@ pub struct Service {
     child: ChildGuard,
     /// Its port on 127.0.0.1.
     pub port: u16,
+    /// Its gRPC port, when asked for.
+    pub grpc_port: Option<u16>,
     log: PathBuf,
-    _dir: TempDir,
+    dir: TempDir,
+}
+
+/// How to start a service beyond its Redis.
+#[derive(Default)]
+pub struct Setup<'a> {
+    /// The text of its `--config` file (written into its directory).
+    pub config: Option<&'a str>,
+    /// Serve gRPC too, on a free port.
+    pub grpc: bool,
+    /// `--tls-cert` and `--tls-key` (PEM text, written into its directory).
+    pub tls: Option<(&'a str, &'a str)>,
+    /// More arguments.
+    pub args: &'a [&'a str],
 }
 
 /// A free port on 127.0.0.1.
@@ -41,8 +57,47 @@ impl Service {
 
     /// The same, run by `wrapper` (e.g. `prlimit --nofile=1024:1024 --`).
     pub fn start_under(wrapper: &[&str], redis: &RedisServer, args: &[&str]) -> Self {
+        Self::launch(
+            wrapper,
+            &redis.url(),
+            &Setup {
+                args,
+                ..Setup::default()
+            },
+        )
+    }
+
+    /// `ratelimit serve` against the Redis (or Cluster) at `url`, as `setup`
+    /// says, once it serves.
+    pub fn start_with(url: &str, setup: &Setup) -> Self {
+        Self::launch(&[], url, setup)
+    }
+
+    fn launch(wrapper: &[&str], url: &str, setup: &Setup) -> Self {
+        let args = setup.args;
         let port = free_port();
         let dir = TempDir::new("serve");
+        let mut extra: Vec<String> = Vec::new();
+        if let Some(text) = setup.config {
+            let path = dir.0.join("serve.toml");
+            std::fs::write(&path, text).expect("writing the service's config");
+            extra.extend(["--config".into(), path.display().to_string()]);
+        }
+        let grpc_port = setup.grpc.then(free_port);
+        if let Some(g) = grpc_port {
+            extra.extend(["--grpc-listen".into(), format!("127.0.0.1:{g}")]);
+        }
+        if let Some((cert, key)) = setup.tls {
+            let (c, k) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
+            std::fs::write(&c, cert).expect("writing the certificate");
+            std::fs::write(&k, key).expect("writing the key");
+            extra.extend([
+                "--tls-cert".into(),
+                c.display().to_string(),
+                "--tls-key".into(),
+                k.display().to_string(),
+            ]);
+        }
         let log = dir.0.join("serve.log");
         let file = std::fs::File::create(&log).expect("creating the service's log");
         let mut cmd = match wrapper.split_first() {
@@ -54,14 +109,23 @@ impl Service {
             None => Command::new(ratelimit_bin()),
         };
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis"])
-            .arg(redis.url())
+            .arg(url)
+            .args(&extra)
             .args(args)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log fd"))
             .stderr(file);
         let mut child = ChildGuard::spawn(cmd, "ratelimit serve");
         let start = Instant::now();
-        while !matches!(http(port, "GET", "/healthz", ""), Ok((200, _))) {
+        let serving = || {
+            if setup.tls.is_some() {
+                // No plain HTTP to ask: its log says when it serves.
+                std::fs::read_to_string(&log).is_ok_and(|l| l.contains("serving /v1/acquire"))
+            } else {
+                matches!(http(port, "GET", "/healthz", ""), Ok((200, _)))
+            }
+        };
+        while !serving() {
             if let Some(status) = child.exited() {
                 panic!(
                     "ratelimit serve exited ({status}): {}",
@@ -78,9 +142,15 @@ impl Service {
         Self {
             child,
             port,
+            grpc_port,
             log,
-            _dir: dir,
+            dir,
         }
+    }
+
+    /// Its own directory (its config, log and certificates are there).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir.0
     }
 
     /// What it logged so far.
@@ -149,6 +219,71 @@ impl Answer {
             n.eq_ignore_ascii_case(name).then(|| v.trim())
         })
     }
+}
+
+/// `POST path` with a JSON body and `Authorization: Bearer TOKEN` (none when
+/// `None`): (status, JSON answer).
+pub fn post_as(port: u16, token: Option<&str>, path: &str, body: Value) -> (u16, Value) {
+    let body = body.to_string();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let raw = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let a = exchange(port, raw.as_bytes()).expect("http");
+    let v = serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("{a:?}: {e}"));
+    (a.status, v)
+}
+
+/// Sends `raw` over TLS (trusting only the CA `ca_pem`, for the name
+/// `localhost`) and reads the answer to its end.
+pub fn exchange_tls(port: u16, ca_pem: &str, raw: &[u8]) -> std::io::Result<Answer> {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject as _};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(c.map_err(std::io::Error::other)?)
+            .map_err(std::io::Error::other)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name)
+        .map_err(std::io::Error::other)?;
+    let tcp = TcpStream::connect(("127.0.0.1", port))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(raw)?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => {}
+        // A server that closes without close_notify: what came is the answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => {}
+        Err(e) => return Err(e),
+    }
+    Ok(Answer::parse(&String::from_utf8_lossy(&out)))
+}
+
+/// A test CA and a certificate it signed for `localhost` and 127.0.0.1:
+/// (CA PEM, certificate PEM, key PEM).
+pub fn test_ca() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "ratelimit test CA");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().expect("server key");
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .expect("server params");
+    let cert = params.signed_by(&key, &issuer).expect("server certificate");
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
 
 /// Sends `raw` on a new connection and reads the answer to its end (the

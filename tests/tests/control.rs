@@ -668,7 +668,9 @@ fn daemons_on_two_interfaces_do_not_disturb_each_other() {
     let _ = a.child.wait(Duration::from_secs(10));
     assert!(!one.rx_has_xdp());
     assert!(two.rx_has_xdp(), "stopping one daemon detached the other");
-    assert!(b.json(&["status"])["mode"] == "native");
+    let status = b.json(&["status"]);
+    assert_eq!(status["attach"], "native", "{status}");
+    assert_eq!(status["mode"], "normal", "{status}");
 }
 
 /// Lists: one from the config file (`[[list]]`, a path relative to it, read

@@ -710,3 +710,197 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
         "{got:?}"
     );
 }
+
+/// A clean slate: `reset --live` drops what was set with the CLI (the config
+/// file's rules hold again), `reset` removes every rule but the default and
+/// says what it removed, and a restart with the same file keeps the slate
+/// clean until `reload --replace` reads the file again. Frames at the
+/// receiver follow each step.
+#[test]
+fn reset_leaves_the_default_rule_and_says_what_it_removed() {
+    privileged!("reset_leaves_the_default_rule_and_says_what_it_removed");
+    let toml =
+        "[default]\nrate = \"1000/s\"\n\n[[rule]]\ncidr = \"198.18.0.50/32\"\naction = \"deny\"\n";
+    let (h, d) = Host::with_config("reset", toml, &[]);
+    let (by_file, by_cli) = (ip("198.18.0.50"), ip("198.18.0.51"));
+    d.cli_ok(&["deny", "198.18.0.51"]);
+    d.cli_ok(&["set", "default", "--burst", "700"]);
+    let passed = |src| {
+        h.pair
+            .probe(&[(src, 200)], Duration::from_millis(300))
+            .get(&src)
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!((passed(by_file), passed(by_cli)), (0, 0), "both denied");
+
+    let out = d.cli_ok(&["reset", "--live"]);
+    assert!(out.contains("removed 198.18.0.51/32"), "{out}");
+    assert!(
+        out.contains("changed default") && out.contains("burst 1000"),
+        "the live default goes too: {out}"
+    );
+    assert!(!out.contains("198.18.0.50"), "the file's rule stays: {out}");
+    assert_eq!(passed(by_file), 0, "the file's deny holds");
+    assert!(passed(by_cli) > 30, "the live deny is gone");
+
+    d.cli_ok(&["deny", "198.18.0.51"]);
+    let out = d.cli_ok(&["reset"]);
+    assert!(
+        out.contains("removed 198.18.0.50/32") && out.contains("removed 198.18.0.51/32"),
+        "{out}"
+    );
+    let list = d.json(&["list"]);
+    assert_eq!(list["rules"], serde_json::json!([]), "{list}");
+    assert!(
+        passed(by_file) > 30 && passed(by_cli) > 30,
+        "nothing denied"
+    );
+    let out = d.cli_ok(&["reset"]);
+    assert!(out.starts_with("no change"), "{out}");
+
+    // A restart with the same file: the slate stays clean, and says why.
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let config = h.config().to_string();
+    let d = h.daemon(&["--config", &config]);
+    assert_eq!(
+        d.json(&["list"])["rules"],
+        serde_json::json!([]),
+        "the reset came back undone"
+    );
+    d.cli_ok(&["reload", "--replace"]);
+    assert_eq!(passed(by_file), 0, "reload --replace reads the file again");
+    let err = d.cli(&["unset", "default"]);
+    assert_eq!(err.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&err.stderr).contains("ratelimit reset"),
+        "{err:?}"
+    );
+}
+
+/// A fleet-wide rule saved as a live change does not lock a host out of a
+/// restart without `--fleet`: the refusal names the rules and the way out,
+/// and `--drop-fleet-rules` starts without them (a config file's fleet-wide
+/// default becomes this host's own limit).
+#[test]
+fn a_fleet_rule_without_fleet_names_the_rules_and_the_way_out() {
+    privileged!("a_fleet_rule_without_fleet_names_the_rules_and_the_way_out");
+    let toml = "[default]\nrate = \"100/s\"\nfleet = true\n";
+    // A Redis nobody listens on: the fleet runs in its fallback.
+    let (h, d) = Host::with_config("nofleet", toml, &["--fleet", "redis://127.0.0.1:1"]);
+    d.cli_ok(&["set", "198.18.7.0/24", "--rate", "50/s", "--fleet"]);
+    d.cli_ok(&["deny", "198.18.0.9"]);
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let config = h.config().to_string();
+    let out = h
+        .daemon_command(&["--config", &config])
+        .output()
+        .expect("ratelimit run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("default")
+            && err.contains("198.18.7.0/24")
+            && err.contains("--drop-fleet-rules"),
+        "the refusal names the rules and the way out: {err}"
+    );
+    let d = h.daemon(&["--config", &config, "--drop-fleet-rules"]);
+    let list = d.json(&["list"]);
+    let rules = list["rules"].as_array().expect("rules");
+    assert_eq!(rules.len(), 1, "only the deny stays: {list}");
+    assert_eq!(rules[0]["cidr"], "198.18.0.9/32", "{list}");
+    assert_eq!(list["default"]["fleet"], false, "{list}");
+    assert_eq!(list["default"]["rate"]["per_second"], 100, "{list}");
+}
+
+/// `explain` says which rule judges a frame and why the others do not, the
+/// case that surprised an operator first: a /28's limit takes the game
+/// port's frames from its sources (the longest prefix wins). Under a flood,
+/// the source's state shows: tracked, nothing left, the next admission
+/// within one token's time. `get` gives the state under every rule.
+#[test]
+fn explain_names_the_judging_rule_and_get_the_sources_state() {
+    privileged!("explain_names_the_judging_rule_and_get_the_sources_state");
+    let toml = "[default]\nrate = \"100/s\"\nburst = 50\n\n[[rule]]\ncidr = \"198.18.0.0/24\"\nproto = \"udp\"\ndport = \"27015\"\nrate = \"50/s\"\n\n[[rule]]\ncidr = \"198.18.0.16/28\"\nrate = \"10/s\"\nburst = 5\n";
+    let (h, d) = Host::with_config("explain", toml, &[]);
+    let src = ip("198.18.0.20");
+    let game = ["--proto", "udp", "--dport", "27015"];
+    let mut args = vec!["explain", "198.18.0.20"];
+    args.extend_from_slice(&game);
+    let before = d.json(&args);
+    assert_eq!(before["judged_by"]["kind"], "rule", "{before}");
+    assert_eq!(before["judged_by"]["name"], "198.18.0.16/28", "{before}");
+    assert_eq!(before["action"], "limit 10/s burst 5 per /32", "{before}");
+    let beaten = before["beaten"].as_array().expect("beaten");
+    let port_rule = beaten
+        .iter()
+        .find(|b| b["name"] == "198.18.0.0/24 udp dport 27015")
+        .unwrap_or_else(|| panic!("the port rule is not among the beaten: {before}"));
+    assert!(
+        port_rule["why"]
+            .as_str()
+            .unwrap_or("")
+            .contains("longer prefix"),
+        "{port_rule}"
+    );
+    assert!(beaten.iter().any(|b| b["kind"] == "default"), "{before}");
+    assert_eq!(before["state"]["tracked"], false, "{before}");
+    assert_eq!(
+        before["state"]["remaining"], 4,
+        "a full bucket of 5: {before}"
+    );
+    // Outside the /28 the port rule judges.
+    let other = d.json(&[
+        "explain",
+        "198.18.0.5",
+        "--proto",
+        "udp",
+        "--dport",
+        "27015",
+    ]);
+    assert_eq!(
+        other["judged_by"]["name"], "198.18.0.0/24 udp dport 27015",
+        "{other}"
+    );
+
+    let rx = h.pair.receiver(27015);
+    let sender = h
+        .pair
+        .send_async(&[h.pair.flow(src, 27015, 200)], Duration::from_millis(2500));
+    sleep(Duration::from_millis(1200));
+    let during = d.json(&args);
+    let got = d.json(&["get", "198.18.0.20"]);
+    sender.join().expect("sender");
+    drop(rx);
+    let state = &during["state"];
+    assert_eq!(state["tracked"], true, "{during}");
+    assert_eq!(state["key"], "198.18.0.20/32", "{during}");
+    assert_eq!(state["algorithm"], "gcra", "{during}");
+    assert_eq!(state["remaining"], 0, "flooded at 20x: {during}");
+    let next = state["next_admission_in_s"]
+        .as_f64()
+        .expect("a next admission");
+    assert!(
+        (0.0..=0.1).contains(&next),
+        "one token takes 0.1 s: {during}"
+    );
+    assert!(state["age_s"].as_f64().unwrap_or(0.0) > 0.0, "{during}");
+    let states = got["states"].as_array().expect("states");
+    let rules: Vec<&str> = states.iter().filter_map(|s| s["rule"].as_str()).collect();
+    assert_eq!(
+        rules,
+        ["198.18.0.16/28", "198.18.0.0/24 udp dport 27015", "default"],
+        "every limit rule holding the source, the most specific first: {got}"
+    );
+    assert_eq!(states[0]["tracked"], true, "{got}");
+    assert_eq!(
+        states[2]["tracked"], false,
+        "no frame met the default: {got}"
+    );
+    let bad = d.cli(&["explain", "not-an-address"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("SOURCE"),
+        "{bad:?}"
+    );
+}

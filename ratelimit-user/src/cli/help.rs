@@ -60,6 +60,13 @@ Examples:
   ratelimit mode allowlist-only
   ratelimit mode normal";
 
+/// `ratelimit reset`.
+pub const RESET: &str = "\
+Examples:
+  ratelimit reset
+  ratelimit reset --live
+  ratelimit reset --config";
+
 /// `ratelimit reload`.
 pub const RELOAD: &str = "\
 Examples:
@@ -95,8 +102,8 @@ Examples:
 pub const SERVE: &str = "\
 Examples:
   ratelimit serve --redis redis://127.0.0.1:6379
-  ratelimit serve --redis redis+cluster://198.18.0.10:7000,198.18.0.11:7000 --listen :9478
-  ratelimit serve --redis redis://127.0.0.1:6379 --max-connections 4096 --idle-timeout 10s";
+  ratelimit serve --redis redis+cluster://198.18.0.10:7000,198.18.0.11:7000 --listen :9478 --max-connections 4096
+  ratelimit serve --redis redis://127.0.0.1:6379 --config /etc/ratelimit/serve.toml --grpc-listen 127.0.0.1:8081 --tls-cert cert.pem --tls-key key.pem";
 
 /// `ratelimit check`.
 pub const CHECK: &str = "\
@@ -104,6 +111,31 @@ Examples:
   ratelimit check --config /etc/ratelimit/eth0.toml
   ratelimit check --config next.toml --json
   ratelimit check --config big.toml --max-rules 65536";
+
+/// `ratelimit explain`.
+pub const EXPLAIN: &str = "\
+Examples:
+  ratelimit explain 198.18.0.20
+  ratelimit explain 198.18.0.20 --proto udp --dport 27015
+  ratelimit explain 2001:db8::7 --proto tcp --dport 443 --syn --json";
+
+/// `ratelimit get`.
+pub const GET: &str = "\
+Examples:
+  ratelimit get 198.18.0.20
+  ratelimit get 2001:db8::7 --json";
+
+/// `ratelimit detach`.
+pub const DETACH: &str = "\
+Examples:
+  ratelimit detach
+  ratelimit detach --iface eth0";
+
+/// `ratelimit gc`.
+pub const GC: &str = "\
+Examples:
+  ratelimit gc
+  ratelimit gc --json";
 
 /// `ratelimit completions`.
 pub const COMPLETIONS: &str = "\

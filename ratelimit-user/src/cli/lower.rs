@@ -27,7 +27,7 @@ use crate::{
 impl ServeArgs {
     /// The validated options: each flag's error names it and its forms.
     pub fn options(&self) -> Result<crate::serve::Options> {
-        use crate::serve::{DEFAULT_PORT, MAX_MAX_BODY, MAX_TIMEOUT, Options};
+        use crate::serve::{DEFAULT_GRPC_PORT, DEFAULT_PORT, MAX_MAX_BODY, MAX_TIMEOUT, Options};
         let timeout = |flag: &str, s: &str| -> Result<Duration> {
             let d = Duration::from_nanos(parse_duration(flag, s)?);
             if d < Duration::from_millis(1) || d > MAX_TIMEOUT {
@@ -71,6 +71,13 @@ impl ServeArgs {
             idle_timeout: timeout("--idle-timeout", &self.idle_timeout)?,
             body_timeout: timeout("--body-timeout", &self.body_timeout)?,
             max_body: max_body as usize,
+            config: self.config.clone(),
+            grpc_listen: self
+                .grpc_listen
+                .as_deref()
+                .map(|a| crate::host::listen::listen_addr("--grpc-listen", a, DEFAULT_GRPC_PORT))
+                .transpose()?,
+            tls: self.tls_cert.clone().zip(self.tls_key.clone()),
         })
     }
 }
@@ -161,6 +168,8 @@ impl RunArgs {
             metrics,
             fleet: self.fleet.clone(),
             fleet_fallback: self.fleet_fallback,
+            drop_fleet_rules: self.drop_fleet_rules,
+            crowdsec: self.crowdsec.options()?,
             load: LoadOptions {
                 state_capacity: self.max_sources,
                 state_capacity_v6: self.max_sources_v6,
@@ -200,6 +209,13 @@ impl MatchArgs {
     /// `ratelimit list` writes a selector) with these matches: errors name
     /// `CIDR` and the match flags.
     pub(super) fn selector(&self, cidr: &str) -> Result<Selector> {
+        if cidr.trim() == "default" {
+            // `set default` is the one command where the word is a rule.
+            return Err(Error::invalid(
+                "CIDR",
+                "the default rule is never removed, allowed or denied: change it with `ratelimit set default --rate …`; `ratelimit reset` removes every other rule",
+            ));
+        }
         let mut s = Selector::parse("CIDR", cidr)?;
         let m = &mut s.matches;
         if let Some(t) = &self.to {

@@ -13,7 +13,8 @@ use crate::{
         rules::{Fragments, Mode, Unjudged},
     },
     protocol::answer::{
-        Change, FleetTop, ListChange, RuleView, Rules, Stats, Status, Top,
+        Change, Explained, FleetTop, JudgeKind, Judged, KeyState, ListChange, RuleView, Rules,
+        States, Stats, Status, Top,
         rules::{Counters, Origin},
     },
 };
@@ -283,6 +284,24 @@ pub(super) fn stats(data: &Stats) {
     for (name, n) in &data.events {
         println!("{:<18} {:>12}", name, n);
     }
+    if !data.crowdsec.is_empty() {
+        println!();
+        println!(
+            "{:<18} {:>12} {:>12} {:>18}",
+            "crowdsec origin", "entries", "dropped", "dropped bytes"
+        );
+        for o in &data.crowdsec {
+            println!(
+                "{:<18} {:>12} {:>12} {:>18}",
+                o.origin, o.entries, o.dropped_packets, o.dropped_bytes
+            );
+        }
+    }
+}
+
+/// `bytes` for people: `88.0 MiB`.
+pub(super) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
 /// `ratelimit status`: one field a line, by name, its value as JSON.
@@ -292,6 +311,76 @@ pub(super) fn status(data: &Status) {
             println!("{k:16} {v}");
         }
     }
+}
+
+/// `ratelimit explain`.
+pub(super) fn explained(e: &Explained) {
+    println!("{}", e.frame);
+    println!(
+        "  judged by {}: {}",
+        judge_name(&e.judged_by),
+        e.judged_by.rule
+    );
+    if e.mode != crate::model::rules::Mode::Normal {
+        println!("  does: {} (mode {})", e.action, e.mode.name());
+    }
+    if let Some(s) = &e.state {
+        println!("  {}", state_line(s));
+    }
+    for b in &e.beaten {
+        println!(
+            "  not by {} ({}): {}",
+            judge_name(&b.judge),
+            b.judge.rule,
+            b.why
+        );
+    }
+    if !e.not_given.is_empty() {
+        println!(
+            "  (not given: {}; a rule that needs them was taken as not matching)",
+            e.not_given.join(", ")
+        );
+    }
+}
+
+/// `ratelimit get`.
+pub(super) fn states(s: &States) {
+    if s.states.is_empty() {
+        println!("{}: no limit rule holds it", s.source);
+    }
+    for k in &s.states {
+        println!("{}\n  {}", k.rule, state_line(k));
+    }
+}
+
+/// `rule 198.18.0.0/24`, `list bad 198.18.4.0/24`, `the default rule`.
+fn judge_name(j: &Judged) -> String {
+    match j.kind {
+        JudgeKind::Rule => format!("rule {}", j.name),
+        JudgeKind::List => format!("list {}", j.name),
+        JudgeKind::Default => "the default rule".into(),
+    }
+}
+
+/// `key 198.18.0.0/24 (gcra): tracked 12 s, 3 left now` and the like.
+fn state_line(k: &KeyState) -> String {
+    let tracked = match (k.tracked, k.age_s) {
+        (true, Some(age)) => format!(
+            "tracked {}",
+            crate::model::describe::span((age * 1e3) as u64)
+        ),
+        (true, None) => "tracked".into(),
+        (false, _) => "not tracked (its frames meet the new-source budget; a full bucket)".into(),
+    };
+    let next = match (k.admitted_now, k.next_admission_in_s) {
+        (true, _) => format!("a frame passes now, {} left after it", k.remaining),
+        (false, Some(s)) => format!(
+            "a frame is dropped now; the next passes in {}",
+            crate::model::describe::span((s * 1e3).ceil() as u64)
+        ),
+        (false, None) => "a frame is dropped now and never passes (a rate of 0)".into(),
+    };
+    format!("key {} ({}): {tracked}; {next}", k.key, k.algorithm)
 }
 
 /// `ratelimit top`.
@@ -304,6 +393,17 @@ pub(super) fn top(data: &Top) {
         println!(
             "{:<40} {:>5} {:>14} {:>14.0}",
             row.source, row.level, row.dropped, row.dropped_per_s as f64
+        );
+    }
+    if data.top.is_empty() {
+        println!(
+            "(no drops in the last {:.1} s: every source within its limits)",
+            data.window_s
+        );
+    } else {
+        println!(
+            "(an estimate: one drop in {s} per CPU is counted, {s} times, so each count is a multiple of {s} and may be off by up to {s} per CPU)",
+            s = ratelimit_common::DROP_SAMPLE
         );
     }
 }

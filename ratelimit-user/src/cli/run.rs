@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 
 use super::{
     args::{
-        Cli, Command, ListArgs, ListableArgs, ModeArgs, ReadArgs, ReloadArgs, SetArgs, StatsArgs,
-        Target, TopArgs, UnsetArgs,
+        Cli, Command, DetachArgs, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, ModeArgs,
+        ReadArgs, ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
     },
     print,
 };
@@ -20,8 +20,10 @@ use crate::{
     host::input,
     model::lists::{self, ListAction},
     protocol::{
-        self, Connection, Request,
-        answer::{Answer, Changed, FleetTop, ListLoaded, Rules, Stats, Status, Top},
+        self, Connection, Request, ResetScope,
+        answer::{
+            Answer, Changed, Explained, FleetTop, ListLoaded, Rules, States, Stats, Status, Top,
+        },
     },
 };
 
@@ -50,6 +52,10 @@ async fn run_command(command: Command) -> Result<()> {
             daemon::run(opts, shutdown_signal()).await
         }
         Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
+        Command::Gc(g) => gc(g),
+        Command::Detach(d) => detach(d),
+        Command::Explain(e) => explain(e).await,
+        Command::Get(g) => get(g).await,
         Command::Check(a) => {
             if !super::check::command(&a.config, a.json, a.max_rules, a.max_list_entries) {
                 // The report is printed; 2 is invalid input's exit status.
@@ -64,6 +70,7 @@ async fn run_command(command: Command) -> Result<()> {
         Command::Deny(a) => listable(a, ListAction::Deny).await,
         Command::Unset(a) => unset(a).await,
         Command::Mode(m) => mode(m).await,
+        Command::Reset(r) => reset(r).await,
         Command::Reload(r) => reload(r).await,
         Command::List(l) => list(l).await,
         Command::Status(r) => status(r).await,
@@ -178,6 +185,17 @@ async fn mode(m: ModeArgs) -> Result<()> {
     change(daemon, &Request::Mode { mode: m.mode }, m.quiet.quiet).await
 }
 
+/// `ratelimit reset`.
+async fn reset(r: ResetArgs) -> Result<()> {
+    let daemon = protocol::connect(&iface(&r.target)?).await?;
+    let scope = match (r.live, r.config) {
+        (true, _) => ResetScope::Live,
+        (_, true) => ResetScope::Config,
+        _ => ResetScope::All,
+    };
+    change(daemon, &Request::Reset { scope }, r.quiet.quiet).await
+}
+
 /// `ratelimit reload`.
 async fn reload(r: ReloadArgs) -> Result<()> {
     let daemon = protocol::connect(&iface(&r.target)?).await?;
@@ -201,11 +219,153 @@ async fn list(l: ListArgs) -> Result<()> {
 
 /// `ratelimit status`.
 async fn status(r: ReadArgs) -> Result<()> {
-    let status: Status = read(&r.target, &Request::Status).await?;
+    let mut status: Status = read(&r.target, &Request::Status).await?;
+    status.orphaned_pins = crate::kernel::pins::orphans();
+    if !status.orphaned_pins.is_empty() {
+        let bytes: u64 = status.orphaned_pins.iter().map(|o| o.bytes).sum();
+        status.notes.push(format!(
+            "{} of kernel memory held for nothing by {} pin director{} of network namespaces that are gone: `ratelimit gc` removes {}",
+            print::mib(bytes),
+            status.orphaned_pins.len(),
+            if status.orphaned_pins.len() == 1 { "y" } else { "ies" },
+            if status.orphaned_pins.len() == 1 { "it" } else { "them" },
+        ));
+    }
     if r.json {
         print::json(&status);
     } else {
         print::status(&status);
+    }
+    Ok(())
+}
+
+/// An address the user typed, or an error naming `field`.
+fn address(field: &str, s: &str) -> Result<std::net::IpAddr> {
+    s.trim().parse().map_err(|_| {
+        Error::invalid(
+            field,
+            format!("{s:?} is not an IP address: give one like 198.18.0.20 or 2001:db8::7"),
+        )
+    })
+}
+
+/// `ratelimit explain`: asks the daemon (it holds the rules and the maps).
+async fn explain(e: ExplainArgs) -> Result<()> {
+    let probe = crate::kernel::explain::Probe {
+        source: Some(address("SOURCE", &e.source)?),
+        dest: e.to.as_deref().map(|t| address("--to", t)).transpose()?,
+        proto: e
+            .proto
+            .as_deref()
+            .map(|p| crate::model::matching::parse_proto("--proto", p))
+            .transpose()?,
+        dport: e.dport,
+        syn: e.syn,
+        icmp_type: e.icmp_type,
+    };
+    let daemon = protocol::connect(&iface(&e.read.target)?).await?;
+    let answer: Explained = daemon.ask(&Request::Explain { probe }).await?;
+    if e.read.json {
+        print::json(&answer);
+    } else {
+        print::explained(&answer);
+    }
+    Ok(())
+}
+
+/// `ratelimit get`.
+async fn get(g: GetArgs) -> Result<()> {
+    let source = address("SOURCE", &g.source)?;
+    let daemon = protocol::connect(&iface(&g.read.target)?).await?;
+    let answer: States = daemon.ask(&Request::Get { source }).await?;
+    if g.read.json {
+        print::json(&answer);
+    } else {
+        print::states(&answer);
+    }
+    Ok(())
+}
+
+/// Refuses a command on pins to a user other than root.
+fn pins_are_root_s() -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::Permission(
+            "the pins under /sys/fs/bpf are root's; run the command as root (for example with sudo)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `ratelimit detach`: a program pinned and enforcing with no daemon (left
+/// by `--keep-attached`, or a daemon killed) stops: its pins go, and with
+/// the link's the program leaves the interface. Refused while a daemon runs
+/// on the interface (stopping it detaches) and where nothing is pinned. The
+/// saved rules stay for the next daemon.
+fn detach(a: DetachArgs) -> Result<()> {
+    pins_are_root_s()?;
+    let pinned = offline::pinned_here()?;
+    let iface = match (&a.target.iface, pinned.as_slice()) {
+        (Some(i), _) => i.clone(),
+        (None, [one]) => one.clone(),
+        (None, []) => {
+            return Err(Error::Refused(
+                "no program is pinned in this network namespace: nothing to detach".into(),
+            ));
+        }
+        (None, many) => {
+            return Err(Error::invalid(
+                "--iface",
+                format!(
+                    "programs are pinned for {} in this network namespace: say which with --iface",
+                    many.join(", ")
+                ),
+            ));
+        }
+    };
+    if protocol::daemons_here()?.contains(&iface) {
+        return Err(Error::Refused(format!(
+            "a daemon runs on {iface}: stop it (Ctrl-C, or kill -TERM its pid: `ratelimit status --iface {iface}` shows it), and it detaches as it stops; `ratelimit detach` is for a program left enforcing without a daemon"
+        )));
+    }
+    if !pinned.contains(&iface) {
+        return Err(Error::invalid(
+            "--iface",
+            format!("no program is pinned for {iface} in this network namespace"),
+        ));
+    }
+    let id = crate::host::identity::Identity::here(&iface)?;
+    let root = crate::host::identity::find_bpffs()?
+        .ok_or_else(|| Error::Refused("no bpffs holds pins here".into()))?;
+    let dir = crate::host::identity::pin_dir(&root.path, &id);
+    crate::kernel::remove_pins(&dir)?;
+    if !a.quiet.quiet {
+        println!(
+            "detached from {id}: its program and pins are gone; the saved rules stay for the next `ratelimit run --iface {iface}`"
+        );
+    }
+    Ok(())
+}
+
+/// `ratelimit gc`: removes the pins of namespaces that are gone, and says
+/// what it removed and the memory that freed.
+fn gc(g: GcArgs) -> Result<()> {
+    pins_are_root_s()?;
+    let removed = crate::kernel::pins::remove_orphans();
+    if g.json {
+        print::json(&serde_json::json!({ "removed": removed }));
+        return Ok(());
+    }
+    if removed.is_empty() {
+        println!("no pins of network namespaces that are gone");
+    }
+    for o in &removed {
+        println!(
+            "removed {} ({} freed)",
+            o.dir.display(),
+            print::mib(o.bytes)
+        );
     }
     Ok(())
 }
@@ -220,6 +380,13 @@ async fn stats(s: StatsArgs) -> Result<()> {
         if s.watch && tty {
             // Clear the screen and home the cursor.
             print!("\x1b[2J\x1b[H");
+        } else if s.watch && !s.read.json {
+            // Into a pipe each reading follows the last: a line that says
+            // when it was taken tells one from the next.
+            println!(
+                "--- {}",
+                crate::model::describe::rfc3339(crate::host::clock::now_ms())
+            );
         }
         match (s.read.json, s.watch && !tty) {
             (true, true) => print::json_line(&stats),

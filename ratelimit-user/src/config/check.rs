@@ -81,7 +81,7 @@ pub fn file(path: &Path, cli: &RawConfig) -> Result<RuleSet, ConfigErrors> {
 
 /// The line of a TOML syntax error and what it says, on one line (with the
 /// column: the line alone may not show where).
-fn syntax_error(text: &str, e: &toml_edit::TomlError) -> (Option<usize>, String) {
+pub(crate) fn syntax_error(text: &str, e: &toml_edit::TomlError) -> (Option<usize>, String) {
     let at = e.span().map(|s| s.start);
     let column = at
         .and_then(|at| text.get(..at))
@@ -180,8 +180,15 @@ impl Summary {
     }
 }
 
+/// The line of the key or table `field` names (`domain[0].limit[2].rate`)
+/// in `text`, parsed as `doc`: the deepest part of its path the file has.
+/// For the other files read with located errors (`ratelimit serve --config`).
+pub(crate) fn line_of(text: &str, doc: &ImDocument<&str>, field: &str) -> Option<usize> {
+    Located { text, doc }.locate(field)
+}
+
 /// The line (from 1) of byte `offset` of `text`.
-fn line_at(text: &str, offset: usize) -> usize {
+pub(crate) fn line_at(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
     text.as_bytes()[..end]
         .iter()

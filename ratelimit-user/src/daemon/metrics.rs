@@ -95,6 +95,8 @@ pub struct Snapshot {
     pub fleet: Option<crate::fleet::Status>,
     /// The fleet sync's ages, when run with `--fleet`.
     pub fleet_sync: Option<Histogram>,
+    /// The CrowdSec bouncer, when run with `--crowdsec`.
+    pub crowdsec: Option<crate::crowdsec::Status>,
 }
 
 impl Collector for Snapshot {
@@ -210,8 +212,83 @@ impl Collector for Snapshot {
                 vec![(vec![iface.clone()], h.clone())],
             )?;
         }
+        if let Some(c) = &self.crowdsec {
+            crowdsec(&mut encoder, &iface, c)?;
+        }
         Ok(())
     }
+}
+
+/// The CrowdSec bouncer's families: per origin, never per address.
+fn crowdsec(
+    encoder: &mut DescriptorEncoder,
+    iface: &(&'static str, String),
+    c: &crate::crowdsec::Status,
+) -> Result<(), std::fmt::Error> {
+    let by_origin = |f: &dyn Fn(&crate::crowdsec::OriginStatus) -> u64| {
+        c.origins
+            .iter()
+            .map(|o| (vec![iface.clone(), ("origin", o.origin.clone())], f(o)))
+            .collect::<Vec<_>>()
+    };
+    gauge(
+        encoder,
+        "ratelimit_crowdsec_lapi_up",
+        "1 while the last pull of the CrowdSec Local API's decisions was answered and applied.",
+        vec![(vec![iface.clone()], i64::from(c.lapi_up))],
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_crowdsec_decisions",
+        "Addresses and ranges banned by CrowdSec's decisions, by origin.",
+        by_origin(&|o| o.entries as u64)
+            .into_iter()
+            .map(|(l, v)| (l, v as i64))
+            .collect(),
+    )?;
+    counter(
+        encoder,
+        "ratelimit_crowdsec_dropped_packets",
+        "Frames dropped by CrowdSec's decisions, by origin, since the daemon started.",
+        by_origin(&|o| o.dropped_packets),
+    )?;
+    counter(
+        encoder,
+        "ratelimit_crowdsec_dropped_bytes",
+        "Bytes of those frames.",
+        by_origin(&|o| o.dropped_bytes),
+    )?;
+    counter(
+        encoder,
+        "ratelimit_crowdsec_pulls",
+        "Pulls of the decision stream, by result: ok (answered and applied) or failed.",
+        vec![
+            (vec![iface.clone(), ("result", "ok".into())], c.pulls),
+            (
+                vec![iface.clone(), ("result", "failed".into())],
+                c.failed_pulls,
+            ),
+        ],
+    )?;
+    counter(
+        encoder,
+        "ratelimit_crowdsec_ignored",
+        "Decisions not applied, by why: type (not in --crowdsec-types), scope (not Ip or Range), filtered (origin or scenario).",
+        vec![
+            (
+                vec![iface.clone(), ("why", "type".into())],
+                c.ignored.by_type,
+            ),
+            (
+                vec![iface.clone(), ("why", "scope".into())],
+                c.ignored.by_scope,
+            ),
+            (
+                vec![iface.clone(), ("why", "filtered".into())],
+                c.ignored.filtered,
+            ),
+        ],
+    )
 }
 
 /// The fleet's gauges and counters.

@@ -22,6 +22,7 @@
 //! or swapped into the pinned link.
 
 pub mod control;
+mod crowdsec;
 mod handlers;
 pub mod metrics;
 pub mod offline;
@@ -83,6 +84,10 @@ pub struct RunOptions {
     pub fleet: Option<String>,
     /// What fleet-wide rules do while Redis cannot be reached.
     pub fleet_fallback: crate::fleet::Fallback,
+    /// Without `fleet`: remove fleet-wide rules rather than refuse to start.
+    pub drop_fleet_rules: bool,
+    /// The CrowdSec Local API whose decisions are enforced.
+    pub crowdsec: Option<crate::crowdsec::Options>,
 }
 
 impl RunOptions {
@@ -151,6 +156,8 @@ struct Daemon {
     fleet_metrics: Option<crate::fleet::Metrics>,
     /// Writing the fleet heartbeat failed (said once).
     beat_failing: bool,
+    /// The CrowdSec bouncer's view, when run with --crowdsec.
+    crowdsec: Option<watch::Receiver<crate::crowdsec::Status>>,
     /// Reloads being read and waiting.
     reloads: Reloads,
     /// The list files the saved record names.
@@ -177,7 +184,8 @@ fn lock(id: &Identity) -> Result<Lock> {
     // SAFETY: a valid open fd.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(Error::AlreadyRunning {
-            iface: id.to_string(),
+            iface: id.iface.clone(),
+            place: id.to_string(),
             lock: path,
         });
     }
@@ -194,8 +202,8 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     rundir::check_files(&id)?;
     let lock = lock(&id)?;
     rundir::tidy(&id);
-    for dir in crate::kernel::sweep_stale_pins() {
-        info!(dir = %dir.display(), "removed the pins of a network namespace that is gone (its interfaces went with it; its maps held kernel memory)");
+    for gone in crate::kernel::pins::remove_orphans() {
+        info!(dir = %gone.dir.display(), mib = gone.bytes >> 20, "removed the pins of a network namespace that is gone (its interfaces went with it; its maps held kernel memory)");
     }
     let found = store::load(&id);
     let mut prepared = Enforcer::prepare(&id, &opts.load, opts.reset)?;
@@ -208,12 +216,27 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         }
         other => other.transpose()?,
     };
-    let rules = store::initial(&id, given, found, kernel)?;
-    if opts.fleet.is_none() && rules.effective().has_fleet() {
-        return Err(Error::invalid(
-            "--fleet",
-            "the rules have a fleet-wide limit: run with --fleet REDIS_URL (the Redis the fleet shares)",
-        ));
+    let mut rules = store::initial(&id, given, found, kernel)?;
+    if opts.crowdsec.is_none() && !rules.decisions.is_empty() {
+        let n = rules.decisions.clear();
+        info!(
+            decisions = n,
+            "run without --crowdsec: the CrowdSec decisions saved by the last daemon are not enforced"
+        );
+    }
+    let fleet_rules = rules.fleet_rules();
+    if opts.fleet.is_none() && !fleet_rules.is_empty() {
+        let named = fleet_rules.join(", ");
+        if !opts.drop_fleet_rules {
+            return Err(Error::invalid(
+                "--fleet",
+                format!(
+                    "fleet-wide limits ({named}) need a daemon run with --fleet REDIS_URL (the Redis the fleet shares); to start without the fleet, add --drop-fleet-rules: those rules are removed (a config file's until `ratelimit reload --replace`) and a fleet-wide default rule becomes a limit of this host alone"
+                ),
+            ));
+        }
+        rules.drop_fleet();
+        warn!(rules = %named, "started without --fleet: the fleet-wide rules are removed (--drop-fleet-rules); a fleet-wide default rule is a limit of this host alone");
     }
     let sizes = prepared.maps.capacities();
     if prepared.adopted_maps && sizes != opts.load {
@@ -254,6 +277,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         fleet: None,
         fleet_metrics: None,
         beat_failing: false,
+        crowdsec: None,
         reloads: Reloads::default(),
         list_files: store::ListFiles::default(),
         pins_failing: false,
@@ -297,8 +321,17 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     } else {
         drop(fleet_tx);
     }
+    let (crowdsec_tx, crowdsec_rx) = mpsc::channel::<crate::crowdsec::Job>(1);
+    if let Some(cs) = daemon.opts.crowdsec.clone() {
+        let (status_tx, status_rx) = watch::channel(crate::crowdsec::Status::default());
+        daemon.crowdsec = Some(status_rx);
+        info!(lapi = %cs.lapi.url, every = ?cs.every, "enforcing the decisions of a CrowdSec Local API");
+        tokio::spawn(crate::crowdsec::run(cs, crowdsec_tx, status_tx));
+    } else {
+        drop(crowdsec_tx);
+    }
     daemon
-        .run_loop(shutdown, jobs_rx, metrics_rx, fleet_rx)
+        .run_loop(shutdown, jobs_rx, metrics_rx, fleet_rx, crowdsec_rx)
         .await?;
     let keep = daemon.opts.keep_attached;
     if let Some((task, url, member)) = fleet_task {
@@ -350,6 +383,7 @@ impl Daemon {
         mut jobs: mpsc::Receiver<control::Job>,
         mut metrics_rx: mpsc::Receiver<SnapshotRequest>,
         mut fleet_rx: mpsc::Receiver<crate::fleet::Job>,
+        mut crowdsec_rx: mpsc::Receiver<crate::crowdsec::Job>,
     ) -> Result<()> {
         let mut hup =
             signal(SignalKind::hangup()).map_err(Error::io("installing SIGHUP handler"))?;
@@ -380,6 +414,7 @@ impl Daemon {
                     let _ = reply.send(self.metrics());
                 }
                 Some(job) = fleet_rx.recv() => self.fleet_job(job),
+                Some(job) = crowdsec_rx.recv() => self.crowdsec_job(job),
                 Some((request, reply)) = jobs.recv() => {
                     if let crate::protocol::Request::Reload { replace } = request {
                         // Read off the loop; answered when it is applied.
@@ -480,18 +515,50 @@ impl Daemon {
                 ""
             },
         ));
-        for (p, a) in &set.rules {
+        // Live changes kept from before this start are marked: an operator
+        // who restarts with a changed config sees what does not come from it.
+        let live = |yes: bool| if yes { "  (live)" } else { "" };
+        let mut any_live = self.rules.live.default.is_some();
+        if set.mode != crate::model::rules::Mode::Normal {
             say(format_args!(
-                "ratelimit:   {p}: {}",
-                a.text(Some(p.source.addr.is_ipv4()))
+                "ratelimit:   mode {}{}",
+                set.mode.name(),
+                live(self.rules.live.mode.is_some())
+            ));
+        }
+        for (p, a) in &set.rules {
+            let is_live = self.rules.origin(p) == "live";
+            any_live |= is_live;
+            say(format_args!(
+                "ratelimit:   {p}: {}{}",
+                a.text(Some(p.source.addr.is_ipv4())),
+                live(is_live)
             ));
         }
         for (name, l) in &set.lists {
+            let is_live = self.rules.list_origin(name) == "live";
+            any_live |= is_live;
             say(format_args!(
-                "ratelimit:   {} list {name}: {} entries from {}",
+                "ratelimit:   {} list {name}: {} entries from {}{}",
                 l.action,
                 l.entries.len(),
-                l.source
+                l.source,
+                live(is_live)
+            ));
+        }
+        if any_live || self.rules.live.mode.is_some() {
+            say(format_args!(
+                "ratelimit:   (live: changes made with the CLI before this start, kept on top of {}{}; `ratelimit reset --live` drops them)",
+                if self.opts.config.is_some() {
+                    "the config file"
+                } else {
+                    "the command line's rules"
+                },
+                if self.rules.live.default.is_some() {
+                    ", the default rule among them"
+                } else {
+                    ""
+                },
             ));
         }
     }

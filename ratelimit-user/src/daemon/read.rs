@@ -159,6 +159,7 @@ pub(super) fn stats_of(
             .iter()
             .map(|e| (e.name().to_string(), events[*e as usize]))
             .collect(),
+        crowdsec: Vec::new(),
         pins: None,
         offline: None,
     })
@@ -330,7 +331,7 @@ pub(super) fn status_of(
             };
             let b = facts.baseline;
             let running = Running {
-                mode: facts.mode,
+                attach: facts.mode,
                 adopted: facts.adopted,
                 took_over_link: facts.took_over_link,
                 uptime_s: facts.uptime.as_secs(),
@@ -347,6 +348,7 @@ pub(super) fn status_of(
                 doorkeeper_slots: sizes.seen_slots,
                 keep_attached: facts.keep_attached,
                 fleet: facts.fleet,
+                crowdsec: None,
             };
             (interface, Some(running), None)
         }
@@ -368,8 +370,10 @@ pub(super) fn status_of(
         rules: set.rules.len(),
         lists: set.lists.len(),
         dry_run: set.dry_run,
+        mode: set.mode,
         pins,
         notes,
+        orphaned_pins: Vec::new(),
         daemon,
         offline,
     })

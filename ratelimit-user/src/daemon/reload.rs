@@ -94,7 +94,10 @@ impl Daemon {
         if self.opts.config.is_none() {
             let before = self.rules.clone();
             let done = if ask.replace {
-                let next = Layers::of(self.rules.base.clone());
+                let next = Layers {
+                    decisions: self.rules.decisions.clone(),
+                    ..Layers::of(self.rules.base.clone())
+                };
                 self.apply(next).inspect(|()| info!("live changes dropped"))
             } else {
                 warn!("reload without --config: nothing to read");
@@ -149,7 +152,11 @@ impl Daemon {
             } else {
                 self.rules.live.clone()
             };
-            self.apply(Layers { base, live })?;
+            self.apply(Layers {
+                base,
+                live,
+                decisions: self.rules.decisions.clone(),
+            })?;
             let path = self.opts.config.clone().unwrap_or_default();
             info!(config = %path.display(), replace = ask.replace, "reloaded");
             self.announce();

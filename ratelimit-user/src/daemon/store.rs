@@ -28,6 +28,7 @@ use crate::{
     host::clock::now_ms,
     host::identity::Identity,
     host::rundir,
+    model::decisions::{Decision, Decisions},
     model::lists::{List, ListAction},
     model::overlay::{Expiry, Layers, Overlay},
     model::rules::{Mode, RuleSet, Selector},
@@ -43,6 +44,75 @@ struct Saved {
     base_lists: Vec<SavedList>,
     #[serde(default)]
     live: RawOverlay,
+    /// CrowdSec's decisions, in a file of their own beside the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    crowdsec: Option<SavedDecisions>,
+}
+
+/// CrowdSec's decisions as saved: one a line in `file` (named by their
+/// content, written when they change, not at every change of the rules),
+/// `ID CIDR END_MS ORIGIN`.
+#[derive(Serialize, Deserialize)]
+struct SavedDecisions {
+    file: String,
+    /// Decisions in `file`, to tell a file cut short.
+    count: usize,
+}
+
+impl SavedDecisions {
+    /// The text of `decisions`' file.
+    fn text(decisions: &Decisions) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::with_capacity(decisions.len() * 48);
+        for d in decisions.iter() {
+            let _ = writeln!(s, "{} {} {} {}", d.id, d.prefix, d.until_ms, d.origin);
+        }
+        s
+    }
+
+    /// The decisions, read from `dir`.
+    fn read(&self, dir: &Path) -> std::result::Result<Decisions, String> {
+        if !is_decisions_file_name(&self.file) {
+            return Err(format!(
+                "its CrowdSec decisions file {:?} is not one",
+                self.file
+            ));
+        }
+        let path = dir.join(&self.file);
+        let text = rundir::read(&path)
+            .map_err(|e| format!("its CrowdSec decisions cannot be read ({e})"))?
+            .ok_or_else(|| format!("its CrowdSec decisions file {} is missing", path.display()))?;
+        let mut all = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let bad = || format!("{}:{}: not a saved decision", path.display(), i + 1);
+            let mut words = line.splitn(4, ' ');
+            let (Some(id), Some(cidr), Some(until), Some(origin)) =
+                (words.next(), words.next(), words.next(), words.next())
+            else {
+                return Err(bad());
+            };
+            all.push(Decision {
+                id: id.parse().map_err(|_| bad())?,
+                prefix: crate::model::prefix::Prefix::parse("decision", cidr).map_err(|_| bad())?,
+                until_ms: until.parse().map_err(|_| bad())?,
+                origin: Arc::from(origin),
+            });
+        }
+        if all.len() != self.count {
+            return Err(format!(
+                "its CrowdSec decisions file holds {} decisions, not {} (cut short?)",
+                all.len(),
+                self.count
+            ));
+        }
+        Ok(Decisions::of(all))
+    }
+}
+
+/// Whether `name` is a decisions file's name (`IFACE.crowdsec-HASH.decisions`),
+/// nothing that leads out of the directory.
+fn is_decisions_file_name(name: &str) -> bool {
+    name.contains(".crowdsec-") && name.ends_with(".decisions") && !name.contains('/')
 }
 
 /// A list as saved: its entries one per line in a file of their own beside
@@ -117,9 +187,13 @@ fn is_list_file_name(name: &str) -> bool {
 }
 
 /// The list files already written, by the entries they hold (the same `Arc`
-/// while a list is unchanged): a save writes only the lists it has not.
+/// while a list is unchanged): a save writes only the lists it has not; and
+/// the decisions file last written, with the decisions it holds.
 #[derive(Default)]
-pub struct ListFiles(Vec<(Arc<[crate::model::rules::Prefix]>, String)>);
+pub struct ListFiles(
+    Vec<(Arc<[crate::model::rules::Prefix]>, String)>,
+    Option<(Decisions, String)>,
+);
 
 impl ListFiles {
     /// The file of `l` (entries one per line, named by a hash of them),
@@ -136,6 +210,40 @@ impl ListFiles {
         }
         self.0.push((l.entries.clone(), name.clone()));
         Ok(name)
+    }
+
+    /// The file of `decisions` (named by a hash of its text), written into
+    /// `dir` if it is not there yet; `None` when there are none.
+    fn decisions_file(
+        &mut self,
+        id: &Identity,
+        dir: &Path,
+        decisions: &Decisions,
+    ) -> Result<Option<SavedDecisions>> {
+        if decisions.is_empty() {
+            return Ok(None);
+        }
+        let name = match &self.1 {
+            Some((d, name)) if d.same(decisions) => name.clone(),
+            _ => {
+                let text = SavedDecisions::text(decisions);
+                let name = format!(
+                    "{}.crowdsec-{:016x}.decisions",
+                    id.iface,
+                    fnv1a(text.as_bytes())
+                );
+                let path = dir.join(&name);
+                if !path.exists() {
+                    rundir::write_atomic(&path, text.as_bytes())?;
+                }
+                self.1 = Some((decisions.clone(), name.clone()));
+                name
+            }
+        };
+        Ok(Some(SavedDecisions {
+            file: name,
+            count: decisions.len(),
+        }))
     }
 }
 
@@ -199,7 +307,11 @@ pub fn path(id: &Identity) -> std::path::PathBuf {
 
 /// The saved form of `rules`; `file` names (and writes, if need be) each
 /// list's file.
-fn record(rules: &Layers, file: &mut dyn FnMut(&List) -> Result<String>) -> Result<Saved> {
+fn record(
+    rules: &Layers,
+    file: &mut dyn FnMut(&List) -> Result<String>,
+    crowdsec: Option<SavedDecisions>,
+) -> Result<Saved> {
     let mut list = |n: &str, l: &List| Ok::<_, Error>(SavedList::of(n, l, file(l)?));
     let base_lists = rules
         .base
@@ -240,6 +352,7 @@ fn record(rules: &Layers, file: &mut dyn FnMut(&List) -> Result<String>) -> Resu
             mode: rules.live.mode,
             lists: live_lists,
         },
+        crowdsec,
     })
 }
 
@@ -263,11 +376,19 @@ pub fn stage(id: &Identity, rules: &Layers, files: &mut ListFiles) -> Result<Pen
         .expect("the record is in a directory")
         .to_path_buf();
     let mut keep = Vec::new();
-    let saved = record(rules, &mut |l| {
-        let name = files.file_of(id, &dir, l)?;
-        keep.push(name.clone());
-        Ok(name)
-    })?;
+    let crowdsec = files.decisions_file(id, &dir, &rules.decisions)?;
+    if let Some(c) = &crowdsec {
+        keep.push(c.file.clone());
+    }
+    let saved = record(
+        rules,
+        &mut |l| {
+            let name = files.file_of(id, &dir, l)?;
+            keep.push(name.clone());
+            Ok(name)
+        },
+        crowdsec,
+    )?;
     // The cache keeps only the lists this record names.
     files.0.retain(|(_, name)| keep.contains(name));
     let json = serde_json::to_vec_pretty(&saved).expect("the record serializes");
@@ -280,18 +401,18 @@ pub fn stage(id: &Identity, rules: &Layers, files: &mut ListFiles) -> Result<Pen
 }
 
 impl PendingSave {
-    /// Puts the record in place, then removes the list files it no longer
-    /// names.
+    /// Puts the record in place, then removes the list and decisions files
+    /// it no longer names.
     pub fn commit(self) -> Result<()> {
         self.record.commit()?;
         let prefix = format!("{}.list-", self.iface);
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&prefix)
-                    && is_list_file_name(&name)
-                    && !self.keep.contains(&name)
-                {
+                let ours = (name.starts_with(&prefix) && is_list_file_name(&name))
+                    || (name.starts_with(&format!("{}.crowdsec-", self.iface))
+                        && is_decisions_file_name(&name));
+                if ours && !self.keep.contains(&name) {
                     rundir::remove(&e.path());
                 }
             }
@@ -347,6 +468,7 @@ fn parse(text: &str, dir: &Path) -> std::result::Result<Layers, String> {
                 .map_err(|e| format!("it is not a rules record ({e})"))?,
             base_lists: Vec::new(),
             live: RawOverlay::default(),
+            crowdsec: None,
         }
     };
     let mut base = saved
@@ -391,7 +513,15 @@ fn parse(text: &str, dir: &Path) -> std::result::Result<Layers, String> {
             live.expiring_lists.insert(l.name.clone(), at);
         }
     }
-    let rules = Layers { base, live };
+    let decisions = match &saved.crowdsec {
+        Some(c) => c.read(dir)?,
+        None => Decisions::default(),
+    };
+    let rules = Layers {
+        base,
+        live,
+        decisions,
+    };
     rules
         .effective()
         .validate()
@@ -414,6 +544,7 @@ pub fn initial(
         (Some(base), Found::Rules(saved), _) => Ok(Layers {
             base,
             live: saved.live,
+            decisions: saved.decisions,
         }),
         (Some(base), Found::Damaged(why), _) => {
             error!(
@@ -443,6 +574,7 @@ pub fn initial(
             let rules = Layers {
                 base: RuleSet::default(),
                 live: saved.live,
+                decisions: saved.decisions,
             };
             if let Err(e) = rules.effective().validate() {
                 return Err(Error::Refused(format!(
@@ -497,12 +629,25 @@ mod tests {
 
         /// The record of `rules`, its lists' files written here.
         fn record(&self, rules: &Layers) -> String {
-            let saved = record(rules, &mut |l| {
-                let text = l.text();
-                let name = format!("t.list-{:016x}.entries", fnv1a(text.as_bytes()));
-                std::fs::write(self.0.join(&name), text).unwrap();
-                Ok(name)
-            })
+            let crowdsec = (!rules.decisions.is_empty()).then(|| {
+                let text = SavedDecisions::text(&rules.decisions);
+                let file = format!("t.crowdsec-{:016x}.decisions", fnv1a(text.as_bytes()));
+                std::fs::write(self.0.join(&file), text).unwrap();
+                SavedDecisions {
+                    file,
+                    count: rules.decisions.len(),
+                }
+            });
+            let saved = record(
+                rules,
+                &mut |l| {
+                    let text = l.text();
+                    let name = format!("t.list-{:016x}.entries", fnv1a(text.as_bytes()));
+                    std::fs::write(self.0.join(&name), text).unwrap();
+                    Ok(name)
+                },
+                crowdsec,
+            )
             .unwrap();
             serde_json::to_string(&saved).unwrap()
         }
@@ -677,5 +822,44 @@ mod tests {
         rules.live.lists.insert("firehol".into(), None);
         let back = dir.parse(&dir.record(&rules)).unwrap();
         assert!(!back.effective().lists.contains_key("firehol"));
+    }
+
+    #[test]
+    fn crowdsec_decisions_are_saved_with_their_ends_beside_the_operators_rules() {
+        let mut rules = Layers::of(RuleSet::default());
+        rules
+            .live
+            .rules
+            .insert(p("198.18.0.5/32"), Some(Action::Deny { dry_run: false }));
+        rules.decisions.apply(
+            [
+                Decision::new(7, p("198.18.0.5").source, "cscli", 0, 120_000),
+                Decision::new(8, p("198.18.7.0/24").source, "CAPI", 0, 3_600_000),
+            ],
+            [],
+        );
+        let dir = Dir::new("crowdsec");
+        let back = dir.parse(&dir.record(&rules)).unwrap();
+        assert_eq!(back, rules);
+        assert_eq!(back.list_origin("crowdsec:cscli"), "crowdsec");
+        let e = back.effective();
+        assert_eq!(e.lists["crowdsec:CAPI"].entries.len(), 1);
+        assert!(
+            e.rules.contains_key(&p("198.18.0.5/32")),
+            "the hand-made rule stays"
+        );
+
+        // A decisions file cut short is said, not half read.
+        let text = dir.record(&rules);
+        let file = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().ends_with(".decisions"))
+            .unwrap()
+            .path();
+        let whole = std::fs::read_to_string(&file).unwrap();
+        std::fs::write(&file, whole.lines().next().unwrap()).unwrap();
+        let e = dir.parse(&text).unwrap_err();
+        assert!(e.contains("cut short"), "{e}");
     }
 }

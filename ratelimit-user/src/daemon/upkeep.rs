@@ -133,6 +133,7 @@ impl Daemon {
             rule_counters: self.rule_counters(),
             fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
             fleet_sync: self.fleet_metrics.as_ref().map(|m| m.sync.clone()),
+            crowdsec: self.crowdsec_status(),
         }
     }
 

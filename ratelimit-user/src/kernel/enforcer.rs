@@ -501,31 +501,6 @@ fn attach(
     }
 }
 
-/// Removes the pins of network namespaces that are gone (`ns<cookie>` under
-/// this layout's directory): their interfaces went with them, so nothing
-/// they hold enforces anything, while their maps hold kernel memory (a
-/// `--keep-attached` daemon's, or a killed one's). Nothing is removed when
-/// the live namespaces cannot all be known. Returns the removed directories.
-pub fn sweep_stale_pins() -> Vec<PathBuf> {
-    let Ok(Some(root)) = identity::find_bpffs() else {
-        return Vec::new();
-    };
-    let layout = root.path.join("ratelimit").join(identity::PIN_LAYOUT);
-    let Some((dirs, live)) = rundir::gone_namespaces(&layout) else {
-        return Vec::new();
-    };
-    dirs.into_iter()
-        .filter(|(cookie, _)| !live.contains(cookie))
-        .filter(|(_, dir)| fs::remove_dir_all(dir).is_ok())
-        .map(|(cookie, _)| {
-            root.shown
-                .join("ratelimit")
-                .join(identity::PIN_LAYOUT)
-                .join(format!("ns{cookie}"))
-        })
-        .collect()
-}
-
 /// Removes a pin directory and everything in it, and its namespace's directory
 /// if that is left empty.
 pub fn remove_pins(dir: &Path) -> Result<()> {

@@ -67,6 +67,10 @@ pub struct Maps {
     /// The list entries of the lists last written, reused while the lists
     /// stay the same.
     lists: Option<Arc<ListPlan>>,
+    /// The counted lists' policy rules the program reads, by list name, as
+    /// this daemon last wrote them (`None`: not known yet; those in the
+    /// kernel are read back, without their names).
+    counted: Option<BTreeMap<String, (u32, common::Rule)>>,
 }
 
 /// The name of the recovered list of `action` (list entries read back from
@@ -139,6 +143,7 @@ impl Maps {
             known: typed(t, common::MAP_KNOWN)?,
             held: [None, None],
             lists: None,
+            counted: None,
         })
     }
 
@@ -242,10 +247,59 @@ impl Maps {
             Some(state) => self.own_entries(state.rules.iter())?,
             None => self.own_entries(self.read_trie(which)?.iter())?,
         };
+        let counted = self.counted_rules(&own)?;
         Ok(own
             .into_iter()
-            .filter(|(_, i)| *i != deny_index && *i != allow_index)
+            .filter(|(_, i)| *i != deny_index && *i != allow_index && !counted.contains_key(i))
             .collect())
+    }
+
+    /// The counted lists' policy rules among what `entries` point at, by
+    /// table index: as this daemon wrote them, else read from the table
+    /// (marked [`common::Rule::counted_list`]).
+    fn counted_rules(&self, entries: &[(Selector, u32)]) -> Result<BTreeMap<u32, common::Rule>> {
+        if let Some(counted) = &self.counted {
+            return Ok(counted.values().copied().collect());
+        }
+        let (deny_index, allow_index) = self.policy_indexes();
+        let indexes: std::collections::BTreeSet<u32> = entries
+            .iter()
+            .map(|(_, i)| *i)
+            .filter(|i| *i != deny_index && *i != allow_index)
+            .collect();
+        let mut out = BTreeMap::new();
+        for i in indexes {
+            let rule = self.table_rule(i)?;
+            if rule.counted_list != 0 {
+                out.insert(i, rule);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Each counted list's frames by name (drops for a deny list, passes
+    /// for an allow list), summed over CPUs, since its policy rule was
+    /// written (the daemon's start, or the list's first load).
+    pub fn list_counters(&self) -> Result<BTreeMap<String, Counter>> {
+        let Some(counted) = &self.counted else {
+            return Ok(BTreeMap::new());
+        };
+        counted
+            .iter()
+            .map(|(name, (_, rule))| {
+                let c = self.rule_counters(rule.slot)?;
+                let which = if rule.action == common::action::ALLOW {
+                    common::RuleCounter::Passed
+                } else {
+                    common::RuleCounter::Dropped
+                };
+                let at = common::RuleCounter::ALL
+                    .iter()
+                    .position(|r| *r == which)
+                    .unwrap_or(0);
+                Ok((name.clone(), c[at]))
+            })
+            .collect()
     }
 
     /// The list entries the program reads now: (deny, allow), sorted. A list
@@ -255,13 +309,16 @@ impl Maps {
         let (deny_index, allow_index) = self.policy_indexes();
         let (mut deny, mut allow) = (Vec::new(), Vec::new());
         let entries = self.read_trie(self.active()?)?;
-        for (selector, index) in self.own_entries(entries.iter())? {
+        let own = self.own_entries(entries.iter())?;
+        let counted = self.counted_rules(&own)?;
+        for (selector, index) in own {
             if !selector.matches.is_any() {
                 continue;
             }
-            if index == deny_index {
+            let counted_as = counted.get(&index).map(|r| r.action);
+            if index == deny_index || counted_as == Some(common::action::DENY) {
                 deny.push(selector.source);
-            } else if index == allow_index {
+            } else if index == allow_index || counted_as == Some(common::action::ALLOW) {
                 allow.push(selector.source);
             }
         }
@@ -305,6 +362,7 @@ impl Maps {
                         action,
                         source: "read back from the pinned maps".into(),
                         entries: Arc::from(entries),
+                        counted: false,
                     },
                 );
             }
@@ -328,16 +386,28 @@ impl Maps {
     fn current(&self) -> Result<plan::Current> {
         let config = self.config()?;
         let (deny_index, allow_index) = self.policy_indexes();
+        let active = (config.active_rules & 1) as usize;
         let rules = self
-            .rule_indexes((config.active_rules & 1) as usize)?
+            .rule_indexes(active)?
             .into_iter()
             .map(|(s, i)| Ok((s, (i, self.table_rule(i)?))))
             .collect::<Result<_>>()?;
+        let counted = match &self.counted {
+            Some(c) => c.clone(),
+            None => {
+                let own = self.own_entries(self.read_trie(active)?.iter())?;
+                self.counted_rules(&own)?
+                    .into_iter()
+                    .map(|(i, r)| (format!("#{i}"), (i, r)))
+                    .collect()
+            }
+        };
         Ok(plan::Current {
             default: self.table_rule(config.default_rule)?,
             config,
             rules,
             policies: (self.table_rule(deny_index)?, self.table_rule(allow_index)?),
+            counted,
             table_len: self.table.len(),
             slots: self.rule_state.len(),
             seen_slots: self.seen.len(),
@@ -354,13 +424,18 @@ impl Maps {
     /// and slot, so their buckets carry over.
     pub fn apply(&mut self, set: &RuleSet) -> Result<()> {
         let current = self.current()?;
-        let lists = self.lists_of(set);
         let host = plan::Host {
             fresh_seed: random_seed(),
             local_ports: local_ports(),
         };
-        let plan = plan::plan(set, &current, lists, host)?;
-        self.execute(plan)
+        let plan = plan::plan(set, &current, self.lists.clone(), host)?;
+        // The list entries are kept for the next plan, which reuses them
+        // while the lists stay the same.
+        self.lists = Some(plan.lists.clone());
+        let counted = plan.counted.clone();
+        self.execute(plan)?;
+        self.counted = Some(counted);
+        Ok(())
     }
 
     /// Writes what `plan` decided, in its order; the config last.
@@ -428,19 +503,6 @@ impl Maps {
             .map(|i| i.max_entries())
             .unwrap_or(0)
             .saturating_sub(self.rules_capacity()) as usize
-    }
-
-    /// The trie entries of `set`'s lists ([`ListPlan::build`]): the last ones
-    /// made if the lists are the same, else made anew.
-    fn lists_of(&mut self, set: &RuleSet) -> Arc<ListPlan> {
-        if let Some(lists) = &self.lists
-            && lists.made_of(set)
-        {
-            return lists.clone();
-        }
-        let lists = Arc::new(ListPlan::build(set, self.policy_indexes()));
-        self.lists = Some(lists.clone());
-        lists
     }
 
     /// Makes trie `which` (the one the program does not read) hold exactly
@@ -686,6 +748,11 @@ impl Maps {
         } else {
             self.state.insert(key, state, 0)
         };
+    }
+
+    /// The wide state of one key, if tracked.
+    pub fn wide_state(&self, key: &FlowKey) -> Option<common::WideState> {
+        self.wide.get(key, 0).ok()
     }
 
     /// Deletes the wide state of `key` (tests).

@@ -6,7 +6,9 @@
 //! raw `bpf(2)` commands aya does not wrap).
 
 mod enforcer;
+pub mod explain;
 mod maps;
+pub mod pins;
 pub mod plan;
 pub mod sys;
 
@@ -18,7 +20,7 @@ use ratelimit_common::{
     MAP_STATE_V4,
 };
 
-pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins, sweep_stale_pins};
+pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins};
 pub use maps::Maps;
 
 /// The name of the link's pin in a daemon's pin directory.
@@ -161,6 +163,22 @@ impl LoadOptions {
         self.size(&mut loader);
         loader
     }
+}
+
+/// Now on the clock the program decides by: CLOCK_MONOTONIC
+/// (`bpf_ktime_get_ns`), or its coarse form (`bpf_ktime_get_coarse_ns`).
+pub fn program_clock_ns(clock: crate::model::rules::Clock) -> u64 {
+    let id = match clock {
+        crate::model::rules::Clock::Precise => libc::CLOCK_MONOTONIC,
+        crate::model::rules::Clock::Coarse => libc::CLOCK_MONOTONIC_COARSE,
+    };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.

@@ -38,35 +38,52 @@ pub type TrieEntries = HashMap<TrieKey, u32>;
 #[derive(Debug)]
 pub struct ListPlan {
     /// The lists it was made of: name, action, entries (the same `Arc` while
-    /// a list is unchanged).
-    from: Vec<(String, ListAction, Arc<[Prefix]>)>,
+    /// a list is unchanged), the policy rule its entries point at.
+    from: Vec<(String, ListAction, Arc<[Prefix]>, u32)>,
     /// Key → policy rule index.
     pub entries: TrieEntries,
 }
 
+/// The table index of each counted list's own policy rule, by list name.
+pub type CountedIndexes = BTreeMap<String, u32>;
+
 impl ListPlan {
-    fn of(set: &RuleSet) -> Vec<(String, ListAction, Arc<[Prefix]>)> {
+    fn of(
+        set: &RuleSet,
+        policies: (u32, u32),
+        counted: &CountedIndexes,
+    ) -> Vec<(String, ListAction, Arc<[Prefix]>, u32)> {
         set.lists
             .iter()
-            .map(|(n, l)| (n.clone(), l.action, l.entries.clone()))
+            .map(|(n, l)| {
+                let index = counted.get(n).copied().unwrap_or(match l.action {
+                    ListAction::Deny => policies.0,
+                    ListAction::Allow => policies.1,
+                });
+                (n.clone(), l.action, l.entries.clone(), index)
+            })
             .collect()
     }
 
     /// Whether this plan was made of `set`'s lists as they are (the same
     /// entries, not equal ones: comparing a million entries would cost what
-    /// the plan saves).
-    pub fn made_of(&self, set: &RuleSet) -> bool {
-        let from = Self::of(set);
+    /// the plan saves), pointing at the same policy rules.
+    pub fn made_of(&self, set: &RuleSet, policies: (u32, u32), counted: &CountedIndexes) -> bool {
+        let from = Self::of(set, policies, counted);
         self.from.len() == from.len()
             && self
                 .from
                 .iter()
                 .zip(&from)
-                .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && Arc::ptr_eq(&a.2, &b.2))
+                .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && Arc::ptr_eq(&a.2, &b.2) && a.3 == b.3)
     }
 
     /// The trie entries of `set`'s lists, pointing at the policy rules
-    /// `policies` (deny, allow).
+    /// `policies` (deny, allow), or, for a counted list, at its own
+    /// (`counted`).
+    ///
+    /// A prefix in two lists of one action is entered once, for the first
+    /// list in name order (its frames are counted there).
     ///
     /// Precedence: a rule without a match at exactly a list entry's CIDR wins
     /// over it (explicit beats bulk: the entry is *shadowed*: the rule's
@@ -77,29 +94,22 @@ impl ListPlan {
     /// the list entry. Otherwise the longest prefix wins, as between rules (an
     /// allow list /32 inside a denied /16 passes; a deny list /32 inside an
     /// *allow rule's* /16 is dropped).
-    pub fn build(set: &RuleSet, policies: (u32, u32)) -> Self {
-        let (deny_index, allow_index) = policies;
+    pub fn build(set: &RuleSet, policies: (u32, u32), counted: &CountedIndexes) -> Self {
         let allowed = Allowed::of(set.lists.values());
         let total: usize = set.lists.values().map(|l| l.entries.len()).sum();
         let mut entries = TrieEntries::with_capacity(total);
+        let from = Self::of(set, policies, counted);
         for action in [ListAction::Allow, ListAction::Deny] {
-            let index = match action {
-                ListAction::Deny => deny_index,
-                ListAction::Allow => allow_index,
-            };
-            for list in set.lists.values().filter(|l| l.action == action) {
-                for p in list.entries.iter() {
+            for (name, _, _, index) in from.iter().filter(|l| l.1 == action) {
+                for p in set.lists[name].entries.iter() {
                     if action == ListAction::Deny && allowed.covers(p) {
                         continue;
                     }
-                    entries.entry(p.lpm()).or_insert(index);
+                    entries.entry(p.lpm()).or_insert(*index);
                 }
             }
         }
-        Self {
-            from: Self::of(set),
-            entries,
-        }
+        Self { from, entries }
     }
 }
 
@@ -146,6 +156,10 @@ pub struct Current {
     pub rules: BTreeMap<Selector, (u32, common::Rule)>,
     /// The unjudged-frame policies' table entries as they are: (deny, allow).
     pub policies: (common::Rule, common::Rule),
+    /// The counted lists' own policy rules the program reads, by list name:
+    /// (table index, rule). One read back from the kernel has no name: it
+    /// is keyed `#INDEX`, which no list is named.
+    pub counted: BTreeMap<String, (u32, common::Rule)>,
     /// Rule-table entries in all; the last two are the policies'.
     pub table_len: u32,
     /// Rule-state slots, the default rule's (0) included.
@@ -214,12 +228,16 @@ pub struct Plan {
     pub trie: Vec<(Prefix, u32)>,
     /// That trie's list entries.
     pub lists: Arc<ListPlan>,
+    /// The counted lists' own policy rules, by list name: (table index,
+    /// rule).
+    pub counted: BTreeMap<String, (u32, common::Rule)>,
     /// The config that switches the program to the idle trie.
     pub config: common::Config,
 }
 
-/// Plans writing `set` whole over what the kernel holds (`now`), with the
-/// list entries `lists` (made by [`ListPlan::build`] for `set`).
+/// Plans writing `set` whole over what the kernel holds (`now`); the list
+/// entries are `lists` when they were made for `set`'s lists as they are
+/// (the last plan's, reused), else made anew.
 ///
 /// Prefixes that stay keep their rule id and slot, so their buckets carry
 /// over; a rule that changes is written to a free place of the rule table
@@ -227,18 +245,28 @@ pub struct Plan {
 /// before the config's write leaves the kernel enforcing exactly what it
 /// did. Every value is computed and checked here: what does not fit is an
 /// error before anything is written.
-pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> Result<Plan> {
+pub fn plan(
+    set: &RuleSet,
+    now: &Current,
+    lists: Option<Arc<ListPlan>>,
+    host: Host,
+) -> Result<Plan> {
     let idle = 1 - (now.config.active_rules & 1) as usize;
     let capacity = now.rules_capacity();
-    if set.rules.len() > capacity as usize {
+    let counted_lists = set.lists.values().filter(|l| l.counted).count();
+    if set.rules.len() + counted_lists > capacity as usize {
         return Err(Error::Capacity {
-            what: "rules".into(),
-            wanted: set.rules.len(),
+            what: if counted_lists == 0 {
+                "rules".into()
+            } else {
+                "rules and counted lists (CrowdSec's origins, a rule each)".into()
+            },
+            wanted: set.rules.len() + counted_lists,
             capacity: capacity as usize,
             option: "--max-rules",
         });
     }
-    let (rules, default) = identities(set, now)?;
+    let (rules, default, counted) = identities(set, now)?;
     let mut config = set.kernel_config()?;
     config.new_states = config.new_states.succeeding(&now.config.new_states);
     config.hash_seed = if now.config.hash_seed != 0 {
@@ -249,8 +277,18 @@ pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> R
     config.seen_mask = now.seen_slots - 1;
     config.local_ports = host.local_ports;
     config.active_rules = idle as u32;
-    let placed = place(set, now, &rules, &default)?;
+    let placed = place(set, now, &rules, &default, &counted)?;
     config.default_rule = placed.default_index;
+    let indexes: CountedIndexes = placed
+        .counted
+        .iter()
+        .map(|(n, (i, _))| (n.clone(), *i))
+        .collect();
+    let policy_indexes = now.policy_indexes();
+    let lists = match lists {
+        Some(l) if l.made_of(set, policy_indexes, &indexes) => l,
+        _ => Arc::new(ListPlan::build(set, policy_indexes, &indexes)),
+    };
     let group_base = idle as u32 * GROUPS_CAPACITY;
     let compiled = matching::compile(
         &placed.entries,
@@ -292,6 +330,15 @@ pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> R
         &default,
         (now.default.id == default.id).then_some(&now.default),
     ));
+    for (name, (_, rule)) in &placed.counted {
+        if now
+            .counted
+            .get(name)
+            .is_none_or(|(_, r)| r.slot != rule.slot)
+        {
+            fresh_counters.push(rule.slot);
+        }
+    }
     let groups = compiled
         .groups
         .into_iter()
@@ -306,21 +353,36 @@ pub fn plan(set: &RuleSet, now: &Current, lists: Arc<ListPlan>, host: Host) -> R
         idle,
         trie: compiled.trie,
         lists,
+        counted: placed.counted,
         config,
     })
 }
+
+/// What [`identities`] gives: each rule with its selector, the default
+/// rule, each counted list's policy rule with its list's name.
+type Identified = (
+    Vec<(Selector, common::Rule)>,
+    common::Rule,
+    Vec<(String, common::Rule)>,
+);
 
 /// Each rule of `set` in the kernel's form with its id and slot, and the
 /// default rule's: a rule that carries over keeps both; a new one gets a
 /// fresh id and a slot no old rule had if there is one (a removed rule's
 /// frames may still meet its slot while the change is written), else a
 /// released one. Slot 0 is the default rule's.
-fn identities(
-    set: &RuleSet,
-    now: &Current,
-) -> Result<(Vec<(Selector, common::Rule)>, common::Rule)> {
+///
+/// A counted list keeps its policy rule (id, slot and table entry: a
+/// constant) while it keeps its name and action; a new one gets a fresh id
+/// and a slot as a new rule does.
+fn identities(set: &RuleSet, now: &Current) -> Result<Identified> {
     let old = &now.rules;
-    let mut ids = Ids::after(old.values().map(|(_, r)| r.id).chain([now.default.id]));
+    let mut ids = Ids::after(
+        old.values()
+            .chain(now.counted.values())
+            .map(|(_, r)| r.id)
+            .chain([now.default.id]),
+    );
     let mut rules = Vec::with_capacity(set.rules.len());
     let mut taken = BTreeSet::from([0u32]);
     for (selector, action) in &set.rules {
@@ -335,24 +397,51 @@ fn identities(
         }
         rules.push((*selector, set.mode.rule(rule)));
     }
-    let old_slots: BTreeSet<u32> = old.values().map(|(_, r)| r.slot).collect();
+    let mut counted = Vec::new();
+    for (name, list) in set.lists.iter().filter(|(_, l)| l.counted) {
+        let mut rule = counted_list_rule(list.action)?;
+        match now.counted.get(name) {
+            Some((_, previous)) if previous.action == rule.action => {
+                rule.id = previous.id;
+                rule.slot = previous.slot;
+                taken.insert(rule.slot);
+            }
+            _ => rule.id = ids.fresh()?,
+        }
+        counted.push((name.clone(), rule));
+    }
+    let old_slots: BTreeSet<u32> = old
+        .values()
+        .chain(now.counted.values())
+        .map(|(_, r)| r.slot)
+        .collect();
     // Slots no rule had first, then the removed rules' slots: two disjoint
     // ascending runs, each walked once.
     let mut unused = (1..now.slots).filter(|i| !taken.contains(i) && !old_slots.contains(i));
     let mut released = (1..now.slots).filter(|i| !taken.contains(i) && old_slots.contains(i));
-    for (selector, rule) in rules.iter_mut() {
-        if old.get(selector).is_some_and(|(_, p)| p.id == rule.id) {
-            continue;
-        }
-        rule.slot = unused
+    let wanted = set.rules.len() + counted.len();
+    let mut next_slot = || {
+        unused
             .next()
             .or_else(|| released.next())
             .ok_or(Error::Capacity {
                 what: "rules".into(),
-                wanted: set.rules.len(),
+                wanted,
                 capacity: now.slots as usize - 1,
                 option: "--max-rules",
-            })?;
+            })
+    };
+    for (selector, rule) in rules.iter_mut() {
+        if old.get(selector).is_some_and(|(_, p)| p.id == rule.id) {
+            continue;
+        }
+        rule.slot = next_slot()?;
+    }
+    for (name, rule) in counted.iter_mut() {
+        if now.counted.get(name).is_some_and(|(_, p)| p.id == rule.id) {
+            continue;
+        }
+        rule.slot = next_slot()?;
     }
     let mut default = set.default.to_kernel(0, "default")?;
     default.id = if carry_over(&now.default.in_normal_mode(), &mut default) {
@@ -361,7 +450,20 @@ fn identities(
         ids.fresh()?
     };
     default.slot = 0;
-    Ok((rules, set.mode.rule(default)))
+    Ok((rules, set.mode.rule(default), counted))
+}
+
+/// The policy rule of a counted list of `action` (its id and slot to be
+/// given): a constant deny or allow, marked as a list's.
+fn counted_list_rule(action: ListAction) -> Result<common::Rule> {
+    let action = match action {
+        ListAction::Deny => Action::Deny { dry_run: false },
+        ListAction::Allow => Action::Allow,
+    };
+    Ok(common::Rule {
+        counted_list: 1,
+        ..action.to_kernel(0, "counted list")?
+    })
 }
 
 /// Where a plan puts its rules in the rule table.
@@ -372,6 +474,8 @@ struct Placed {
     entries: BTreeMap<Selector, u32>,
     /// The default rule's.
     default_index: u32,
+    /// The counted lists' policy rules: (table index, rule), by list name.
+    counted: BTreeMap<String, (u32, common::Rule)>,
 }
 
 /// Copy on write: a rule that changes goes to a table index no rule the
@@ -383,10 +487,12 @@ fn place(
     now: &Current,
     rules: &[(Selector, common::Rule)],
     default: &common::Rule,
+    counted: &[(String, common::Rule)],
 ) -> Result<Placed> {
     let in_use: BTreeSet<u32> = now
         .rules
         .values()
+        .chain(now.counted.values())
         .map(|(i, _)| *i)
         .chain([now.config.default_rule])
         .collect();
@@ -421,6 +527,16 @@ fn place(
             },
         ));
     }
+    let mut placed_counted = BTreeMap::new();
+    for (name, rule) in counted {
+        let previous = now.counted.get(name).map(|(i, r)| (*i, r));
+        let (index, write) = at(rule, previous)?;
+        let rule = common::Rule { index, ..*rule };
+        if write {
+            table.push((index, rule));
+        }
+        placed_counted.insert(name.clone(), (index, rule));
+    }
     for (index, action, current) in [
         (deny_index, Action::Deny { dry_run: false }, &now.policies.0),
         (allow_index, Action::Allow, &now.policies.1),
@@ -439,6 +555,7 @@ fn place(
         table,
         entries,
         default_index,
+        counted: placed_counted,
     })
 }
 

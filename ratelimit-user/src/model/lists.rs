@@ -69,6 +69,10 @@ pub struct List {
     pub source: String,
     /// The prefixes: host bits cleared, sorted, each once.
     pub entries: Arc<[Prefix]>,
+    /// Whether its frames are counted as its own (its entries point at a
+    /// policy rule of its own, with a counter slot, rather than at the
+    /// shared one): the lists of CrowdSec's decisions, one per origin.
+    pub counted: bool,
 }
 
 impl fmt::Debug for List {
@@ -78,6 +82,7 @@ impl fmt::Debug for List {
             .field("action", &self.action)
             .field("source", &self.source)
             .field("entries", &self.entries.len())
+            .field("counted", &self.counted)
             .finish()
     }
 }
@@ -223,6 +228,7 @@ impl List {
                 action,
                 source: source.to_string(),
                 entries: parsed.entries.clone().into(),
+                counted: false,
             },
             parsed,
         ))

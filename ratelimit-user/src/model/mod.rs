@@ -1,9 +1,10 @@
 //! The rules as the daemon validates and keeps them, with nothing of the
 //! kernel or the wire: rates and durations ([`rate`]), what a rule matches
 //! ([`matching`]), named source lists ([`lists`]), the rule set
-//! ([`rules`]) and how their numbers and times are written for people
+//! ([`rules`]), CrowdSec's decisions ([`decisions`]) and how their numbers and times are written for people
 //! and scripts ([`describe`]).
 
+pub mod decisions;
 pub mod describe;
 pub mod encode;
 pub mod limit;

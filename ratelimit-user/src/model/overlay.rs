@@ -2,7 +2,10 @@
 //! command line's options, or the command line alone) and the **live
 //! changes** on top (`set`, `allow`, `deny`, `unset`, lists, the mode), some
 //! of them for a while (`--for`). What is enforced is the base with the live
-//! changes on top ([`Layers::effective`]).
+//! changes on top ([`Layers::effective`]), and beside them CrowdSec's
+//! decisions (`run --crowdsec`), kept apart: they are CrowdSec's, not the
+//! operator's, so a reload, even `--replace`, leaves them, and they never
+//! touch a rule or list of the operator's.
 //!
 //! Pure: the daemon keeps the layers (`daemon::store` saves them), the
 //! handlers edit them, and time comes in as an argument (Unix ms).
@@ -10,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::{
+    decisions::Decisions,
     lists::List,
     rules::{Action, Mode, RuleSet, Selector},
 };
@@ -50,6 +54,9 @@ pub struct Layers {
     pub base: RuleSet,
     /// Made live, kept until unset.
     pub live: Overlay,
+    /// CrowdSec's decisions: a deny list per origin, each entry ending by
+    /// itself.
+    pub decisions: Decisions,
 }
 
 impl Layers {
@@ -58,6 +65,7 @@ impl Layers {
         Self {
             base,
             live: Overlay::default(),
+            decisions: Decisions::default(),
         }
     }
 
@@ -89,6 +97,9 @@ impl Layers {
                     set.lists.remove(name);
                 }
             }
+        }
+        for (name, list) in self.decisions.lists() {
+            set.lists.insert(name.clone(), list.clone());
         }
         set
     }
@@ -185,6 +196,10 @@ impl Layers {
             self.clear_live_list(&name);
             ended.push(format!("list {name}"));
         }
+        match self.decisions.expire(now_ms) {
+            0 => {}
+            n => ended.push(format!("{n} CrowdSec decision(s)")),
+        }
         ended
     }
 
@@ -192,6 +207,7 @@ impl Layers {
     pub fn has_due(&self, now_ms: u64) -> bool {
         self.live.expiring.values().any(|e| e.at_ms <= now_ms)
             || self.live.expiring_lists.values().any(|at| *at <= now_ms)
+            || self.decisions.next_end().is_some_and(|at| at <= now_ms)
     }
 
     /// Moves what ends by `now_ms` to `by_ms` later (ending it failed).
@@ -206,6 +222,7 @@ impl Layers {
                 *at = now_ms + by_ms;
             }
         }
+        self.decisions.postpone_due(now_ms, by_ms);
     }
 
     /// When the rule of `p` ends, Unix ms, if it is temporary.
@@ -218,9 +235,52 @@ impl Layers {
         self.live.expiring_lists.get(name).copied()
     }
 
-    /// Where the list `name` comes from: `live` or `config`.
+    /// The rules held across a fleet, by name (`default`, a selector).
+    pub fn fleet_rules(&self) -> Vec<String> {
+        let set = self.effective();
+        let fleet = |a: &Action| matches!(a, Action::Limit(l) if l.fleet);
+        fleet(&set.default)
+            .then(|| "default".to_string())
+            .into_iter()
+            .chain(
+                set.rules
+                    .iter()
+                    .filter(|(_, a)| fleet(a))
+                    .map(|(p, _)| p.to_string()),
+            )
+            .collect()
+    }
+
+    /// Removes the rules held across a fleet, as live changes (a config
+    /// file's until `reload --replace`); a fleet-wide default rule becomes
+    /// the same limit held by this host alone.
+    pub fn drop_fleet(&mut self) {
+        let set = self.effective();
+        if let Action::Limit(l) = set.default
+            && l.fleet
+        {
+            self.live.default = Some(Action::Limit(crate::model::limit::Limit {
+                fleet: false,
+                ..l
+            }));
+        }
+        for (p, a) in &set.rules {
+            if !matches!(a, Action::Limit(l) if l.fleet) {
+                continue;
+            }
+            if self.base.rules.contains_key(p) {
+                self.set_live(*p, None, None);
+            } else {
+                self.clear_live(p);
+            }
+        }
+    }
+
+    /// Where the list `name` comes from: `crowdsec`, `live` or `config`.
     pub fn list_origin(&self, name: &str) -> &'static str {
-        if self.live.lists.contains_key(name) {
+        if self.decisions.lists().contains_key(name) {
+            "crowdsec"
+        } else if self.live.lists.contains_key(name) {
             "live"
         } else {
             "config"

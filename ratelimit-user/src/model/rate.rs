@@ -160,14 +160,19 @@ fn amount_suffix(suffix: &str) -> Option<(u64, u64, Unit)> {
     })
 }
 
+/// A unit of time in ns, for durations and rates' periods (a week is 7 days,
+/// a year 365).
 fn period_ns(p: &str) -> Option<u64> {
     Some(match p {
         "ns" => 1,
+        "us" | "µs" => 1_000,
         "ms" => 1_000_000,
         "s" | "sec" | "second" | "seconds" => NS_PER_S,
         "m" | "min" | "minute" | "minutes" => 60 * NS_PER_S,
         "h" | "hour" | "hours" => 3600 * NS_PER_S,
         "d" | "day" | "days" => 86_400 * NS_PER_S,
+        "w" | "week" | "weeks" => 7 * 86_400 * NS_PER_S,
+        "y" | "year" | "years" => 365 * 86_400 * NS_PER_S,
         _ => return None,
     })
 }
@@ -278,9 +283,11 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
 }
 
 /// Forms accepted for a duration, for error messages.
-pub const DURATION_FORMS: &str = "a number and a unit like 500ms, 1s, 1.5s, 30min, 1h or 1d";
+pub const DURATION_FORMS: &str =
+    "a number and a unit like 500ms, 1s, 1.5s, 10m, 30min, 1h, 7d, 2w or 1y";
 
-/// Parses a duration (`500ms`, `1s`, `1.5s`, `30min`, `1h`, `1d`, `250ns`) into ns.
+/// Parses a duration (`500ms`, `1s`, `1.5s`, `30min`, `1h`, `1d`, `2w`, `1y`,
+/// `250ns`) into ns. A year is 365 days.
 pub fn parse_duration(field: &str, s: &str) -> Result<u64> {
     let bad = |why: &str| {
         Error::invalid(
@@ -291,15 +298,8 @@ pub fn parse_duration(field: &str, s: &str) -> Result<u64> {
     let (number, unit) = split_number(s.trim());
     let (mantissa, scale) = parse_decimal(number).ok_or_else(|| bad("not a number"))?;
     let unit_ns: u64 = match unit {
-        "ns" => 1,
-        "us" | "µs" => 1_000,
-        "ms" => 1_000_000,
-        "s" | "sec" | "second" | "seconds" => NS_PER_S,
-        "m" | "min" | "minute" | "minutes" => 60 * NS_PER_S,
-        "h" | "hour" | "hours" => 3600 * NS_PER_S,
-        "d" | "day" | "days" => 86_400 * NS_PER_S,
         "" => return Err(bad("no unit")),
-        _ => return Err(bad("unknown unit")),
+        _ => period_ns(unit).ok_or_else(|| bad("unknown unit"))?,
     };
     let ns = u128::from(mantissa) * u128::from(unit_ns);
     let den = u128::from(10u64.pow(scale));
@@ -510,6 +510,12 @@ mod tests {
         assert_eq!(parse_duration("w", "24h").unwrap(), 86_400 * NS_PER_S);
         assert_eq!(parse_duration("w", "30min").unwrap(), 1800 * NS_PER_S);
         assert_eq!(parse_duration("w", "7ns").unwrap(), 7);
+        // `--for 10y` as the README's bans read: a year is 365 days.
+        assert_eq!(parse_duration("w", "2w").unwrap(), 14 * 86_400 * NS_PER_S);
+        assert_eq!(
+            parse_duration("w", "10y").unwrap(),
+            3650 * 86_400 * NS_PER_S
+        );
         for bad in ["", "5", "0s", "1fortnight", "x"] {
             let e = parse_duration("--window", bad).expect_err(bad).to_string();
             assert!(e.starts_with("--window: invalid duration"), "{e}");

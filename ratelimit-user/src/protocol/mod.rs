@@ -25,7 +25,7 @@ pub mod socket;
 use std::path::PathBuf;
 
 pub use answer::Answer;
-pub use request::{LevelPatch, LimitPatch, NewSourcesGiven, Request, SetTarget};
+pub use request::{LevelPatch, LimitPatch, NewSourcesGiven, Request, ResetScope, SetTarget};
 pub use response::Response;
 pub use socket::{Connection, call, connect, daemons_here, only_daemon};
 

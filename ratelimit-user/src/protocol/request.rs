@@ -90,6 +90,11 @@ pub enum Request {
         /// Normal or allowlist-only.
         mode: Mode,
     },
+    /// A clean slate: remove rules and lists, leaving the default rule.
+    Reset {
+        /// Which layer.
+        scope: ResetScope,
+    },
     /// Read the config file again (keeping live changes unless `replace`).
     Reload {
         /// Drop the live changes: the file alone.
@@ -120,6 +125,16 @@ pub enum Request {
         /// How many keys per rule.
         n: usize,
     },
+    /// Which rule judges a frame, and why.
+    Explain {
+        /// The frame.
+        probe: crate::kernel::explain::Probe,
+    },
+    /// A source's state under every limit rule that may judge it.
+    Get {
+        /// The source.
+        source: std::net::IpAddr,
+    },
     /// The fleet's Redis and the names of the fleet-wide rules.
     FleetRules,
 }
@@ -136,9 +151,25 @@ impl Request {
                 | Request::LoadList { .. }
                 | Request::UnsetList { .. }
                 | Request::Mode { .. }
+                | Request::Reset { .. }
                 | Request::Reload { .. }
         )
     }
+}
+
+/// What `ratelimit reset` removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResetScope {
+    /// Every rule and list, live or of the config file, and the mode back to
+    /// normal: only the default rule is left.
+    All,
+    /// The live changes only (temporary ones too): what the config file
+    /// says is enforced again.
+    Live,
+    /// The config file's rules and lists only (removed until
+    /// `reload --replace`); the live changes stay.
+    Config,
 }
 
 /// The rule `set` changes.

@@ -1,16 +1,23 @@
-//! The service's HTTP interface: the routes, what each request may hold and
-//! how each is answered, and the service's own metrics. Called by
-//! [`super::conn`] for each request; calls Redis through [`Store`].
+//! The service's HTTP interface: the routes, who may call them, and how each
+//! request is answered. Called by [`super::conn`] for each request; what a
+//! request asks is read by [`super::request`], decided by [`super::decide`].
+//!
+//! - `POST /v1/acquire`: one key (`{"key", "limit", "amount"}` and the other
+//!   forms of [`super::request`]) or many (`{"acquire": [...]}`) →
+//!   `{"allowed", "granted", "remaining", "retry_after_ms", "grant"}` (many:
+//!   `{"results": [...]}`, each its own answer or `{"error", "status"}`).
+//! - `POST /v1/refill`: `{"grant", "amount"}` → `{"refunded", "remaining",
+//!   "taken", "unused"}`; the open mode also takes `{"key", "amount",
+//!   "limit"?}` (a refund by key, not safe to retry).
+//! - `GET /metrics`, `GET /healthz`.
 //!
 //! A request's body is read here, within the body timeout and up to the body
 //! limit (413 with the JSON error past it); a bad request is answered 400
-//! naming the field; a Redis failure 503 naming its cause, and a 503 took
-//! nothing (see [`ratelimit_redis::DEADLINE`]).
+//! naming the field, one the caller may not make 401 or 403; a Redis failure
+//! 503 naming its cause, and a 503 took nothing (see
+//! [`ratelimit_redis::DEADLINE`]).
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     Json, Router,
@@ -21,122 +28,24 @@ use axum::{
     routing::{get, post},
 };
 use http_body_util::BodyExt as _;
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
-    registry::Registry,
+use ratelimit_redis::{Ask, Granted, RefillOutcome};
+use serde_json::{Map, Value, json};
+
+use super::{
+    auth,
+    decide::{Decider, Failed, grant_token, parse_grant},
+    metrics::{Metrics, Shadow},
+    policy::{Denied, Policy, Tenant},
+    request::{self, Item, MAX_ITEMS, Refusal, Target},
 };
-use ratelimit_redis::{Limit, Store};
-use serde_json::{Value, json};
-
-use super::conn::ConnMetrics;
-use crate::{
-    error::{Error, Result},
-    model::rate::{Unit, parse_rate},
-};
-
-/// Longest key accepted, bytes.
-pub const MAX_KEY: usize = 512;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Outcome {
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Cause {
-    cause: &'static str,
-}
-
-/// The service's metrics (`GET /metrics`).
-pub(super) struct Metrics {
-    registry: Registry,
-    decisions: Family<Outcome, Counter>,
-    refunds: Counter,
-    redis_latency: Histogram,
-    redis_up: Gauge,
-    redis_errors: Family<Cause, Counter>,
-    /// The connections' own.
-    pub conn: ConnMetrics,
-}
-
-impl Metrics {
-    pub(super) fn new() -> Self {
-        let mut registry = Registry::default();
-        let decisions = Family::<Outcome, Counter>::default();
-        registry.register(
-            "ratelimit_serve_decisions",
-            "Acquire requests by outcome: allowed (all granted), partial (some), denied (none), bad_request, redis_error",
-            decisions.clone(),
-        );
-        let refunds = Counter::default();
-        registry.register(
-            "ratelimit_serve_refunded_units",
-            "Units given back through /v1/refill",
-            refunds.clone(),
-        );
-        // 50 µs to about 0.8 s.
-        let redis_latency = Histogram::new(
-            prometheus_client::metrics::histogram::exponential_buckets(0.000_05, 2.0, 15),
-        );
-        registry.register(
-            "ratelimit_serve_redis_seconds",
-            "Time one Redis call took, seconds",
-            redis_latency.clone(),
-        );
-        let redis_up = Gauge::default();
-        registry.register(
-            "ratelimit_serve_redis_up",
-            "1 while Redis takes decisions (the last call that had to write succeeded), 0 since a call failed: unreachable, timed out, or refused (out of memory, read-only, ...)",
-            redis_up.clone(),
-        );
-        let redis_errors = Family::<Cause, Counter>::default();
-        registry.register(
-            "ratelimit_serve_redis_errors",
-            "Failed Redis calls by cause: refused (Redis answered an error, such as out of memory), unreachable, timeout, late (reached after its deadline: took nothing), other",
-            redis_errors.clone(),
-        );
-        let conn = ConnMetrics::new(&mut registry);
-        Self {
-            registry,
-            decisions,
-            refunds,
-            redis_latency,
-            redis_up,
-            redis_errors,
-            conn,
-        }
-    }
-
-    fn count(&self, outcome: &'static str) {
-        self.decisions.get_or_create(&Outcome { outcome }).inc();
-    }
-
-    /// A Redis call failed.
-    fn failed(&self, e: &ratelimit_redis::Error) {
-        use ratelimit_redis::Error as E;
-        let cause = match e {
-            E::Refused(_) => "refused",
-            E::Unreachable(_) => "unreachable",
-            E::TimedOut(_) => "timeout",
-            E::Late { .. } => "late",
-            _ => "other",
-        };
-        self.redis_errors.get_or_create(&Cause { cause }).inc();
-        self.redis_up.set(0);
-    }
-
-    /// A Redis call that wrote succeeded: Redis takes decisions.
-    fn wrote(&self) {
-        self.redis_up.set(1);
-    }
-}
+use crate::error::Error;
 
 /// What the handlers share.
 pub(super) struct App {
-    pub store: Store,
-    pub prefix: String,
-    pub metrics: Metrics,
+    pub decider: Decider,
+    /// The config (`None`: the open mode).
+    pub policy: Option<Policy>,
+    pub metrics: Arc<Metrics>,
     /// Largest request body, bytes.
     pub max_body: usize,
     /// How long a request's body may take to arrive, from its headers.
@@ -193,11 +102,7 @@ fn too_large(max: usize) -> Response {
 }
 
 /// The body, read within the body timeout and up to the body limit.
-async fn read_body(
-    app: &App,
-    headers: &HeaderMap,
-    body: Body,
-) -> std::result::Result<Bytes, Response> {
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -243,178 +148,116 @@ async fn read_body(
 
 /// A 400 naming the field.
 fn bad(e: Error) -> Response {
-    let (field, message) = match &e {
-        Error::Invalid { field, message } => (field.clone(), message.clone()),
-        other => (String::new(), other.to_string()),
-    };
+    refused(Refusal::from(e))
+}
+
+/// A 400 or 403 naming the field.
+fn refused(r: Refusal) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST);
     error(
-        StatusCode::BAD_REQUEST,
-        format!("{field}: {message}"),
-        Some(&field),
+        status,
+        format!("{}: {}", r.field, r.message),
+        Some(&r.field),
     )
 }
 
-/// A Redis failure: 503 naming its cause ("redis refused: out of memory
-/// (OOM …)", "redis unreachable: …", "redis timed out: …"), counted.
-fn redis_failed(app: &App, e: &ratelimit_redis::Error) -> Response {
-    app.metrics.failed(e);
-    if let ratelimit_redis::Error::Param(p) = e {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("limit: {}", p.accepted),
-            Some("limit"),
+/// The caller's tenant (`None` in the open mode), or the 401 to answer.
+fn caller<'a>(app: &'a App, headers: &HeaderMap) -> Result<Option<&'a Tenant>, Box<Response>> {
+    let Some(policy) = &app.policy else {
+        return Ok(None);
+    };
+    let unauthorized = |reason: &'static str, message: &str| {
+        app.metrics.refused(reason);
+        let mut r = error(
+            StatusCode::UNAUTHORIZED,
+            format!("authorization: {message}"),
+            Some("authorization"),
         );
-    }
-    error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
-}
-
-fn parse_body(body: &Bytes) -> Result<serde_json::Map<String, Value>> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(Error::invalid("body", "must be a JSON object")),
-        Err(e) => Err(Error::invalid("body", format!("not JSON: {e}"))),
-    }
-}
-
-fn only(m: &serde_json::Map<String, Value>, path: &str, known: &[&str]) -> Result<()> {
-    match m.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(Error::invalid(
-            format!("{path}{k}"),
-            format!("unknown field; expected {}", known.join(", ")),
-        )),
-        None => Ok(()),
-    }
-}
-
-fn key_of(m: &serde_json::Map<String, Value>) -> Result<String> {
-    match m.get("key") {
-        Some(Value::String(k)) if !k.is_empty() && k.len() <= MAX_KEY => Ok(k.clone()),
-        Some(Value::String(_)) => Err(Error::invalid(
-            "key",
-            format!("must be 1 to {MAX_KEY} bytes"),
-        )),
-        Some(_) => Err(Error::invalid("key", "must be a string, like \"user:42\"")),
-        None => Err(Error::invalid(
-            "key",
-            "missing; name what is limited, like \"user:42\"",
-        )),
-    }
-}
-
-fn amount_of(m: &serde_json::Map<String, Value>) -> Result<u64> {
-    match m.get("amount") {
-        None => Ok(1),
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => Ok(n),
-            _ => Err(Error::invalid(
-                "amount",
-                "must be a whole number of at least 1",
-            )),
-        },
-    }
-}
-
-/// `limit`: `{"rate": "100/s", "burst": 20, "algorithm": "gcra"}`; for windows,
-/// the rate's period is the window (`"100/min"` with `"fixed-window"`).
-pub fn limit_of(v: &Value) -> Result<Limit> {
-    let Value::Object(m) = v else {
-        return Err(Error::invalid(
-            "limit",
-            "must be an object like {\"rate\": \"100/s\", \"burst\": 20}",
-        ));
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Box::new(r)
     };
-    only(m, "limit.", &["rate", "burst", "algorithm"])?;
-    let rate = match m.get("rate") {
-        Some(Value::String(s)) => parse_rate("limit.rate", s)?,
-        _ => {
-            return Err(Error::invalid(
-                "limit.rate",
-                "missing or not a string; write a count per period like \"100/s\" or \"30/min\"",
-            ));
-        }
-    };
-    if rate.unit != Unit::Packets {
-        return Err(Error::invalid(
-            "limit.rate",
-            "must count requests or units, like \"100/s\", not bytes",
-        ));
-    }
-    let per = Duration::from_nanos(rate.period_ns);
-    let algorithm = match m.get("algorithm") {
-        None => "gcra",
-        Some(Value::String(a)) => a.as_str(),
-        Some(_) => return Err(Error::invalid("limit.algorithm", "must be a string")),
-    };
-    let burst = match m.get("burst") {
-        None => None,
-        Some(v) => match v.as_u64() {
-            Some(b) => Some(b),
-            None => {
-                return Err(Error::invalid(
-                    "limit.burst",
-                    "must be a whole number, like 20",
-                ));
-            }
-        },
-    };
-    let field = |e: ratelimit_common::ParamError| {
-        let name = match e.param {
-            "count" | "per" => "limit.rate",
-            "window" | "limit" => "limit.rate",
-            other => {
-                if other == "burst" {
-                    "limit.burst"
-                } else {
-                    "limit"
-                }
-            }
-        };
-        Error::invalid(name, e.accepted)
-    };
-    match algorithm {
-        "gcra" => {
-            let burst = burst.unwrap_or_else(|| rate.default_burst());
-            Limit::gcra(rate.tokens, per, burst).map_err(field)
-        }
-        "fixed-window" | "sliding-window" => {
-            if burst.is_some() {
-                return Err(Error::invalid(
-                    "limit.burst",
-                    "windows have no burst: the rate's count is the window's limit",
-                ));
-            }
-            // The window is the period as written ("30/min": 30 per minute),
-            // not the reduced fraction ("1/2s"), and its count is whole.
-            let text = m["rate"].as_str().unwrap_or_default();
-            let (window_ns, limit) = crate::model::rate::parse_window("limit.rate", text)?;
-            let window = Duration::from_nanos(window_ns);
-            if algorithm == "fixed-window" {
-                Limit::fixed_window(window, limit).map_err(field)
-            } else {
-                Limit::sliding_window(window, limit).map_err(field)
-            }
-        }
-        _ => Err(Error::invalid(
-            "limit.algorithm",
-            "must be gcra, fixed-window or sliding-window",
-        )),
-    }
+    let token =
+        auth::bearer(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())).map_err(|why| {
+            unauthorized(
+                "malformed",
+                &format!("{why}; send `Authorization: Bearer TOKEN`"),
+            )
+        })?;
+    policy.tenant(token).map(Some).map_err(|d| match d {
+        Denied::Missing => unauthorized(
+            "missing",
+            "missing; send `Authorization: Bearer TOKEN` with your tenant's token",
+        ),
+        Denied::Unknown => unauthorized("unknown", "not the token of any tenant"),
+    })
 }
 
 fn ms_ceil(d: Duration) -> u64 {
     d.as_micros().div_ceil(1000) as u64
 }
 
-async fn timed<T>(
+/// What one key's decision is answered (and counted).
+fn granted_answer(
     app: &App,
-    call: impl Future<Output = std::result::Result<T, ratelimit_redis::Error>>,
-) -> std::result::Result<T, ratelimit_redis::Error> {
-    let start = Instant::now();
-    let r = call.await;
+    item: &Item,
+    target: &Target,
+    g: Granted,
+    grant: Option<String>,
+) -> Value {
+    let outcome = if g.allowed {
+        "allowed"
+    } else if g.granted > 0 {
+        "partial"
+    } else {
+        "denied"
+    };
+    let grant = (g.granted > 0).then_some(grant).flatten();
+    let retry = g.retry_after.map(ms_ceil);
+    let Some(name) = &target.shadow else {
+        app.metrics.count(outcome);
+        return json!({
+            "allowed": g.allowed,
+            "granted": g.granted,
+            "retry_after_ms": retry,
+            "remaining": g.remaining,
+            "grant": grant,
+        });
+    };
+    // A shadow limit: decided and counted, never denied.
+    app.metrics.count("allowed");
     app.metrics
-        .redis_latency
-        .observe(start.elapsed().as_secs_f64());
-    r
+        .shadow
+        .get_or_create(&Shadow {
+            limit: name.clone(),
+            outcome,
+        })
+        .inc();
+    json!({
+        "allowed": true,
+        "granted": item.amount,
+        "retry_after_ms": null,
+        "remaining": g.remaining,
+        "grant": grant,
+        "shadow": {"limit": name, "allowed": g.allowed, "granted": g.granted, "retry_after_ms": retry},
+    })
+}
+
+/// A key whose decision failed: its status and answer.
+fn failed_answer(app: &App, target: &Target, f: &Failed) -> (StatusCode, Value) {
+    if let Some(p) = f.param() {
+        app.metrics.count("bad_request");
+        return (
+            StatusCode::BAD_REQUEST,
+            json!({"error": format!("limit: {}", p.accepted), "field": "limit"}),
+        );
+    }
+    app.metrics.count("redis_error");
+    let mut v = json!({ "error": f.to_string() });
+    if let Some(mode) = target.failure_mode {
+        v["failure_mode"] = json!(mode.name());
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, v)
 }
 
 async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
@@ -425,53 +268,116 @@ async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) ->
             return r;
         }
     };
-    let parsed = parse_body(&body).and_then(|m| {
-        only(&m, "", &["key", "amount", "limit"])?;
-        let key = key_of(&m)?;
-        let amount = amount_of(&m)?;
-        let limit = limit_of(m.get("limit").unwrap_or(&Value::Null)).map_err(|e| match e {
-            Error::Invalid { field, message } if field == "limit" && !m.contains_key("limit") => {
-                Error::invalid(field, format!("missing; {message}"))
-            }
-            e => e,
-        })?;
-        Ok((key, amount, limit))
-    });
-    let (key, amount, limit) = match parsed {
+    let tenant = match caller(&app, &headers) {
+        Ok(t) => t,
+        Err(r) => return *r,
+    };
+    let parsed = request::parse_body(&body)
+        .map_err(Refusal::from)
+        .and_then(|m| items(&m));
+    let (items, many) = match parsed {
         Ok(p) => p,
-        Err(e) => {
+        Err(r) => {
             app.metrics.count("bad_request");
-            return bad(e);
+            return refused(r);
         }
     };
-    let redis_key = Store::key(&app.prefix, &key);
-    match timed(&app, app.store.acquire(&redis_key, &limit, amount)).await {
-        Ok(r) => {
-            // A denial writes nothing: it says nothing of whether Redis would
-            // take a write.
-            if r.granted > 0 {
-                app.metrics.wrote();
+    let mut targets = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        match request::resolve(item, app.policy.as_ref(), tenant) {
+            Ok(t) => targets.push(t),
+            Err(r) => {
+                app.metrics.count("bad_request");
+                if r.status == 403 {
+                    app.metrics.refused("forbidden");
+                }
+                return refused(if many {
+                    r.within(&format!("acquire[{i}]"))
+                } else {
+                    r
+                });
             }
-            app.metrics.count(if r.allowed {
-                "allowed"
-            } else if r.granted > 0 {
-                "partial"
-            } else {
-                "denied"
-            });
-            Json(json!({
-                "allowed": r.allowed,
-                "granted": r.granted,
-                "retry_after_ms": r.retry_after.map(ms_ceil),
-                "remaining": r.remaining,
-            }))
-            .into_response()
-        }
-        Err(e) => {
-            app.metrics.count("redis_error");
-            redis_failed(&app, &e)
         }
     }
+    let mut asks = Vec::new();
+    let mut ids = Vec::new();
+    for (item, t) in items.iter().zip(&targets) {
+        if let Some(t) = t {
+            let id = item.grant.then(|| app.decider.grant_id());
+            asks.push(Ask {
+                key: app.decider.key(&t.content),
+                limit: t.limit,
+                amount: item.amount,
+                whole: false,
+                grant: id.clone(),
+            });
+            ids.push(id);
+        }
+    }
+    let mut decided = app.decider.acquire(asks).await.into_iter().zip(ids);
+    let mut answers = Vec::with_capacity(items.len());
+    for (item, t) in items.iter().zip(&targets) {
+        let Some(t) = t else {
+            // No limit matches the descriptor: not limited.
+            app.metrics.count("unlimited");
+            answers.push((
+                StatusCode::OK,
+                json!({"allowed": true, "granted": item.amount, "retry_after_ms": null,
+                       "remaining": null, "grant": null, "unlimited": true}),
+            ));
+            continue;
+        };
+        let (r, id) = decided.next().expect("an answer for every key asked");
+        answers.push(match r {
+            Ok(g) => (
+                StatusCode::OK,
+                granted_answer(&app, item, t, g, id.map(|id| grant_token(&id, &t.content))),
+            ),
+            Err(f) => failed_answer(&app, t, &f),
+        });
+    }
+    if !many {
+        let (status, v) = answers.pop().expect("one answer");
+        return (status, Json(v)).into_response();
+    }
+    let results: Vec<Value> = answers
+        .into_iter()
+        .map(|(status, mut v)| {
+            if status != StatusCode::OK {
+                v["status"] = json!(status.as_u16());
+            }
+            v
+        })
+        .collect();
+    Json(json!({ "results": results })).into_response()
+}
+
+/// The items of an acquire body, and whether it is a batch.
+fn items(m: &Map<String, Value>) -> Result<(Vec<Item>, bool), Refusal> {
+    let Some(list) = m.get("acquire") else {
+        return Ok((vec![request::item_of(m)?], false));
+    };
+    request::only(m, "", &["acquire"])?;
+    let Value::Array(list) = list else {
+        return Err(Error::invalid("acquire", "must be a list of acquires").into());
+    };
+    if list.is_empty() || list.len() > MAX_ITEMS {
+        return Err(
+            Error::invalid("acquire", format!("must hold 1 to {MAX_ITEMS} acquires")).into(),
+        );
+    }
+    let items = list
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let at = format!("acquire[{i}]");
+            match v {
+                Value::Object(o) => request::item_of(o).map_err(|e| Refusal::from(e).within(&at)),
+                _ => Err(Refusal::from(Error::invalid(at, "must be an object"))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((items, true))
 }
 
 async fn refill(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
@@ -479,26 +385,188 @@ async fn refill(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
         Ok(b) => b,
         Err(r) => return r,
     };
-    let parsed = parse_body(&body).and_then(|m| {
-        only(&m, "", &["key", "amount", "limit"])?;
-        let key = key_of(&m)?;
-        let amount = amount_of(&m)?;
-        let limit = m.get("limit").map(limit_of).transpose()?;
-        Ok((key, amount, limit))
-    });
-    let (key, amount, limit) = match parsed {
-        Ok(p) => p,
-        Err(e) => return bad(e),
+    let tenant = match caller(&app, &headers) {
+        Ok(t) => t,
+        Err(r) => return *r,
     };
-    let redis_key = Store::key(&app.prefix, &key);
-    match timed(&app, app.store.refund(&redis_key, limit.as_ref(), amount)).await {
-        Ok(r) => {
-            app.metrics.wrote();
-            app.metrics.refunds.inc_by(r.granted);
-            Json(json!({ "refunded": r.granted, "remaining": r.remaining })).into_response()
+    let m = match request::parse_body(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            app.metrics.refill("bad_request");
+            return bad(e);
         }
-        Err(e) => redis_failed(&app, &e),
+    };
+    let r = if m.contains_key("grant") {
+        refill_grant(&app, &m, tenant).await
+    } else {
+        refill_key(&app, &m).await
+    };
+    r.unwrap_or_else(|r| r)
+}
+
+/// `{"grant", "amount"}`: `amount` is what the grant did not use, in all.
+async fn refill_grant(
+    app: &App,
+    m: &Map<String, Value>,
+    tenant: Option<&Tenant>,
+) -> Result<Response, Response> {
+    let bad_request = |e: Error| {
+        app.metrics.refill("bad_request");
+        bad(e)
+    };
+    request::only(m, "", &["grant", "amount"]).map_err(|e| match e {
+        Error::Invalid { field, .. } if field == "limit" || field == "key" => bad_request(Error::invalid(
+            field,
+            "a grant is refilled under its own key and limit: name only the grant and the amount",
+        )),
+        e => bad_request(e),
+    })?;
+    let (id, content) = match m.get("grant") {
+        Some(Value::String(g)) => parse_grant(g).ok_or_else(|| {
+            bad_request(Error::invalid(
+                "grant",
+                "not a grant this service handed out (an acquire answers one as \"grant\")",
+            ))
+        })?,
+        _ => {
+            return Err(bad_request(Error::invalid(
+                "grant",
+                "must be the string an acquire answered as \"grant\"",
+            )));
+        }
+    };
+    let unused = match m.get("amount") {
+        Some(v) => v.as_u64().ok_or_else(|| {
+            bad_request(Error::invalid(
+                "amount",
+                "must be a whole number: the units of the grant not used, in all",
+            ))
+        })?,
+        None => {
+            return Err(bad_request(Error::invalid(
+                "amount",
+                "missing; name the units of the grant not used, in all (a retry names the same)",
+            )));
+        }
+    };
+    if let (Some(policy), Some(tenant)) = (&app.policy, tenant)
+        && !policy.owns(tenant, &content)
+    {
+        app.metrics.refused("forbidden");
+        app.metrics.refill("forbidden");
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "grant: not a grant of a key tenant {:?} may use",
+                tenant.name
+            ),
+            Some("grant"),
+        ));
     }
+    let key = app.decider.key(&content);
+    let r = match app.decider.refill(&key, id, unused).await {
+        Ok(r) => r,
+        Err(f) => {
+            app.metrics.refill("redis_error");
+            return Err(error(StatusCode::SERVICE_UNAVAILABLE, f.to_string(), None));
+        }
+    };
+    app.metrics.refunds.inc_by(r.refunded);
+    Ok(match r.outcome {
+        RefillOutcome::Done => {
+            app.metrics.refill(if r.refunded > 0 {
+                "refunded"
+            } else {
+                "nothing"
+            });
+            Json(json!({
+                "refunded": r.refunded,
+                "remaining": r.remaining,
+                "taken": r.taken,
+                "unused": r.unused,
+            }))
+            .into_response()
+        }
+        RefillOutcome::Unknown => {
+            app.metrics.refill("expired");
+            Json(json!({
+                "refunded": 0,
+                "remaining": null,
+                "expired": true,
+            }))
+            .into_response()
+        }
+        RefillOutcome::LimitChanged => {
+            app.metrics.refill("limit_changed");
+            (
+                StatusCode::CONFLICT,
+                Json(json!({
+                    "error": "grant: the key's limit changed since the grant; nothing refunded",
+                    "field": "grant",
+                    "refunded": 0,
+                    "remaining": r.remaining,
+                })),
+            )
+                .into_response()
+        }
+    })
+}
+
+/// The open mode's refill by key: `{"key", "amount", "limit"?}`.
+async fn refill_key(app: &App, m: &Map<String, Value>) -> Result<Response, Response> {
+    let bad_request = |e: Error| {
+        app.metrics.refill("bad_request");
+        bad(e)
+    };
+    if app.policy.is_some() {
+        return Err(bad_request(Error::invalid(
+            "grant",
+            "missing; a refill names the grant its acquire answered (this service runs with --config)",
+        )));
+    }
+    request::only(m, "", &["key", "amount", "limit", "grant"]).map_err(bad_request)?;
+    let key = request::key_of(m).map_err(bad_request)?;
+    let amount = request::amount_of(m).map_err(bad_request)?;
+    let limit = m
+        .get("limit")
+        .map(request::limit_of)
+        .transpose()
+        .map_err(bad_request)?;
+    let redis_key = app.decider.key(&key);
+    let r = match app
+        .decider
+        .refund_key(&redis_key, limit.as_ref(), amount)
+        .await
+    {
+        Ok(r) => r,
+        Err(f) => {
+            app.metrics.refill("redis_error");
+            if let Some(p) = f.param() {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("limit: {}", p.accepted),
+                    Some("limit"),
+                ));
+            }
+            return Err(error(StatusCode::SERVICE_UNAVAILABLE, f.to_string(), None));
+        }
+    };
+    if r.other_limit {
+        app.metrics.refill("limit_changed");
+        return Ok((
+            StatusCode::CONFLICT,
+            Json(json!({
+                "error": "limit: the key was acquired under another limit; nothing refunded (leave limit out: a refill gives back under the key's own)",
+                "field": "limit",
+                "refunded": 0,
+                "remaining": r.remaining,
+            })),
+        )
+            .into_response());
+    }
+    app.metrics.refill("keyed");
+    app.metrics.refunds.inc_by(r.refunded);
+    Ok(Json(json!({ "refunded": r.refunded, "remaining": r.remaining })).into_response())
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
@@ -516,61 +584,11 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
-/// Whether decisions succeed: the decision script run with a write (see
-/// [`Store::probe`]), so that a Redis that answers but refuses writes counts
-/// as failing, as it fails decisions. Recorded in the metrics.
-pub(super) async fn check(app: &App) -> std::result::Result<(), ratelimit_redis::Error> {
-    let r = timed(app, app.store.probe(&app.prefix)).await;
-    match &r {
-        Ok(()) => app.metrics.wrote(),
-        Err(e) => app.metrics.failed(e),
-    }
-    r
-}
-
-/// 200 `ok` while decisions succeed ([`check`]), else 503 naming the cause.
+/// 200 `ok` while decisions succeed (the decision script's write, see
+/// [`ratelimit_redis::Store::probe`]), else 503 naming the cause.
 async fn healthz(State(app): State<Arc<App>>) -> Response {
-    match check(&app).await {
+    match app.decider.check().await {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn field(v: Value) -> String {
-        match limit_of(&v) {
-            Err(Error::Invalid { field, .. }) => field,
-            other => panic!("{v}: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn limits_parse_and_bad_ones_name_their_field() {
-        assert_eq!(
-            limit_of(&json!({"rate": "100/s", "burst": 20})).unwrap(),
-            // The same rate, reduced.
-            Limit::gcra(1, Duration::from_millis(10), 20).unwrap()
-        );
-        assert_eq!(
-            limit_of(&json!({"rate": "10k/hour", "algorithm": "fixed-window"})).unwrap(),
-            Limit::fixed_window(Duration::from_secs(3600), 10_000).unwrap()
-        );
-        assert_eq!(
-            limit_of(&json!({"rate": "30/min", "algorithm": "sliding-window"})).unwrap(),
-            Limit::sliding_window(Duration::from_secs(60), 30).unwrap()
-        );
-        assert_eq!(field(json!({"rate": "fast"})), "limit.rate");
-        assert_eq!(field(json!({"rate": "1Mbit/s"})), "limit.rate");
-        assert_eq!(field(json!({"rate": "10/s", "burst": -1})), "limit.burst");
-        assert_eq!(field(json!({"rate": "10/s", "burst": 0})), "limit.burst");
-        assert_eq!(
-            field(json!({"rate": "10/s", "algorithm": "magic"})),
-            "limit.algorithm"
-        );
-        assert_eq!(field(json!({"rate": "10/s", "brust": 3})), "limit.brust");
-        assert_eq!(field(json!("10/s")), "limit");
     }
 }

@@ -14,6 +14,8 @@
 //!   [`Limits::idle_timeout`] for its next request; the body's own timeout
 //!   and limit are the handlers' (see [`super::api`]);
 //! - on shutdown, requests in flight have [`SHUTDOWN_GRACE`] to finish.
+//!
+//! With TLS, the handshake must end within the header timeout.
 
 use std::{
     convert::Infallible,
@@ -41,6 +43,7 @@ use tokio::{
     sync::{Notify, Semaphore},
     time::Instant,
 };
+use tokio_rustls::TlsAcceptor;
 
 use crate::{
     host::logs::QuietLog,
@@ -139,6 +142,7 @@ pub async fn run(
     overload: Overload,
     limits: Limits,
     metrics: ConnMetrics,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Slots::new(limits.max_connections);
@@ -169,8 +173,9 @@ pub async fn run(
         backoff.accepted();
         let _ = stream.set_nodelay(true);
         let (router, metrics2, watcher) = (router.clone(), metrics.clone(), graceful.watcher());
+        let tls2 = tls.clone();
         let admission = slots.spawn_with(stream, move |slot, stream| {
-            connection(stream, slot, router, limits, metrics2, watcher)
+            connection(stream, slot, router, limits, metrics2, watcher, tls2)
         });
         match admission {
             Admission::Admitted => {}
@@ -190,9 +195,19 @@ pub async fn run(
                 // Answered 503 if few are being answered so, else closed.
                 if let Ok(permit) = overflow.clone().try_acquire_owned() {
                     let cap = limits.max_connections;
+                    let tls = tls.clone();
                     tokio::spawn(async move {
                         let _permit = permit;
-                        overloaded(stream, cap, overload).await;
+                        match tls {
+                            None => overloaded(stream, cap, overload).await,
+                            Some(tls) => {
+                                if let Ok(Ok(s)) =
+                                    tokio::time::timeout(OVERFLOW_WAIT, tls.accept(stream)).await
+                                {
+                                    overloaded(s, cap, overload).await;
+                                }
+                            }
+                        }
                     });
                 }
             }
@@ -210,9 +225,32 @@ async fn connection(
     limits: Limits,
     metrics: ConnMetrics,
     watcher: Watcher,
+    tls: Option<TlsAcceptor>,
 ) {
     metrics.open.inc();
     let _open = Decrement(metrics.open.clone());
+    let Some(tls) = tls else {
+        return serve_on(stream, slot, router, limits, metrics, watcher).await;
+    };
+    match tokio::time::timeout(limits.header_timeout, tls.accept(stream)).await {
+        Ok(Ok(stream)) => serve_on(stream, slot, router, limits, metrics, watcher).await,
+        // A handshake that failed: the client was told by TLS.
+        Ok(Err(_)) => {}
+        Err(_) => metrics.timed_out("header"),
+    }
+}
+
+/// Serves HTTP/1.1 on `stream` until it closes or a timeout closes it.
+async fn serve_on<S>(
+    stream: S,
+    slot: Slot,
+    router: Router,
+    limits: Limits,
+    metrics: ConnMetrics,
+    watcher: Watcher,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::new());
     let slot = Arc::new(slot);
     let service = {
@@ -247,7 +285,10 @@ async fn connection(
 }
 
 /// Answers a connection that found every slot busy: 503, then closed.
-async fn overloaded(stream: TcpStream, cap: usize, answer: Overload) {
+async fn overloaded<S>(stream: S, cap: usize, answer: Overload)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service =
         hyper::service::service_fn(move |_req| async move { Ok::<_, Infallible>(answer(cap)) });
     let conn = hyper::server::conn::http1::Builder::new()
@@ -370,12 +411,12 @@ impl Activity {
 }
 
 /// A connection's stream that tells its [`Activity`] of what it reads.
-struct Watched {
-    stream: TcpStream,
+struct Watched<S> {
+    stream: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -391,7 +432,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

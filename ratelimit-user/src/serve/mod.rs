@@ -1,34 +1,45 @@
-//! `ratelimit serve`: a throttling service over HTTP and JSON (clients acquire
-//! units for a key and refund what they did not use), for
-//! programs not written in Rust. Stateless: every decision is one atomic script
-//! in Redis ([`ratelimit_redis`]), so any number of replicas behind any load
-//! balancer share every limit.
+//! `ratelimit serve`: a throttling service over HTTP and JSON, and Envoy's
+//! rate limit service API over gRPC (clients acquire units for a key and
+//! refill what they did not use, bound to the grant their acquire got), for
+//! programs not written in Rust and for Envoy. Stateless: every decision is
+//! one atomic script in Redis ([`ratelimit_redis`]), so any number of
+//! replicas behind any load balancer share every limit.
 //!
-//! - `POST /v1/acquire {"key", "amount", "limit": {"rate", "burst", "algorithm"}}`
-//!   → `{"allowed", "granted", "retry_after_ms", "remaining"}`
-//! - `POST /v1/refill {"key", "amount", "limit"?}` → `{"refunded", "remaining"}`
-//! - `GET /metrics` (OpenMetrics), `GET /healthz` (200 while decisions succeed)
-//!
-//! A bad request is answered 400 with `{"error", "field"}`, a body past the
-//! limit 413 alike; a Redis failure 503 with `{"error"}` naming the cause, and
-//! a 503 took nothing (the caller decides whether to fail open or closed).
+//! Without `--config` the service is open (as it always was): any caller
+//! names any key and the limit's numbers. With `--config FILE` the limits,
+//! the tenants and their bearer tokens are the server's ([`config`],
+//! [`policy`]): a caller names a limit, and touches only its tenant's keys.
 //!
 //! What enters: the options ([`Options`], validated from the command line).
-//! [`conn`] accepts and bounds the connections (a cap, header, idle and body
-//! timeouts, a 503 when every connection is busy); [`api`] answers each
-//! request. Called by the CLI's `serve` command.
+//! [`conn`] accepts and bounds the HTTP connections (a cap, header, idle and
+//! body timeouts, a 503 when every connection is busy, TLS); [`api`]
+//! answers each HTTP request, [`grpc`] each gRPC one; both read what a
+//! request asks with [`request`] and [`auth`], and decide through
+//! [`decide`] (batching, grants) and [`breaker`] (503 at once while a Redis
+//! node is down). Called by the CLI's `serve` command.
 
 mod api;
+mod auth;
+mod breaker;
+pub mod config;
 mod conn;
+mod decide;
+mod grpc;
+mod metrics;
+pub mod policy;
+mod request;
+mod tls;
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-pub use api::{MAX_KEY, limit_of};
 pub use conn::{Limits, MAX_HEAD};
 use ratelimit_redis::Store;
+pub use request::{MAX_KEY, limit_of};
 
 use crate::error::{Error, Result};
 
+/// The port `--grpc-listen` defaults to (Envoy's ratelimit service's).
+pub const DEFAULT_GRPC_PORT: u16 = 8081;
 /// The port `--listen` defaults to (on 127.0.0.1).
 pub const DEFAULT_PORT: u16 = 9478;
 /// `--max-connections` when not given (lowered to what the open-file limit
@@ -74,6 +85,12 @@ pub struct Options {
     pub body_timeout: Duration,
     /// Largest request body, bytes.
     pub max_body: usize,
+    /// The config file: limits, tenants, tokens (`None`: the open mode).
+    pub config: Option<PathBuf>,
+    /// Where to serve the gRPC API too, if anywhere.
+    pub grpc_listen: Option<SocketAddr>,
+    /// TLS for both listeners: the certificate chain and its key (PEM).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// "5 s", "250 ms": a duration as the messages and logs say it.
@@ -120,6 +137,17 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
             "--max-connections is more than the open-file limit allows; raise the limit (ulimit -n, LimitNOFILE=) to serve more"
         );
     }
+    let policy = opts
+        .config
+        .as_deref()
+        .map(config::read)
+        .transpose()
+        .map_err(Error::Config)?;
+    let tls = opts
+        .tls
+        .as_ref()
+        .map(|(cert, key)| tls::read(cert, key))
+        .transpose()?;
     let store = Store::connect(&opts.redis)
         .await
         .map_err(|e| Error::invalid("--redis", e.to_string()))?;
@@ -128,14 +156,28 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
         .map_err(|e| {
             Error::invalid("--listen", format!("cannot listen on {}: {e}", opts.listen))
         })?;
+    let grpc_listener = match opts.grpc_listen {
+        None => None,
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            Error::invalid("--grpc-listen", format!("cannot listen on {addr}: {e}"))
+        })?),
+    };
+    let metrics = Arc::new(metrics::Metrics::new());
+    let node = if store.is_cluster() {
+        "cluster"
+    } else {
+        "redis"
+    };
+    let breakers = breaker::Breakers::new(store.clone(), &opts.prefix, node, metrics.clone());
+    breakers.refresh().await;
     let app = Arc::new(api::App {
-        store,
-        prefix: opts.prefix.clone(),
-        metrics: api::Metrics::new(),
+        decider: decide::Decider::new(store, &opts.prefix, breakers, metrics.clone()),
+        policy,
+        metrics,
         max_body: opts.max_body,
         body_timeout: opts.body_timeout,
     });
-    if let Err(e) = api::check(&app).await {
+    if let Err(e) = app.decider.check().await {
         tracing::warn!(error = %e, "redis does not take decisions yet; requests get 503 until it does");
     }
     let limits = Limits {
@@ -145,6 +187,9 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
     };
     tracing::info!(
         addr = %opts.listen,
+        grpc = %opts.grpc_listen.map_or("off".to_string(), |a| a.to_string()),
+        tls = tls.is_some(),
+        mode = if app.policy.is_some() { "config" } else { "open" },
         redis = %opts.redis,
         prefix = %opts.prefix,
         max_connections,
@@ -154,6 +199,32 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
         max_body = opts.max_body,
         "serving /v1/acquire and /v1/refill"
     );
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let grpc_task = grpc_listener.map(|l| {
+        let (app, stop) = (app.clone(), stop.clone());
+        let pem = tls.as_ref().map(|(pem, _)| (pem.cert.clone(), pem.key.clone()));
+        tokio::spawn(async move {
+            let mut server = tonic::transport::Server::builder();
+            if let Some((cert, key)) = pem {
+                let identity = tonic::transport::Identity::from_pem(cert, key);
+                match server.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)) {
+                    Ok(s) => server = s,
+                    Err(e) => {
+                        tracing::error!(error = %e, "serve: gRPC TLS could not be set up; gRPC is not served");
+                        return;
+                    }
+                }
+            }
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            if let Err(e) = server
+                .add_service(grpc::service(app))
+                .serve_with_incoming_shutdown(incoming, async move { stop.notified().await })
+                .await
+            {
+                tracing::error!(error = %e, "serve: the gRPC server stopped");
+            }
+        })
+    });
     let metrics = app.metrics.conn.clone();
     conn::run(
         listener,
@@ -161,9 +232,14 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
         api::overloaded,
         limits,
         metrics,
+        tls.map(|(_, config)| tokio_rustls::TlsAcceptor::from(config)),
         shutdown,
     )
     .await;
+    stop.notify_one();
+    if let Some(t) = grpc_task {
+        let _ = tokio::time::timeout(conn::SHUTDOWN_GRACE, t).await;
+    }
     Ok(())
 }
 

@@ -74,6 +74,14 @@ impl Daemon {
     /// Removes the list `name` (a list of the config file: until `reload
     /// --replace`).
     pub(super) fn unset_list(&mut self, name: String) -> Result<Changed> {
+        if crate::model::decisions::is_decision_list(&name) {
+            return Err(Error::invalid(
+                "--list",
+                format!(
+                    "the list {name} holds CrowdSec's decisions and follows its Local API: `cscli decisions delete --ip ADDRESS` ends one there (a rule of your own on its CIDR wins over it: `ratelimit allow CIDR`)"
+                ),
+            ));
+        }
         self.change(|r| {
             if !r.effective().lists.contains_key(&name) {
                 let names: Vec<String> = r.effective().lists.keys().cloned().collect();

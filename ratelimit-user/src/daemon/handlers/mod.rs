@@ -10,13 +10,17 @@
 //! - `allow`, `deny` and `unset` of a selector in [`rules`];
 //! - `deny --from`, `allow --from` and `unset --list` in [`lists`];
 //! - `mode` in [`mode`];
+//! - `reset` in [`reset`];
 //! - `list`, `status`, `stats`, the drop counters and the fleet's rules in
-//!   [`reads`].
+//!   [`reads`];
+//! - `explain` and `get` in [`explain`].
 
 mod changes;
+mod explain;
 mod lists;
 mod mode;
 mod reads;
+mod reset;
 mod rules;
 mod set;
 
@@ -58,11 +62,14 @@ impl Daemon {
                 .map(Answer::from),
             Request::UnsetList { name } => self.unset_list(name).map(Answer::from),
             Request::Mode { mode } => self.mode(mode).map(Answer::from),
+            Request::Reset { scope } => self.reset(scope).map(Answer::from),
             Request::List { counters } => self.list(counters).map(Answer::from),
             Request::Status => self.status().map(Answer::from),
             Request::Stats => self.stats().map(Answer::from),
             Request::Drops => self.drops().map(Answer::from),
             Request::FleetRules => self.fleet_rules().map(Answer::from),
+            Request::Explain { probe } => self.explain(probe).map(Answer::from),
+            Request::Get { source } => self.get(source).map(Answer::from),
             Request::Reload { .. } => Err(Error::Refused(
                 "reload is answered by the loop when its file is read, not here".into(),
             )),
@@ -103,11 +110,11 @@ fn until(for_ms: Option<u64>) -> Result<Option<u64>> {
         None => Ok(None),
         Some(0) => Err(Error::invalid(
             "--for",
-            "must be longer than 0, e.g. 10m, 1h or 7d",
+            "must be longer than 0, e.g. 10m, 1h, 7d or 1y",
         )),
         Some(ms) if ms > FOR_MAX_MS => Err(Error::invalid(
             "--for",
-            "at most ten years (3660d); leave --for out for a rule that stays",
+            "at most ten years (10y, or 3660d); leave --for out for a rule that stays",
         )),
         Some(ms) => Ok(Some(now_ms() + ms)),
     }

@@ -32,13 +32,17 @@ impl Daemon {
             interface: self.interface,
             baseline: self.baseline,
         };
-        read::status_of(
+        let mut status = read::status_of(
             &e.maps,
             &self.rules.effective(),
             &self.id,
             e.pin_dir().display().to_string(),
             Teller::Daemon(Box::new(facts)),
-        )
+        )?;
+        if let Some(running) = &mut status.daemon {
+            running.crowdsec = self.crowdsec_status();
+        }
+        Ok(status)
     }
 
     /// Totals read now; per-second rates over the last second or so, up to
@@ -49,7 +53,7 @@ impl Daemon {
             counters: self.enforcer.maps.counters()?,
         };
         let base = self.rate_window();
-        read::stats_of(&self.enforcer.maps, self.enforcer.iface(), |r| {
+        let mut stats = read::stats_of(&self.enforcer.maps, self.enforcer.iface(), |r| {
             let prev = base?;
             let dt = now.at.duration_since(prev.at).as_secs_f64().max(1e-3);
             let (a, b) = (now.counters[r as usize], prev.counters[r as usize]);
@@ -57,7 +61,11 @@ impl Daemon {
                 a.packets.saturating_sub(b.packets) as f64 / dt,
                 a.bytes.saturating_sub(b.bytes) as f64 / dt,
             ))
-        })
+        })?;
+        if let Some(c) = self.crowdsec_status() {
+            stats.crowdsec = c.origins;
+        }
+        Ok(stats)
     }
 
     /// Drop counts by source now (`top` reads this twice).

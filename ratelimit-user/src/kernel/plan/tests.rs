@@ -48,10 +48,17 @@ impl Kernel {
     fn current(&self) -> Current {
         let active = (self.config.active_rules & 1) as usize;
         let (deny, allow) = policy_indexes(self.table.len() as u32);
+        // As a restarted daemon finds them: marked, without their names.
+        let counted: std::collections::BTreeMap<String, (u32, common::Rule)> =
+            match self.executed.last() {
+                Some(p) => p.counted.clone(),
+                None => Default::default(),
+            };
+        let counted_at: Vec<u32> = counted.values().map(|(i, _)| *i).collect();
         let rules = own_entries(self.tries[active].iter(), |i| Ok(self.groups[i as usize]))
             .expect("groups in memory")
             .into_iter()
-            .filter(|(_, i)| *i != deny && *i != allow)
+            .filter(|(_, i)| *i != deny && *i != allow && !counted_at.contains(i))
             .map(|(s, i)| (s, (i, self.table[i as usize])))
             .collect();
         Current {
@@ -59,6 +66,7 @@ impl Kernel {
             default: self.table[self.config.default_rule as usize],
             rules,
             policies: (self.table[deny as usize], self.table[allow as usize]),
+            counted,
             table_len: self.table.len() as u32,
             slots: self.slots,
             seen_slots: 1 << 10,
@@ -68,11 +76,10 @@ impl Kernel {
 
     fn plan(&self, set: &RuleSet) -> crate::error::Result<Plan> {
         let now = self.current();
-        let lists = Arc::new(ListPlan::build(set, now.policy_indexes()));
         plan(
             set,
             &now,
-            lists,
+            self.executed.last().map(|p| p.lists.clone()),
             Host {
                 fresh_seed: SEED,
                 local_ports: 0,
@@ -315,6 +322,7 @@ fn list(action: ListAction, cidrs: &[&str]) -> List {
         action,
         source: "test".into(),
         entries: cidrs.iter().map(|c| sel(c).source).collect(),
+        counted: false,
     }
 }
 
@@ -383,7 +391,7 @@ fn a_rule_change_under_lists_writes_only_the_rules_keys() {
 
 #[test]
 fn removals_come_before_insertions() {
-    let lists = Arc::new(ListPlan::build(&set_of(&[]), (16, 17)));
+    let lists = Arc::new(ListPlan::build(&set_of(&[]), (16, 17), &Default::default()));
     let old: TrieEntries = [(sel("198.18.1.0/24").source.lpm(), 1)].into();
     let wanted: TrieEntries = [(sel("198.18.2.0/24").source.lpm(), 2)].into();
     let writes = trie_writes(Before::Read(old), &lists, &wanted);
@@ -441,5 +449,99 @@ fn a_new_aggregate_starts_full_and_a_kept_one_carries_over() {
         plan.fresh_shared.iter().all(|f| f.slot != rule.slot),
         "an unchanged rule keeps its buckets: {:?}",
         plan.fresh_shared
+    );
+}
+
+fn counted(cidrs: &[&str]) -> List {
+    List {
+        counted: true,
+        ..list(ListAction::Deny, cidrs)
+    }
+}
+
+#[test]
+fn a_counted_list_points_at_a_deny_rule_of_its_own_that_stays_while_it_does() {
+    let mut k = Kernel::small();
+    let mut set = set_of(&[("198.18.1.0/24", limit(10))]);
+    set.lists
+        .insert("crowdsec:cscli".into(), counted(&["198.18.0.5/32"]));
+    set.lists
+        .insert("plain".into(), list(ListAction::Deny, &["198.18.0.6/32"]));
+    let plan = k.apply(&set);
+    let (index, rule) = plan.counted["crowdsec:cscli"];
+    assert_eq!(
+        (rule.action, rule.counted_list),
+        (common::action::DENY, 1),
+        "{rule:?}"
+    );
+    assert!(
+        rule.slot != 0 && rule.slot != common::UNCOUNTED_SLOT,
+        "{rule:?}"
+    );
+    assert!(
+        plan.fresh_counters.contains(&rule.slot),
+        "its counters start at 0"
+    );
+    assert!(plan.table.contains(&(index, rule)));
+    let (deny, _) = policy_indexes(k.table.len() as u32);
+    let active = (k.config.active_rules & 1) as usize;
+    assert_eq!(
+        k.tries[active].get(&sel("198.18.0.5/32").source.lpm()),
+        Some(&index),
+        "the counted list's entry points at its own rule"
+    );
+    assert_eq!(
+        k.tries[active].get(&sel("198.18.0.6/32").source.lpm()),
+        Some(&deny),
+        "a plain list's at the shared one"
+    );
+    assert_ne!(k.rule("198.18.1.0/24").1.slot, rule.slot);
+    assert!(
+        !k.current().rules.contains_key(&sel("198.18.0.5/32")),
+        "a counted list's entry is no rule"
+    );
+
+    // New entries, the same list: its rule stays where it is, counters and all.
+    set.lists.insert(
+        "crowdsec:cscli".into(),
+        counted(&["198.18.0.5/32", "198.18.0.7/32"]),
+    );
+    let plan = k.apply(&set);
+    assert_eq!(plan.counted["crowdsec:cscli"], (index, rule));
+    assert!(!plan.fresh_counters.contains(&rule.slot));
+    assert!(plan.table.iter().all(|(i, _)| *i != index));
+
+    // A second counted list gets a rule and a slot of its own.
+    set.lists
+        .insert("crowdsec:CAPI".into(), counted(&["198.18.9.0/24"]));
+    let plan = k.apply(&set);
+    let (other_index, other) = plan.counted["crowdsec:CAPI"];
+    assert_ne!(other_index, index);
+    assert_ne!(other.slot, rule.slot);
+}
+
+#[test]
+fn a_counted_list_takes_a_rules_room() {
+    let k = Kernel::small();
+    let rules: Vec<(String, Action)> = (1..=7)
+        .map(|i| (format!("198.18.{i}.0/24"), limit(10)))
+        .collect();
+    let refs: Vec<(&str, Action)> = rules.iter().map(|(c, a)| (c.as_str(), *a)).collect();
+    let mut set = set_of(&refs);
+    k.plan(&set).expect("7 rules fit in 7");
+    set.lists
+        .insert("crowdsec:cscli".into(), counted(&["198.18.0.5/32"]));
+    let err = k.plan(&set).expect_err("7 rules and a counted list do not");
+    assert!(
+        matches!(
+            err,
+            Error::Capacity {
+                wanted: 8,
+                capacity: 7,
+                option: "--max-rules",
+                ..
+            }
+        ),
+        "{err:?}"
     );
 }

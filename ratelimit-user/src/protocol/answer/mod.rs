@@ -6,6 +6,7 @@
 //! - [`rules`]: `list` ([`Rules`]) and the rules within every change;
 //! - [`changes`]: what a change changed ([`Changed`], [`ListLoaded`]);
 //! - [`status`]: `status` ([`Status`]);
+//! - [`explain`]: `explain` ([`Explained`]) and `get` ([`States`]);
 //! - [`stats`]: `stats` ([`Stats`]);
 //! - [`top`]: `top` ([`Top`]), its readings ([`Drops`]), and the fleet's
 //!   ([`FleetRules`], [`FleetTop`]).
@@ -13,6 +14,7 @@
 //! `--json` prints an answer's fields sorted by name, as a JSON object's.
 
 pub mod changes;
+pub mod explain;
 pub mod rules;
 pub mod stats;
 pub mod status;
@@ -21,6 +23,7 @@ pub mod top;
 use serde::{Deserialize, Serialize};
 
 pub use changes::{Change, Changed, ListChange, ListLoaded, Loaded, ModeChange};
+pub use explain::{Beaten, Explained, JudgeKind, Judged, KeyState, States};
 pub use rules::{ActionView, DefaultView, ListView, RuleView, Rules};
 pub use stats::{ReasonCount, Stats};
 pub use status::{Interface, Running, Status};
@@ -69,6 +72,10 @@ pub enum Answer {
     FleetRules(Box<FleetRules>),
     /// `top --fleet`.
     FleetTop(Box<FleetTop>),
+    /// `explain`.
+    Explained(Box<Explained>),
+    /// `get`.
+    States(Box<States>),
 }
 
 /// Each answer type into [`Answer`] and back: `try_from` gives the answer
@@ -95,7 +102,7 @@ macro_rules! answers {
 }
 
 answers!(
-    Rules, Changed, ListLoaded, Status, Stats, Drops, Top, FleetRules, FleetTop
+    Rules, Changed, ListLoaded, Status, Stats, Drops, Top, FleetRules, FleetTop, Explained, States
 );
 
 #[cfg(test)]
@@ -207,7 +214,7 @@ mod tests {
     #[test]
     fn a_status_reads_back_with_or_without_a_daemon() {
         let running = Running {
-            mode: crate::kernel::Attached::Generic,
+            attach: crate::kernel::Attached::Generic,
             adopted: true,
             took_over_link: false,
             uptime_s: 10,
@@ -225,6 +232,19 @@ mod tests {
                 redis_up: true,
                 fallback: Some(crate::fleet::Fallback::Share),
                 redis_ms: 0.5,
+                ..Default::default()
+            }),
+            crowdsec: Some(crate::crowdsec::Status {
+                lapi: "http://127.0.0.1:8080".into(),
+                lapi_up: true,
+                decisions: 2,
+                origins: vec![crate::crowdsec::OriginStatus {
+                    origin: "cscli".into(),
+                    list: "crowdsec:cscli".into(),
+                    entries: 2,
+                    dropped_packets: 5,
+                    dropped_bytes: 500,
+                }],
                 ..Default::default()
             }),
         };
@@ -245,8 +265,14 @@ mod tests {
             rules: 1,
             lists: 1,
             dry_run: false,
+            mode: crate::model::rules::Mode::AllowlistOnly,
             pins: "/sys/fs/bpf/ratelimit".into(),
             notes: vec!["a note".into()],
+            orphaned_pins: vec![crate::kernel::pins::Orphan {
+                dir: "/sys/fs/bpf/ratelimit/v8/ns4096".into(),
+                layout: "v8".into(),
+                bytes: 92_274_688,
+            }],
             daemon,
             offline,
         };
@@ -260,7 +286,8 @@ mod tests {
             }),
         );
         assert_eq!(round_trip(&pins), pins);
-        // What a status read from the pins always said, and nothing more.
+        // What a status read from the pins always said, with the mode and
+        // the orphaned pins, and nothing more.
         let written = serde_json::to_value(&pins).unwrap();
         let keys: Vec<&str> = written
             .as_object()
@@ -280,9 +307,11 @@ mod tests {
                 "ipv6_capacity",
                 "ipv6_sources",
                 "lists",
+                "mode",
                 "netns",
                 "netns_cookie",
                 "notes",
+                "orphaned_pins",
                 "pid",
                 "pins",
                 "rules",

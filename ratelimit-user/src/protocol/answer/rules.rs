@@ -136,6 +136,8 @@ pub enum Origin {
     Config,
     /// A live change.
     Live,
+    /// CrowdSec's decisions (`run --crowdsec`).
+    Crowdsec,
 }
 
 impl Origin {
@@ -143,6 +145,8 @@ impl Origin {
     pub fn of(word: &str) -> Self {
         if word == "live" {
             Origin::Live
+        } else if word == "crowdsec" {
+            Origin::Crowdsec
         } else {
             Origin::Config
         }

@@ -18,6 +18,10 @@ pub struct Stats {
     pub reasons: Vec<ReasonCount>,
     /// Each [`ratelimit_common::Event`] by name: how many times.
     pub events: BTreeMap<String, u64>,
+    /// CrowdSec's decisions by origin, with their drops (a daemon run with
+    /// `--crowdsec`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub crowdsec: Vec<crate::crowdsec::OriginStatus>,
     /// Where the pins are, when read from them with no daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pins: Option<String>,

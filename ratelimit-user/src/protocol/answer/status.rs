@@ -6,7 +6,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::Offline;
-use crate::{fleet, kernel::Attached, model::rules::Clock};
+use crate::{
+    fleet,
+    kernel::Attached,
+    model::rules::{Clock, Mode},
+};
 
 /// What runs and how.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -43,10 +47,17 @@ pub struct Status {
     pub lists: usize,
     /// Dry run for everything.
     pub dry_run: bool,
+    /// Normal or allowlist-only (`ratelimit mode`).
+    pub mode: Mode,
     /// The pin directory, as the operator finds it.
     pub pins: String,
     /// What the operator should know, a sentence each.
     pub notes: Vec<String>,
+    /// Pin directories of network namespaces that are gone, with the kernel
+    /// memory they hold (`ratelimit gc` removes them). A fact of the host,
+    /// not of one daemon: the CLI adds it, where it runs.
+    #[serde(default)]
+    pub orphaned_pins: Vec<crate::kernel::pins::Orphan>,
     /// What only a running daemon knows.
     #[serde(flatten)]
     pub daemon: Option<Running>,
@@ -71,8 +82,8 @@ pub enum Interface {
 /// What a running daemon adds to its status.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Running {
-    /// Native or generic.
-    pub mode: Attached,
+    /// How the program is attached: native (in the driver) or generic.
+    pub attach: Attached,
     /// Whether it adopted a program's pinned maps (rules and buckets).
     pub adopted: bool,
     /// Whether it swapped its program into a pinned link.
@@ -99,4 +110,7 @@ pub struct Running {
     pub keep_attached: bool,
     /// The fleet as it sees it, when run with `--fleet`.
     pub fleet: Option<fleet::Status>,
+    /// The CrowdSec bouncer, when run with `--crowdsec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crowdsec: Option<crate::crowdsec::Status>,
 }

@@ -6,8 +6,9 @@
 //! One module per measurement: [`cost`] (BPF_PROG_TEST_RUN), [`floods`] (drop
 //! throughput and floods on a veth, against netfilter), [`accuracy`],
 //! [`memory`], [`set`] (from a command to enforcement), [`serve`] (the
-//! throttling service's latency) and [`fleet`] (what fleet-wide keys cost
-//! Redis); [`report`] writes the results.
+//! throttling service's latency), [`serve_load`] (its throughput beside raw
+//! EVALSHA) and [`fleet`] (what fleet-wide keys cost Redis); [`report`]
+//! writes the results.
 
 mod accuracy;
 mod cost;
@@ -16,6 +17,7 @@ mod floods;
 mod memory;
 mod report;
 mod serve;
+mod serve_load;
 mod set;
 
 use std::{net::IpAddr, path::PathBuf};
@@ -104,6 +106,7 @@ fn main() {
     }
     if opts.runs("serve") {
         serve::serve_latency(&opts, &mut report);
+        serve_load::serve_load(&opts, &mut report);
     }
     if opts.runs("fleet") {
         fleet::fleet(&opts, &mut report);

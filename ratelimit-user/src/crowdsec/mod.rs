@@ -1,0 +1,377 @@
+//! A native CrowdSec bouncer: the daemon follows a CrowdSec Local API's
+//! decision stream (`run --crowdsec URL --crowdsec-key-file FILE`) and
+//! enforces its bans at the driver.
+//!
+//! # How
+//! A task of its own ([`run`]) pulls `GET /v1/decisions/stream` every
+//! `--crowdsec-every` (10 s by default) with the bouncer key (`X-Api-Key`):
+//! the whole set (`startup=true`) first and after any failure, then what
+//! changed since the last pull. Each decision is kept or ignored by
+//! [`decision::Filter`] (type, scope, origin, scenario) and sent to the
+//! daemon's loop, the one writer of the maps, as a [`Job`]; the loop lays it
+//! into [`crate::model::decisions::Decisions`] (one deny list per origin,
+//! `crowdsec:ORIGIN`, each entry ending by itself) and applies the rules
+//! whole, saved for a restart, as it does every change.
+//!
+//! - A deleted decision is removed by its id; a resync makes the held set
+//!   exactly the Local API's. Neither touches a rule or list of the
+//!   operator's: a hand-made rule on a banned CIDR stays (and wins, as a
+//!   rule wins over a list entry of its CIDR).
+//! - While the Local API cannot be reached, what is held stays enforced and
+//!   ends at its time; the next answer is a resync. The loss and the return
+//!   are logged once each.
+//!
+//! What enters: the options ([`Options`]), a sender of jobs to the loop.
+//! What leaves: jobs, and the bouncer's view ([`Status`]) on a watch
+//! channel for `status`, `stats` and the metrics. Called by `daemon::run`.
+
+pub mod decision;
+pub mod lapi;
+
+use std::{path::PathBuf, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{error, info, warn};
+
+use crate::{
+    error::{Error, Result},
+    host::clock::now_ms,
+    model::decisions::{Applied, Decision},
+};
+use decision::{Filter, Ignored};
+use lapi::Lapi;
+
+/// The default time between two pulls.
+pub const DEFAULT_EVERY: Duration = Duration::from_secs(10);
+
+/// `run`'s CrowdSec options, as typed.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Args {
+    /// Follow this CrowdSec Local API's decisions and drop what it bans at
+    /// the driver: http://HOST:PORT, like http://127.0.0.1:8080.
+    #[arg(long, value_name = "URL", help_heading = "CrowdSec")]
+    pub crowdsec: Option<String>,
+    /// The bouncer key (`cscli bouncers add NAME -o raw`), alone in this
+    /// file.
+    #[arg(long, value_name = "FILE", help_heading = "CrowdSec")]
+    pub crowdsec_key_file: Option<PathBuf>,
+    /// Time between two pulls of the decision stream [default: 10s].
+    #[arg(long, value_name = "DURATION", help_heading = "CrowdSec")]
+    pub crowdsec_every: Option<String>,
+    /// Decision types applied as bans, comma-separated; the others (captcha,
+    /// by default) are ignored [default: ban].
+    #[arg(long, value_name = "TYPES", help_heading = "CrowdSec")]
+    pub crowdsec_types: Option<String>,
+    /// Only decisions of these origins, comma-separated (crowdsec, cscli,
+    /// CAPI, lists, …) [default: all].
+    #[arg(long, value_name = "ORIGINS", help_heading = "CrowdSec")]
+    pub crowdsec_origins: Option<String>,
+    /// Only decisions whose scenario contains one of these words,
+    /// comma-separated [default: all].
+    #[arg(long, value_name = "WORDS", help_heading = "CrowdSec")]
+    pub crowdsec_scenarios: Option<String>,
+    /// No decision whose scenario contains one of these words,
+    /// comma-separated.
+    #[arg(long, value_name = "WORDS", help_heading = "CrowdSec")]
+    pub crowdsec_not_scenarios: Option<String>,
+}
+
+/// The bouncer's options, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// The Local API.
+    pub lapi: Lapi,
+    /// The bouncer key.
+    pub key: String,
+    /// Where the key was read from.
+    pub key_file: PathBuf,
+    /// Time between two pulls.
+    pub every: Duration,
+    /// Which decisions are applied.
+    pub filter: Filter,
+}
+
+/// A comma-separated option: its words, lower case, without blanks.
+fn words(s: &Option<String>) -> Vec<String> {
+    s.as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(|w| w.trim().to_ascii_lowercase())
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+impl Args {
+    /// The options checked (the key file read); `None` without `--crowdsec`.
+    pub fn options(&self) -> Result<Option<Options>> {
+        let Some(url) = &self.crowdsec else {
+            for (flag, given) in [
+                ("--crowdsec-key-file", self.crowdsec_key_file.is_some()),
+                ("--crowdsec-every", self.crowdsec_every.is_some()),
+                ("--crowdsec-types", self.crowdsec_types.is_some()),
+                ("--crowdsec-origins", self.crowdsec_origins.is_some()),
+                ("--crowdsec-scenarios", self.crowdsec_scenarios.is_some()),
+                (
+                    "--crowdsec-not-scenarios",
+                    self.crowdsec_not_scenarios.is_some(),
+                ),
+            ] {
+                if given {
+                    return Err(Error::invalid(
+                        flag,
+                        "needs --crowdsec URL (the Local API to follow)",
+                    ));
+                }
+            }
+            return Ok(None);
+        };
+        let lapi = Lapi::parse(url).map_err(|e| Error::invalid("--crowdsec", e))?;
+        let key_file = self.crowdsec_key_file.clone().ok_or_else(|| {
+            Error::invalid(
+                "--crowdsec-key-file",
+                "--crowdsec needs the bouncer key in a file: `cscli bouncers add ratelimit -o raw > /etc/ratelimit/crowdsec.key`, then --crowdsec-key-file /etc/ratelimit/crowdsec.key",
+            )
+        })?;
+        let what = format!("the bouncer key file {}", key_file.display());
+        let key = crate::host::input::read(&key_file, crate::host::input::Kind::Config, &what)
+            .map_err(|e| Error::invalid("--crowdsec-key-file", e))?
+            .trim()
+            .to_string();
+        if key.is_empty() || key.contains(char::is_whitespace) {
+            return Err(Error::invalid(
+                "--crowdsec-key-file",
+                format!(
+                    "{what} must hold the key alone on one line (`cscli bouncers add NAME -o raw` prints it)"
+                ),
+            ));
+        }
+        let every = match &self.crowdsec_every {
+            None => DEFAULT_EVERY,
+            Some(s) => {
+                let ns = crate::model::rate::parse_duration("--crowdsec-every", s)?;
+                let every = Duration::from_nanos(ns);
+                if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&every) {
+                    return Err(Error::invalid(
+                        "--crowdsec-every",
+                        format!("{s:?} is out of range: 100ms to 1h, like 10s"),
+                    ));
+                }
+                every
+            }
+        };
+        let mut filter = Filter {
+            origins: words(&self.crowdsec_origins),
+            scenarios: words(&self.crowdsec_scenarios),
+            not_scenarios: words(&self.crowdsec_not_scenarios),
+            ..Filter::default()
+        };
+        if self.crowdsec_types.is_some() {
+            filter.types = words(&self.crowdsec_types);
+            if filter.types.is_empty() {
+                return Err(Error::invalid(
+                    "--crowdsec-types",
+                    "give at least one decision type, like ban or ban,captcha",
+                ));
+            }
+        }
+        Ok(Some(Options {
+            lapi,
+            key,
+            key_file,
+            every,
+            filter,
+        }))
+    }
+}
+
+/// What the bouncer asks of the daemon's loop: apply an update, and say
+/// what it did (or why it could not).
+pub struct Job {
+    /// The decisions.
+    pub update: Update,
+    /// What was applied, or why not.
+    pub reply: oneshot::Sender<std::result::Result<Applied, String>>,
+}
+
+/// Decisions to apply.
+pub enum Update {
+    /// The whole set (`startup=true`): what is held and not in it ends.
+    Resync(Vec<Decision>),
+    /// What changed since the last pull.
+    Delta {
+        /// New decisions.
+        new: Vec<Decision>,
+        /// Ids of deleted or ended ones.
+        deleted: Vec<u64>,
+    },
+}
+
+/// The bouncer as the daemon reports it (`status`, metrics).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The Local API's URL.
+    pub lapi: String,
+    /// Whether the last pull was answered and applied.
+    pub lapi_up: bool,
+    /// Why not, when it was not.
+    pub error: Option<String>,
+    /// When the last pull was answered and applied (RFC 3339).
+    pub last_pull: Option<String>,
+    /// Pulls answered and applied since the daemon started.
+    pub pulls: u64,
+    /// Pulls that failed (no answer, refused, not applied).
+    pub failed_pulls: u64,
+    /// Resyncs (`startup=true`) applied.
+    pub resyncs: u64,
+    /// Decisions not applied since the daemon started, by why.
+    pub ignored: IgnoredCounts,
+    /// Seconds between two pulls.
+    pub every_s: f64,
+    /// The decisions held now, and per origin with its drops: filled in by
+    /// the daemon when it answers.
+    #[serde(default)]
+    pub decisions: usize,
+    /// Per origin.
+    #[serde(default)]
+    pub origins: Vec<OriginStatus>,
+}
+
+/// Decisions not applied, by why ([`Ignored`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IgnoredCounts {
+    /// Of a type not applied (`captcha`, by default).
+    pub by_type: u64,
+    /// Of a scope other than `Ip` and `Range`.
+    pub by_scope: u64,
+    /// Left out by the origin and scenario filters.
+    pub filtered: u64,
+}
+
+impl IgnoredCounts {
+    fn count(&mut self, why: Ignored) {
+        match why {
+            Ignored::Type => self.by_type += 1,
+            Ignored::Scope => self.by_scope += 1,
+            Ignored::Filtered => self.filtered += 1,
+            Ignored::Ended => {}
+        }
+    }
+}
+
+/// One origin's decisions and drops.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OriginStatus {
+    /// The origin (`crowdsec`, `cscli`, `CAPI`, …).
+    pub origin: String,
+    /// Its deny list.
+    pub list: String,
+    /// Entries of its list (addresses and ranges).
+    pub entries: usize,
+    /// Frames dropped by its list since the daemon started.
+    pub dropped_packets: u64,
+    /// Their bytes.
+    pub dropped_bytes: u64,
+}
+
+/// The bouncer: pulls and hands the decisions to the loop until the loop
+/// goes away.
+pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<Status>) {
+    let mut st = Status {
+        lapi: opts.lapi.url.clone(),
+        every_s: opts.every.as_secs_f64(),
+        ..Status::default()
+    };
+    let mut tick = tokio::time::interval(opts.every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The whole set first, and again after any failure (the deltas the
+    // Local API gave meanwhile may be lost).
+    let mut startup = true;
+    // Whether the last pull failed, for logging each transition once.
+    let mut down: Option<bool> = None;
+    loop {
+        tick.tick().await;
+        let now = now_ms();
+        let outcome = match opts.lapi.pull(&opts.key, startup).await {
+            Ok(stream) => {
+                let mut keep = |raw: Vec<decision::RawDecision>| -> Vec<Decision> {
+                    raw.iter()
+                        .filter_map(|r| match opts.filter.decide(r, now) {
+                            Ok(d) => Some(d),
+                            Err(why) => {
+                                st.ignored.count(why);
+                                None
+                            }
+                        })
+                        .collect()
+                };
+                let new = keep(stream.new.unwrap_or_default());
+                let update = if startup {
+                    Update::Resync(new)
+                } else {
+                    let deleted = stream
+                        .deleted
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|d| d.id)
+                        .collect();
+                    Update::Delta { new, deleted }
+                };
+                let (reply, answer) = oneshot::channel();
+                if jobs.send(Job { update, reply }).await.is_err() {
+                    return;
+                }
+                match answer.await {
+                    Ok(Ok(applied)) => Ok(applied),
+                    Ok(Err(e)) => Err(format!("the decisions could not be applied: {e}")),
+                    Err(_) => return,
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(applied) => {
+                if startup {
+                    st.resyncs += 1;
+                }
+                match down {
+                    Some(true) => info!(
+                        lapi = %opts.lapi.url,
+                        added = applied.added,
+                        removed = applied.removed,
+                        "crowdsec: the Local API answers again; resynced with its decisions"
+                    ),
+                    None => info!(
+                        lapi = %opts.lapi.url,
+                        added = applied.added,
+                        removed = applied.removed,
+                        "crowdsec: following the Local API's decisions"
+                    ),
+                    Some(false) => {}
+                }
+                down = Some(false);
+                startup = false;
+                st.lapi_up = true;
+                st.error = None;
+                st.pulls += 1;
+                st.last_pull = Some(crate::model::describe::rfc3339(now_ms()));
+            }
+            Err(e) => {
+                if down != Some(true) {
+                    let held = "the decisions held stay enforced and end at their time; the next answer resyncs";
+                    if e.starts_with("the decisions could not be applied") {
+                        error!(lapi = %opts.lapi.url, error = %e, "crowdsec: {held}");
+                    } else {
+                        warn!(lapi = %opts.lapi.url, error = %e, "crowdsec: the Local API cannot be reached or refused; {held}");
+                    }
+                }
+                down = Some(true);
+                startup = true;
+                st.lapi_up = false;
+                st.error = Some(e);
+                st.failed_pulls += 1;
+            }
+        }
+        let _ = status.send(st.clone());
+    }
+}

@@ -1,0 +1,367 @@
+//! Bans kept by CrowdSec rather than by the operator: the decisions of a
+//! CrowdSec Local API that the daemon follows (`run --crowdsec URL`), each
+//! with its id, the prefix it bans, its origin and its end.
+//!
+//! What enters: decisions already parsed and filtered by `crowdsec` (the new
+//! ones of the stream, the ids it deleted, or the whole set on a resync), and
+//! the time as an argument (Unix ms). What leaves: one **deny list per
+//! origin**, named `crowdsec:ORIGIN` (a name no operator's list can have),
+//! counted per list in the kernel, which `overlay::Layers::effective` lays
+//! into the rule set beside the operator's lists. Pure.
+//!
+//! Why lists and not rules: CrowdSec's community blocklist alone is 10 to
+//! 50 thousand addresses. Rules are capped (`--max-rules`, 16 384 by
+//! default), each takes counters on every CPU and a place in the rule table;
+//! list entries take one trie entry each (a million by default) and leave
+//! the per-frame work at one trie lookup. A list per origin keeps what the
+//! operator wants to see apart (the community's bans, their own scenarios',
+//! `cscli`'s) and gives each its drop counter.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use crate::model::{
+    lists::{List, ListAction},
+    prefix::Prefix,
+};
+
+/// What every list of decisions is named with, before its origin. `:` is
+/// not allowed in the operator's list names, so none can collide.
+pub const LIST_PREFIX: &str = "crowdsec:";
+
+/// Ends are kept in whole seconds (rounded up): decisions that end within
+/// the same second end together, with one change of the rules.
+const END_GRANULE_MS: u64 = 1000;
+
+/// One ban decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// The Local API's id of the decision.
+    pub id: u64,
+    /// What it bans: an address (a /32 or /128) or a range.
+    pub prefix: Prefix,
+    /// Where it comes from (`crowdsec`, `cscli`, `CAPI`, `lists`, …).
+    pub origin: Arc<str>,
+    /// When it ends, Unix ms (rounded up to a whole second).
+    pub until_ms: u64,
+}
+
+impl Decision {
+    /// A decision ending `remaining_ms` after `now_ms`.
+    pub fn new(id: u64, prefix: Prefix, origin: &str, now_ms: u64, remaining_ms: u64) -> Self {
+        Self {
+            id,
+            prefix,
+            origin: Arc::from(origin),
+            until_ms: now_ms
+                .saturating_add(remaining_ms)
+                .div_ceil(END_GRANULE_MS)
+                .saturating_mul(END_GRANULE_MS),
+        }
+    }
+}
+
+/// The decisions the daemon enforces, and their lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decisions {
+    /// By id. Shared between clones until one changes (the saved record
+    /// writes its file again only when this changes).
+    by_id: Arc<BTreeMap<u64, Decision>>,
+    /// One deny list per origin seen, by list name (an origin whose last
+    /// decision ended keeps its empty list, and its counter, while the
+    /// daemon runs).
+    lists: BTreeMap<String, List>,
+}
+
+/// What a change did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Decisions added (or replaced by a decision of the same id).
+    pub added: usize,
+    /// Decisions removed.
+    pub removed: usize,
+}
+
+/// The list name of `origin`: [`LIST_PREFIX`] and the origin, with any
+/// character that is not a letter, digit, `.`, `_` or `-` written `_`.
+pub fn list_name(origin: &str) -> String {
+    let mut name = String::from(LIST_PREFIX);
+    name.extend(origin.chars().take(48).map(|c| {
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            c
+        } else {
+            '_'
+        }
+    }));
+    name
+}
+
+/// Whether `name` is the name of a list of decisions.
+pub fn is_decision_list(name: &str) -> bool {
+    name.starts_with(LIST_PREFIX)
+}
+
+impl Decisions {
+    /// The decisions of `all` (a record read back).
+    pub fn of(all: impl IntoIterator<Item = Decision>) -> Self {
+        let mut d = Self::default();
+        d.resync(all);
+        d
+    }
+
+    /// Adds `added` (a decision of a known id replaces it) and removes the
+    /// decisions of the ids `deleted` (ids not held are ignored: the stream
+    /// says a deletion more than once).
+    pub fn apply(
+        &mut self,
+        added: impl IntoIterator<Item = Decision>,
+        deleted: impl IntoIterator<Item = u64>,
+    ) -> Applied {
+        let mut out = Applied::default();
+        let mut touched: Vec<Arc<str>> = Vec::new();
+        let mut by_id = (*self.by_id).clone();
+        for id in deleted {
+            if let Some(d) = by_id.remove(&id) {
+                out.removed += 1;
+                touched.push(d.origin);
+            }
+        }
+        for d in added {
+            touched.push(d.origin.clone());
+            if let Some(old) = by_id.insert(d.id, d) {
+                touched.push(old.origin);
+            }
+            out.added += 1;
+        }
+        if out != Applied::default() {
+            self.by_id = Arc::new(by_id);
+            self.rebuild(touched);
+        }
+        out
+    }
+
+    /// Makes `all` the decisions (a resync: the Local API's whole set).
+    pub fn resync(&mut self, all: impl IntoIterator<Item = Decision>) -> Applied {
+        let by_id: BTreeMap<u64, Decision> = all.into_iter().map(|d| (d.id, d)).collect();
+        if by_id == *self.by_id {
+            return Applied::default();
+        }
+        let removed = self.by_id.keys().filter(|k| !by_id.contains_key(k)).count();
+        let added = by_id
+            .iter()
+            .filter(|(k, d)| self.by_id.get(k) != Some(d))
+            .count();
+        let touched: Vec<Arc<str>> = self
+            .by_id
+            .values()
+            .chain(by_id.values())
+            .map(|d| d.origin.clone())
+            .collect();
+        self.by_id = Arc::new(by_id);
+        self.rebuild(touched);
+        Applied { added, removed }
+    }
+
+    /// Removes every decision and list.
+    pub fn clear(&mut self) -> usize {
+        let n = self.by_id.len();
+        *self = Self::default();
+        n
+    }
+
+    /// Removes what ends by `now_ms`; how many.
+    pub fn expire(&mut self, now_ms: u64) -> usize {
+        let due: Vec<u64> = self
+            .by_id
+            .values()
+            .filter(|d| d.until_ms <= now_ms)
+            .map(|d| d.id)
+            .collect();
+        self.apply([], due).removed
+    }
+
+    /// When the next decision ends, Unix ms.
+    pub fn next_end(&self) -> Option<u64> {
+        self.by_id.values().map(|d| d.until_ms).min()
+    }
+
+    /// Moves the ends due by `now_ms` to `by_ms` later (ending them failed).
+    pub fn postpone_due(&mut self, now_ms: u64, by_ms: u64) {
+        if self.next_end().is_none_or(|at| at > now_ms) {
+            return;
+        }
+        let by_id = Arc::make_mut(&mut self.by_id);
+        for d in by_id.values_mut().filter(|d| d.until_ms <= now_ms) {
+            d.until_ms = now_ms + by_ms;
+        }
+    }
+
+    /// The deny list of each origin, by list name.
+    pub fn lists(&self) -> &BTreeMap<String, List> {
+        &self.lists
+    }
+
+    /// Every decision, by id.
+    pub fn iter(&self) -> impl Iterator<Item = &Decision> {
+        self.by_id.values()
+    }
+
+    /// Decisions held.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Whether `other` holds the very same decisions (not equal ones: the
+    /// same shared map, unchanged since one was cloned from the other).
+    pub fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.by_id, &other.by_id)
+    }
+
+    /// Makes the lists of `origins` anew from the decisions.
+    fn rebuild(&mut self, mut origins: Vec<Arc<str>>) {
+        origins.sort_unstable();
+        origins.dedup();
+        for origin in origins {
+            let mut entries: Vec<Prefix> = self
+                .by_id
+                .values()
+                .filter(|d| d.origin == origin)
+                .map(|d| d.prefix)
+                .collect();
+            entries.sort_unstable();
+            entries.dedup();
+            self.lists.insert(
+                list_name(&origin),
+                List {
+                    action: ListAction::Deny,
+                    source: format!("CrowdSec, origin {origin}"),
+                    entries: entries.into(),
+                    counted: true,
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Prefix {
+        Prefix::parse("t", s).unwrap()
+    }
+
+    fn d(id: u64, cidr: &str, origin: &str, until_ms: u64) -> Decision {
+        Decision::new(id, p(cidr), origin, 0, until_ms)
+    }
+
+    fn entries(ds: &Decisions, name: &str) -> Vec<String> {
+        ds.lists()[name]
+            .entries
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn one_list_per_origin_and_deletions_by_id() {
+        let mut ds = Decisions::default();
+        let got = ds.apply(
+            [
+                d(1, "198.18.0.5", "cscli", 120_000),
+                d(2, "198.18.7.0/24", "cscli", 3_600_000),
+                d(3, "198.18.9.9", "CAPI", 7_200_000),
+                // The same address twice in one origin: one entry.
+                d(4, "198.18.0.5", "cscli", 60_000),
+            ],
+            [],
+        );
+        assert_eq!(
+            got,
+            Applied {
+                added: 4,
+                removed: 0
+            }
+        );
+        assert_eq!(
+            ds.lists().keys().collect::<Vec<_>>(),
+            ["crowdsec:CAPI", "crowdsec:cscli"]
+        );
+        assert_eq!(
+            entries(&ds, "crowdsec:cscli"),
+            ["198.18.0.5/32", "198.18.7.0/24"]
+        );
+        assert!(ds.lists()["crowdsec:cscli"].counted);
+        // Deleting one of the two decisions of 198.18.0.5 keeps it banned;
+        // an id deleted twice, or never held, changes nothing.
+        assert_eq!(ds.apply([], [4, 4, 99]).removed, 1);
+        assert_eq!(
+            entries(&ds, "crowdsec:cscli"),
+            ["198.18.0.5/32", "198.18.7.0/24"]
+        );
+        ds.apply([], [1, 2]);
+        assert!(entries(&ds, "crowdsec:cscli").is_empty(), "kept, empty");
+        assert_eq!(entries(&ds, "crowdsec:CAPI"), ["198.18.9.9/32"]);
+    }
+
+    #[test]
+    fn ends_are_whole_seconds_and_expire_together() {
+        let mut ds = Decisions::default();
+        ds.apply(
+            [
+                Decision::new(1, p("198.18.0.1"), "cscli", 10_400, 1_000),
+                Decision::new(2, p("198.18.0.2"), "cscli", 10_000, 1_300),
+                Decision::new(3, p("198.18.0.3"), "cscli", 10_000, 5_000),
+            ],
+            [],
+        );
+        assert_eq!(ds.next_end(), Some(12_000));
+        assert_eq!(ds.expire(11_999), 0);
+        assert_eq!(ds.expire(12_000), 2);
+        assert_eq!(entries(&ds, "crowdsec:cscli"), ["198.18.0.3/32"]);
+        ds.postpone_due(20_000, 60_000);
+        assert_eq!(ds.next_end(), Some(80_000));
+    }
+
+    #[test]
+    fn a_resync_is_the_whole_set_and_says_what_differs() {
+        let mut ds = Decisions::of([d(1, "198.18.0.1", "cscli", 1_000_000)]);
+        let before = ds.clone();
+        assert!(ds.same(&before));
+        let got = ds.resync([
+            d(1, "198.18.0.1", "cscli", 1_000_000),
+            d(2, "198.18.0.2", "crowdsec", 1_000_000),
+        ]);
+        assert_eq!(
+            got,
+            Applied {
+                added: 1,
+                removed: 0
+            }
+        );
+        assert!(!ds.same(&before));
+        let again = ds.clone();
+        assert_eq!(ds.resync(again.iter().cloned()), Applied::default());
+        assert!(ds.same(&again), "an unchanged resync keeps the same map");
+        assert_eq!(
+            ds.resync([]),
+            Applied {
+                added: 0,
+                removed: 2
+            }
+        );
+        assert!(ds.is_empty());
+    }
+
+    #[test]
+    fn list_names_are_never_an_operators() {
+        assert_eq!(list_name("cscli"), "crowdsec:cscli");
+        assert_eq!(list_name("lists:firehol x"), "crowdsec:lists_firehol_x");
+        assert!(is_decision_list(&list_name("CAPI")));
+        assert!(crate::model::lists::check_name("--name", &list_name("CAPI")).is_err());
+    }
+}

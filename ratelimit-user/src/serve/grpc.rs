@@ -1,0 +1,351 @@
+//! Envoy's rate limit service API (`envoy.service.ratelimit.v3.RateLimitService/
+//! ShouldRateLimit`, the one Envoy's and Istio's rate limit filters call),
+//! beside the HTTP API, on the same limits and keys: a descriptor of domain
+//! `checkout` with the entry `user=42` counts in the same bucket over gRPC
+//! as `{"domain": "checkout", "descriptor": [...]}` or `{"limit":
+//! "per-user", "key": "42"}` over HTTP.
+//!
+//! As Envoy's own ratelimit service: each descriptor is looked up in the
+//! request's domain (entry by entry, a key and value first, else the key
+//! alone); one no limit matches is `OK` without a limit; each limited one
+//! takes `hits_addend` (1 when 0) all or nothing; the request is
+//! `OVER_LIMIT` when any descriptor is (those that were under their limit
+//! keep what they took, as Envoy's service counts them). A shadow limit
+//! answers `OK` and counts what it decided. A descriptor's `limit`
+//! override is taken in the open mode and from tenants with
+//! `inline-limits`.
+//!
+//! The caller's token comes in the `authorization` metadata (`Bearer
+//! TOKEN`; Envoy's `grpc_service.initial_metadata`). While Redis cannot
+//! decide: the domain's `failure-mode` (`allow`: `OK`, `deny`:
+//! `OVER_LIMIT`), else `UNAVAILABLE` and Envoy's `failure_mode_deny`
+//! chooses.
+
+use std::{sync::Arc, time::Duration};
+
+use envoy_types::pb::{
+    envoy::{
+        extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride,
+        service::ratelimit::v3::{
+            RateLimitRequest, RateLimitResponse,
+            rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit},
+            rate_limit_service_server::{RateLimitService, RateLimitServiceServer},
+        },
+    },
+    google::protobuf::Duration as PbDuration,
+};
+use ratelimit_redis::{Ask, Limit};
+use tonic::{Request, Response, Status};
+
+use super::{
+    api::App,
+    auth,
+    metrics::{Code as CodeLabel, Shadow},
+    policy::{self, Denied, FailureMode},
+    request::{MAX_ENTRIES, MAX_KEY},
+};
+
+/// The service, for tonic's server.
+pub(super) fn service(app: Arc<App>) -> RateLimitServiceServer<Rls> {
+    RateLimitServiceServer::new(Rls { app })
+}
+
+/// `ShouldRateLimit` on the service's limits.
+pub(super) struct Rls {
+    app: Arc<App>,
+}
+
+/// A descriptor's limit: its numbers, its name, whether it is a shadow.
+struct Found {
+    limit: Limit,
+    name: String,
+    shadow: bool,
+}
+
+impl Rls {
+    fn count(&self, code: &'static str) {
+        self.app
+            .metrics
+            .grpc
+            .get_or_create(&CodeLabel { code })
+            .inc();
+    }
+
+    fn refuse(&self, code: &'static str, status: Status) -> Status {
+        self.count(code);
+        status
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let app = &self.app;
+        let token = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
+        let tenant = match &app.policy {
+            None => None,
+            Some(p) => {
+                let unauth = |reason: &'static str, m: &str| {
+                    app.metrics.refused(reason);
+                    self.refuse("unauthenticated", Status::unauthenticated(m.to_string()))
+                };
+                let token = auth::bearer(token).map_err(|why| {
+                    unauth(
+                        "malformed",
+                        &format!("authorization: {why}; send `Bearer TOKEN`"),
+                    )
+                })?;
+                Some(p.tenant(token).map_err(|d| match d {
+                    Denied::Missing => unauth(
+                        "missing",
+                        "authorization: missing; send the metadata `authorization: Bearer TOKEN` (Envoy: grpc_service.initial_metadata)",
+                    ),
+                    Denied::Unknown => unauth("unknown", "authorization: not the token of any tenant"),
+                })?)
+            }
+        };
+        let r = request.into_inner();
+        let invalid = |m: String| self.refuse("invalid_argument", Status::invalid_argument(m));
+        if r.domain.is_empty() || r.domain.len() > MAX_KEY {
+            return Err(invalid(format!("domain: must be 1 to {MAX_KEY} bytes")));
+        }
+        if r.descriptors.is_empty() || r.descriptors.len() > super::request::MAX_ITEMS {
+            return Err(invalid(format!(
+                "descriptors: must hold 1 to {} descriptors",
+                super::request::MAX_ITEMS
+            )));
+        }
+        let domain = match (&app.policy, tenant) {
+            (Some(p), Some(t)) => Some(p.domain_for(t, &r.domain).map_err(|m| {
+                app.metrics.refused("forbidden");
+                self.refuse("permission_denied", Status::permission_denied(m))
+            })?),
+            _ => None,
+        };
+        let mut found: Vec<Option<Found>> = Vec::with_capacity(r.descriptors.len());
+        let mut asks = Vec::new();
+        for (i, d) in r.descriptors.iter().enumerate() {
+            if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+                return Err(invalid(format!(
+                    "descriptors[{i}]: must hold 1 to {MAX_ENTRIES} entries"
+                )));
+            }
+            let mut entries = Vec::with_capacity(d.entries.len());
+            for (j, e) in d.entries.iter().enumerate() {
+                if e.key.is_empty() || e.key.len() > MAX_KEY || e.value.len() > MAX_KEY {
+                    return Err(invalid(format!(
+                        "descriptors[{i}].entries[{j}]: a key of 1 to {MAX_KEY} bytes and a value of at most {MAX_KEY}"
+                    )));
+                }
+                entries.push((e.key.clone(), e.value.clone()));
+            }
+            let f = match &d.limit {
+                Some(o) => {
+                    if tenant.is_some_and(|t| !t.inline) {
+                        app.metrics.refused("forbidden");
+                        return Err(self.refuse(
+                            "permission_denied",
+                            Status::permission_denied(format!(
+                                "descriptors[{i}].limit: tenant {:?} may not name a limit's numbers (inline-limits is off)",
+                                tenant.map(|t| t.name.as_str()).unwrap_or_default()
+                            )),
+                        ));
+                    }
+                    Some(Found {
+                        limit: override_limit(o)
+                            .map_err(|m| invalid(format!("descriptors[{i}].limit: {m}")))?,
+                        name: String::new(),
+                        shadow: false,
+                    })
+                }
+                None => domain.and_then(|dm| dm.find(&entries)).map(|def| Found {
+                    limit: def.limit,
+                    name: def.name.clone(),
+                    shadow: def.shadow,
+                }),
+            };
+            if let Some(f) = &f {
+                let hits = d
+                    .hits_addend
+                    .as_ref()
+                    .map(|h| h.value)
+                    .or((r.hits_addend > 0).then_some(u64::from(r.hits_addend)))
+                    .unwrap_or(1)
+                    .max(1);
+                asks.push(Ask {
+                    key: app
+                        .decider
+                        .key(&policy::descriptor_key(&r.domain, &entries)),
+                    limit: f.limit,
+                    amount: hits,
+                    whole: true,
+                    grant: None,
+                });
+            }
+            found.push(f);
+        }
+        let decided = app.decider.acquire(asks).await;
+        if let Some(fail) = decided.iter().find_map(|d| d.as_ref().err()) {
+            for _ in 0..decided.len() {
+                app.metrics.count("redis_error");
+            }
+            return match domain.and_then(|d| d.failure_mode) {
+                None => Err(self.refuse("unavailable", Status::unavailable(fail.to_string()))),
+                Some(mode) => {
+                    let code = if mode == FailureMode::Allow {
+                        self.count("ok");
+                        Code::Ok
+                    } else {
+                        self.count("over_limit");
+                        Code::OverLimit
+                    };
+                    Ok(Response::new(RateLimitResponse {
+                        overall_code: code as i32,
+                        statuses: found
+                            .iter()
+                            .map(|_| DescriptorStatus {
+                                code: code as i32,
+                                ..Default::default()
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }))
+                }
+            };
+        }
+        let mut decided = decided.into_iter();
+        let mut over = false;
+        let statuses = found
+            .iter()
+            .map(|f| {
+                let Some(f) = f else {
+                    app.metrics.count("unlimited");
+                    return DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..Default::default()
+                    };
+                };
+                let g = decided
+                    .next()
+                    .expect("an answer for each limited descriptor")
+                    .expect("failures answered above");
+                let outcome = if g.allowed { "allowed" } else { "denied" };
+                let code = if f.shadow {
+                    app.metrics
+                        .shadow
+                        .get_or_create(&Shadow {
+                            limit: f.name.clone(),
+                            outcome,
+                        })
+                        .inc();
+                    app.metrics.count("allowed");
+                    Code::Ok
+                } else {
+                    app.metrics.count(outcome);
+                    if g.allowed { Code::Ok } else { Code::OverLimit }
+                };
+                over |= code == Code::OverLimit;
+                let (requests_per_unit, unit) = per_unit(&f.limit);
+                DescriptorStatus {
+                    code: code as i32,
+                    current_limit: Some(RateLimit {
+                        name: f.name.clone(),
+                        requests_per_unit,
+                        unit: unit as i32,
+                    }),
+                    limit_remaining: g.remaining.min(u64::from(u32::MAX)) as u32,
+                    duration_until_reset: g.retry_after.filter(|_| !g.allowed).map(pb_duration),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        self.count(if over { "over_limit" } else { "ok" });
+        Ok(Response::new(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            ..Default::default()
+        }))
+    }
+}
+
+fn pb_duration(d: Duration) -> PbDuration {
+    PbDuration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// The units of Envoy's `RateLimit`, in seconds.
+const UNITS: [(Unit, u64); 4] = [
+    (Unit::Second, 1),
+    (Unit::Minute, 60),
+    (Unit::Hour, 3600),
+    (Unit::Day, 86_400),
+];
+
+/// A limit as Envoy's `requests_per_unit` and `unit`: the shortest unit in
+/// which the rate is a whole number, else per day rounded down.
+fn per_unit(limit: &Limit) -> (u32, Unit) {
+    let (count, per) = match *limit {
+        Limit::Gcra { count, per, .. } => (count, per),
+        Limit::FixedWindow { window, limit } | Limit::SlidingWindow { window, limit } => {
+            (limit, window)
+        }
+    };
+    let per_us = per.as_micros().max(1);
+    for (unit, secs) in UNITS {
+        let scaled = u128::from(count) * u128::from(secs) * 1_000_000;
+        if scaled % per_us == 0 {
+            return ((scaled / per_us).min(u128::from(u32::MAX)) as u32, unit);
+        }
+    }
+    let per_day = u128::from(count) * 86_400 * 1_000_000 / per_us;
+    (per_day.clamp(1, u128::from(u32::MAX)) as u32, Unit::Day)
+}
+
+/// A descriptor's `limit` override: `requests_per_unit` per `unit`, a burst
+/// of one unit's worth (gcra).
+fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
+    // envoy.type.v3.RateLimitUnit: SECOND 1, MINUTE 2, HOUR 3, DAY 4,
+    // MONTH 5, YEAR 6, WEEK 7.
+    let secs: u64 = match o.unit {
+        1 => 1,
+        2 => 60,
+        3 => 3600,
+        4 => 86_400,
+        7 => 7 * 86_400,
+        5 => 30 * 86_400,
+        6 => 365 * 86_400,
+        other => return Err(format!("unit {other} is not a unit of time")),
+    };
+    if o.requests_per_unit == 0 {
+        return Err("requests_per_unit must be at least 1".into());
+    }
+    let n = u64::from(o.requests_per_unit);
+    Limit::gcra(n, Duration::from_secs(secs), n).map_err(|e| e.accepted.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_read_in_envoy_units() {
+        let g = |count, per_ms, burst| {
+            Limit::gcra(count, Duration::from_millis(per_ms), burst).unwrap()
+        };
+        assert_eq!(per_unit(&g(100, 1000, 20)), (100, Unit::Second));
+        assert_eq!(per_unit(&g(50, 3_600_000, 50)), (50, Unit::Hour));
+        assert_eq!(per_unit(&g(1, 60_000, 1)), (1, Unit::Minute));
+        // 1 per 7 s: no unit holds it whole before a day.
+        assert_eq!(per_unit(&g(1, 7000, 1)), (12_342, Unit::Day));
+        let w = Limit::fixed_window(Duration::from_secs(60), 30).unwrap();
+        assert_eq!(per_unit(&w), (30, Unit::Minute));
+    }
+}

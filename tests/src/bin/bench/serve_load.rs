@@ -1,0 +1,414 @@
+//! `ratelimit serve` under load: requests per second at 1, 8 and 32 clients
+//! over HTTP and gRPC, beside the floor measured in the same run, raw
+//! `EVALSHA` of the decision script (what a client of Redis that decides by
+//! itself pays), and beside the service of another build (`RATELIMIT_BEFORE`,
+//! e.g. main's) when one is given.
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use envoy_types::pb::envoy::{
+    extensions::common::ratelimit::v3::{
+        RateLimitDescriptor,
+        rate_limit_descriptor::{Entry, RateLimitOverride},
+    },
+    service::ratelimit::v3::{RateLimitRequest, rate_limit_service_client::RateLimitServiceClient},
+};
+use ratelimit_tests::{ChildGuard, redis::RedisServer, serve::free_port};
+use serde_json::json;
+
+use crate::{Opts, report::Report};
+
+/// Keys the clients cycle over: gcra 100/s burst 20, allowed and denied
+/// both occur.
+const KEYS: usize = 1000;
+const CLIENTS: [usize; 3] = [1, 8, 32];
+
+/// What one run measured.
+struct Run {
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let i = ((v.len() as f64 - 1.0) * p / 100.0).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+/// `clients` threads, each running `one` (made by `make`, per client) in a
+/// loop for `secs`.
+fn load<C: Send>(
+    clients: usize,
+    secs: Duration,
+    make: impl Fn(usize) -> C + Sync,
+    one: impl Fn(&mut C, usize) + Sync,
+) -> Run {
+    let stop = AtomicBool::new(false);
+    let lats: Vec<Vec<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let (make, one, stop) = (&make, &one, &stop);
+                s.spawn(move || {
+                    let mut client = make(c);
+                    let mut lat = Vec::new();
+                    let mut i = c * 7919;
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        one(&mut client, i);
+                        lat.push(t.elapsed().as_secs_f64() * 1e3);
+                        i += 1;
+                    }
+                    lat
+                })
+            })
+            .collect();
+        std::thread::sleep(secs);
+        stop.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client"))
+            .collect()
+    });
+    let mut all: Vec<f64> = lats.into_iter().flatten().collect();
+    all.sort_by(f64::total_cmp);
+    Run {
+        per_sec: all.len() as f64 / secs.as_secs_f64(),
+        p50_ms: pct(&all, 50.0),
+        p99_ms: pct(&all, 99.0),
+    }
+}
+
+/// A keep-alive HTTP/1.1 client.
+struct Http {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    line: String,
+}
+
+impl Http {
+    fn connect(port: u16) -> Self {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        Self {
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
+            line: String::new(),
+        }
+    }
+
+    fn post(&mut self, path: &str, body: &str) -> u16 {
+        write!(
+            self.writer,
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write");
+        self.line.clear();
+        self.reader.read_line(&mut self.line).expect("status line");
+        let status = self
+            .line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let mut length = 0usize;
+        loop {
+            self.line.clear();
+            self.reader.read_line(&mut self.line).expect("header");
+            if self.line == "\r\n" || self.line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = self.line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        self.reader.read_exact(&mut body).expect("body");
+        status
+    }
+}
+
+/// A raw Redis connection sending `EVALSHA` of the decision script.
+struct Raw {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    line: String,
+}
+
+impl Raw {
+    fn connect(port: u16) -> Self {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("redis");
+        s.set_nodelay(true).expect("nodelay");
+        Self {
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
+            line: String::new(),
+        }
+    }
+
+    fn command(&mut self, args: &[&str]) {
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            let _ = write!(out, "${}\r\n{a}\r\n", a.len());
+        }
+        self.writer.write_all(out.as_bytes()).expect("write");
+        self.skip_reply();
+    }
+
+    fn read_line(&mut self) -> String {
+        self.line.clear();
+        self.reader.read_line(&mut self.line).expect("reply");
+        self.line.trim_end().to_string()
+    }
+
+    fn skip_reply(&mut self) {
+        let l = self.read_line();
+        match l.as_bytes().first() {
+            Some(b'*') => {
+                let n: i64 = l[1..].parse().unwrap_or(0);
+                for _ in 0..n.max(0) {
+                    self.skip_reply();
+                }
+            }
+            Some(b'$') => {
+                let n: i64 = l[1..].parse().unwrap_or(-1);
+                if n >= 0 {
+                    let mut b = vec![0; n as usize + 2];
+                    self.reader.read_exact(&mut b).expect("bulk");
+                }
+            }
+            Some(b'-') => panic!("redis answered {l}"),
+            _ => {}
+        }
+    }
+}
+
+/// `ratelimit serve` from `bin` on free ports (gRPC too when `grpc`), once
+/// `/healthz` answers.
+fn service(
+    bin: &std::path::Path,
+    redis: &RedisServer,
+    grpc: bool,
+) -> (ChildGuard, u16, Option<u16>) {
+    let port = free_port();
+    let grpc_port = grpc.then(free_port);
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis"])
+        .arg(redis.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(g) = grpc_port {
+        cmd.args(["--grpc-listen", &format!("127.0.0.1:{g}")]);
+    }
+    let child = ChildGuard::spawn(cmd, "ratelimit serve");
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            drop(s);
+            let mut c = Http::connect(port);
+            let body = json!({"key": "warm", "limit": {"rate": "100/s"}}).to_string();
+            if c.post("/v1/acquire", &body) == 200 {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "ratelimit serve did not answer within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, port, grpc_port)
+}
+
+fn http_run(port: u16, clients: usize, secs: Duration, bodies: &[String]) -> Run {
+    load(
+        clients,
+        secs,
+        |_| Http::connect(port),
+        |c, i| {
+            let status = c.post("/v1/acquire", &bodies[i % KEYS]);
+            assert_eq!(status, 200, "acquire answered {status}");
+        },
+    )
+}
+
+fn grpc_run(port: u16, clients: usize, secs: Duration) -> Run {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let rt = Arc::new(rt);
+    load(
+        clients,
+        secs,
+        |_| {
+            rt.block_on(RateLimitServiceClient::connect(format!(
+                "http://127.0.0.1:{port}"
+            )))
+            .expect("gRPC connect")
+        },
+        |c, i| {
+            let req = RateLimitRequest {
+                domain: "bench".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: "key".into(),
+                        value: format!("{}", i % KEYS),
+                    }],
+                    limit: Some(RateLimitOverride {
+                        requests_per_unit: 100,
+                        unit: 1,
+                    }),
+                    ..Default::default()
+                }],
+                hits_addend: 1,
+            };
+            rt.block_on(c.should_rate_limit(req))
+                .expect("ShouldRateLimit");
+        },
+    )
+}
+
+fn raw_run(redis: &RedisServer, sha: &str, clients: usize, secs: Duration) -> Run {
+    load(
+        clients,
+        secs,
+        |_| Raw::connect(redis.port),
+        |c, i| {
+            let key = format!("raw:{{bench:{}}}", i % KEYS);
+            c.command(&[
+                "EVALSHA", sha, "1", &key, "partial", "gcra", "1", "10000", "20", "1", "0",
+            ]);
+        },
+    )
+}
+
+pub fn serve_load(opts: &Opts, report: &mut Report) {
+    let secs = Duration::from_millis(if opts.quick { 600 } else { 4000 });
+    let before = std::env::var_os("RATELIMIT_BEFORE").map(std::path::PathBuf::from);
+    report.section(
+        "Throttling service: throughput",
+        &format!(
+            "One `redis-server` (persistence off) and `ratelimit serve` on localhost; 1, 8 and 32 clients, each \
+             on a keep-alive connection of its own, send acquires one after another for {:.1} s over {KEYS} keys \
+             (gcra 100/s burst 20: allowed and denied both occur). The floor, in the same run: as many raw \
+             clients of Redis sending `EVALSHA` of the decision script (limit.lua, one key a call) on \
+             connections of their own. gRPC: `ShouldRateLimit` with one descriptor, through tonic's client. \
+             {}",
+            secs.as_secs_f64(),
+            if before.is_some() {
+                "\"before\" is the service built from main, run the same way against the same Redis."
+            } else {
+                "(Set RATELIMIT_BEFORE to another build's binary to measure it beside.)"
+            }
+        ),
+    );
+    let redis = RedisServer::start();
+    let mut raw = Raw::connect(redis.port);
+    let script = ratelimit_redis::LIMIT_SCRIPT;
+    let load_cmd = format!(
+        "*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n${}\r\n{script}\r\n",
+        script.len()
+    );
+    raw.writer
+        .write_all(load_cmd.as_bytes())
+        .expect("SCRIPT LOAD");
+    let _len = raw.read_line();
+    let sha = raw.read_line();
+    assert_eq!(sha.len(), 40, "SCRIPT LOAD answered {sha:?}");
+
+    let bin = ratelimit_tests::ratelimit_bin();
+    let (_svc, port, grpc_port) = service(&bin, &redis, true);
+    let old = before.as_ref().map(|b| service(b, &redis, false));
+    let bodies: Vec<String> = (0..KEYS)
+        .map(|i| {
+            json!({"key": format!("bench:{i}"), "amount": 1, "limit": {"rate": "100/s", "burst": 20}})
+                .to_string()
+        })
+        .collect();
+    let _ = writeln!(
+        report.md,
+        "| clients | raw EVALSHA req/s (p50, p99 ms) | HTTP req/s (p50, p99 ms) | HTTP ÷ raw | gRPC req/s (p50, p99 ms) | gRPC ÷ raw |{}\n|---|---|---|---|---|---|{}",
+        if old.is_some() {
+            " before: HTTP req/s (p50, p99 ms) | before ÷ raw |"
+        } else {
+            ""
+        },
+        if old.is_some() { "---|---|" } else { "" },
+    );
+    let mut rows = Vec::new();
+    for clients in CLIENTS {
+        // Each measured beside the floor right before and after it.
+        let raw1 = raw_run(&redis, &sha, clients, secs);
+        let http = http_run(port, clients, secs, &bodies);
+        let grpc = grpc_run(grpc_port.expect("gRPC port"), clients, secs);
+        let was = old
+            .as_ref()
+            .map(|(_, p, _)| http_run(*p, clients, secs, &bodies));
+        let raw2 = raw_run(&redis, &sha, clients, secs);
+        let floor = Run {
+            per_sec: (raw1.per_sec + raw2.per_sec) / 2.0,
+            p50_ms: (raw1.p50_ms + raw2.p50_ms) / 2.0,
+            p99_ms: (raw1.p99_ms + raw2.p99_ms) / 2.0,
+        };
+        let cell = |r: &Run| format!("{:.0} ({:.2}, {:.2})", r.per_sec, r.p50_ms, r.p99_ms);
+        let ratio = |r: &Run| r.per_sec / floor.per_sec;
+        let _ = writeln!(
+            report.md,
+            "| {clients} | {} | {} | **{:.0} %** | {} | {:.0} % |{}",
+            cell(&floor),
+            cell(&http),
+            ratio(&http) * 100.0,
+            cell(&grpc),
+            ratio(&grpc) * 100.0,
+            was.as_ref().map_or(String::new(), |w| format!(
+                " {} | {:.0} % |",
+                cell(w),
+                ratio(w) * 100.0
+            )),
+        );
+        println!(
+            "serve load, {clients} clients: raw EVALSHA {:.0}/s, HTTP {:.0}/s ({:.0} %), gRPC {:.0}/s ({:.0} %){}",
+            floor.per_sec,
+            http.per_sec,
+            ratio(&http) * 100.0,
+            grpc.per_sec,
+            ratio(&grpc) * 100.0,
+            was.as_ref().map_or(String::new(), |w| format!(
+                "; before: HTTP {:.0}/s ({:.0} %)",
+                w.per_sec,
+                ratio(w) * 100.0
+            ))
+        );
+        rows.push(json!({
+            "clients": clients,
+            "raw_evalsha": {"per_sec": floor.per_sec, "p50_ms": floor.p50_ms, "p99_ms": floor.p99_ms},
+            "http": {"per_sec": http.per_sec, "p50_ms": http.p50_ms, "p99_ms": http.p99_ms, "of_raw": ratio(&http)},
+            "grpc": {"per_sec": grpc.per_sec, "p50_ms": grpc.p50_ms, "p99_ms": grpc.p99_ms, "of_raw": ratio(&grpc)},
+            "before_http": was.as_ref().map(|w| json!({"per_sec": w.per_sec, "p50_ms": w.p50_ms, "p99_ms": w.p99_ms, "of_raw": ratio(w)})),
+        }));
+    }
+    let _ = writeln!(
+        report.md,
+        "\nTarget: HTTP ≥ 80 % of raw EVALSHA at 8 and 32 clients.\n"
+    );
+    report.json.insert("serve_load".into(), json!(rows));
+}

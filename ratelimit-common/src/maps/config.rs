@@ -55,7 +55,8 @@ pub mod match_fields {
     pub const DEST: u8 = 1 << 0;
     /// The transport protocol.
     pub const PROTO: u8 = 1 << 1;
-    /// The destination port range (TCP or UDP).
+    /// The destination ports (TCP or UDP): one of
+    /// [`super::MatchEntry::ports`]' ranges.
     pub const PORTS: u8 = 1 << 2;
     /// TCP with SYN and without ACK (a connection's first frame).
     pub const SYN: u8 = 1 << 3;
@@ -79,18 +80,33 @@ pub struct MatchEntry {
     pub dest_mask: Words,
     /// Index in [`MAP_RULE_TABLE`].
     pub rule: u32,
-    /// Destination ports, inclusive, host order.
-    pub dport_first: u16,
-    pub dport_last: u16,
     /// Bits of [`match_fields`].
     pub fields: u8,
     /// The transport protocol (IANA number).
     pub proto: u8,
     /// The ICMP type.
     pub icmp_type: u8,
-    pub _pad: [u8; 5],
+    /// Ranges of [`MatchEntry::ports`] in use (1 ..= [`MAX_PORT_RANGES`]
+    /// under [`match_fields::PORTS`]).
+    pub port_ranges: u8,
+    /// Destination port ranges, inclusive, host order, sorted and apart: a
+    /// frame's port in any of the first [`MatchEntry::port_ranges`] matches.
+    pub ports: [PortRange; MAX_PORT_RANGES],
 }
-const _: () = assert!(core::mem::size_of::<MatchEntry>() == 48);
+const _: () = assert!(core::mem::size_of::<MatchEntry>() == 40 + 4 * MAX_PORT_RANGES);
+
+/// Destination ports, inclusive, host order: `first == last` for one port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+/// Ranges one rule's port set may have (`--dport 22,80,443,8000-8100` is
+/// four): the program tries them in turn, so a frame pays for those before
+/// its own.
+pub const MAX_PORT_RANGES: usize = 16;
 
 /// Value of [`MAP_GROUPS`]: the rules a source under one prefix can meet,
 /// most specific first; the first that matches judges the frame. The last is
@@ -110,7 +126,8 @@ pub struct MatchGroup {
     pub _pad: u32,
     pub entries: [MatchEntry; MAX_MATCHES],
 }
-const _: () = assert!(core::mem::size_of::<MatchGroup>() == 16 + 48 * MAX_MATCHES);
+const _: () =
+    assert!(core::mem::size_of::<MatchGroup>() == 16 + (40 + 4 * MAX_PORT_RANGES) * MAX_MATCHES);
 
 /// No rule: what a lookup returns when nothing matches.
 pub const NO_RULE: u32 = u32::MAX;

@@ -11,8 +11,8 @@ use core::ptr::read_volatile;
 
 use aya_ebpf::{bindings::xdp_md, maps::lpm_trie::Key, programs::XdpContext};
 use ratelimit_common::{
-    Config, Event, FAMILY_BITS, GROUP_BIT, MAX_MATCHES, MatchEntry, NO_RULE, Rule, RuleAddr, Words,
-    match_fields, rule_addr,
+    Config, Event, FAMILY_BITS, GROUP_BIT, MAX_MATCHES, MAX_PORT_RANGES, MatchEntry, NO_RULE, Rule,
+    RuleAddr, Words, match_fields, rule_addr,
 };
 
 use super::{
@@ -167,11 +167,8 @@ pub(crate) fn judge(e: &MatchEntry, flow: &Flow) -> Judged {
     if flow.status != L4_HEADER {
         return Judged::Unknown;
     }
-    if fields & match_fields::PORTS != 0 {
-        let port = u16::from_be(flow.dport);
-        if port < e.dport_first || port > e.dport_last {
-            return Judged::No;
-        }
+    if fields & match_fields::PORTS != 0 && !in_ports(e, u16::from_be(flow.dport)) {
+        return Judged::No;
     }
     if fields & match_fields::SYN != 0 && flow.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
         return Judged::No;
@@ -180,4 +177,22 @@ pub(crate) fn judge(e: &MatchEntry, flow: &Flow) -> Judged {
         return Judged::No;
     }
     Judged::Yes
+}
+
+/// Whether `port` is in one of `e`'s port ranges: tried in order, so one
+/// range costs what a single range always cost.
+#[inline(always)]
+fn in_ports(e: &MatchEntry, port: u16) -> bool {
+    let mut k = 0;
+    while k < MAX_PORT_RANGES {
+        if k >= e.port_ranges as usize {
+            break;
+        }
+        let r = &e.ports[k];
+        if port >= r.first && port <= r.last {
+            return true;
+        }
+        k += 1;
+    }
+    false
 }

@@ -568,8 +568,9 @@ pub struct MatchArgs {
     /// number.
     #[arg(long, help_heading = "Match")]
     pub proto: Option<String>,
-    /// Only frames to this destination port or range, e.g. 53 or
-    /// 27015-27020 (with --proto tcp or udp).
+    /// Only frames to this destination port, range or set, e.g. 53,
+    /// 27015-27020 or 22,80,443,8000-8100 (at most 16 ranges; with --proto
+    /// tcp or udp).
     #[arg(long, help_heading = "Match")]
     pub dport: Option<String>,
     /// Only TCP SYNs without ACK, a connection's first frame (with --proto tcp).

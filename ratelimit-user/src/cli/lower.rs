@@ -13,7 +13,8 @@ use crate::{
     error::{Error, Result},
     kernel::LoadOptions,
     model::{
-        matching::{Selector, flag_name, parse_ports, parse_proto},
+        matching::{Selector, flag_name, parse_proto},
+        ports::Ports,
         prefix::Prefix,
         rate::{parse_duration, parse_rate},
         rules::MalformedPolicy,
@@ -225,7 +226,7 @@ impl MatchArgs {
             m.proto = Some(parse_proto("--proto", p)?);
         }
         if let Some(d) = &self.dport {
-            m.dports = Some(parse_ports("--dport", d)?);
+            m.dports = Some(Ports::parse("--dport", d)?);
         }
         if self.syn {
             m.syn = true;

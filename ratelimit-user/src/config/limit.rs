@@ -7,11 +7,14 @@ use super::schema::ALGO_PARAMS;
 use super::*;
 use crate::{
     error::{Error, Result},
-    model::matching::{Match, parse_ports, parse_proto},
     model::rate::{parse_burst, parse_duration, parse_rate},
     model::rules::{
         Action, Algo, DEFAULT_PER_V4, DEFAULT_PER_V6, KeyLevel, Limit, NewSources, Prefix, Shared,
         default_limit, default_new_sources,
+    },
+    model::{
+        matching::{Match, parse_proto},
+        ports::Ports,
     },
 };
 use ratelimit_common as common;
@@ -35,7 +38,7 @@ impl RawRule {
             dports: self
                 .dport
                 .as_ref()
-                .map(|p| parse_ports(&name("dport"), &p.text()))
+                .map(|p| Ports::parse(&name("dport"), &p.text()))
                 .transpose()?,
             syn: self.syn.unwrap_or(false),
             icmp_type: self.icmp_type,

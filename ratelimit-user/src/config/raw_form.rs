@@ -122,12 +122,9 @@ impl From<&RuleSet> for RawConfig {
                         proto: m
                             .proto
                             .map(|p| RawNumberOrText::Text(proto_name(p).replace("proto ", ""))),
-                        dport: m.dports.map(|(a, b)| {
-                            if a == b {
-                                RawNumberOrText::Number(a.into())
-                            } else {
-                                RawNumberOrText::Text(format!("{a}-{b}"))
-                            }
+                        dport: m.dports.map(|p| match p.single() {
+                            Some((a, b)) if a == b => RawNumberOrText::Number(a.into()),
+                            _ => RawNumberOrText::Text(p.to_string()),
                         }),
                         syn: m.syn.then_some(true),
                         icmp_type: m.icmp_type,

@@ -103,14 +103,13 @@ fn takes(m: &Match, p: &Probe) -> Takes {
             Some(_) => {}
         }
     }
-    if let Some((first, last)) = m.dports {
+    if let Some(ports) = m.dports {
         match p.dport {
             None => return Takes::Unknown("--dport"),
-            Some(port) if port < first || port > last => {
-                let ports = if first == last {
-                    format!("port {first}")
-                } else {
-                    format!("ports {first}-{last}")
+            Some(port) if !ports.contains(port) => {
+                let ports = match ports.single() {
+                    Some((first, last)) if first == last => format!("port {first}"),
+                    _ => format!("ports {ports}"),
                 };
                 return Takes::No(format!("it takes {ports}, not {port}"));
             }

@@ -1,5 +1,6 @@
 //! What a rule matches: its source prefix and, optionally, the destination,
-//! the transport protocol, a destination port range, TCP's SYN and the ICMP
+//! the transport protocol, destination ports (a port, a range or a set),
+//! TCP's SYN and the ICMP
 //! type. Several rules may share a source prefix with different matches; the
 //! order in which they are tried (their precedence) is the order of
 //! [`Selector`]s, and the kernel's match groups are built from it.
@@ -13,6 +14,9 @@
 //!    protocol alone; the rule with no match last;
 //! 3. rules alike in all that (`udp dport 53` and `tcp dport 53`): by
 //!    protocol number, then first port.
+//!
+//! A port set (`dport 22,80,443`) ranks by how many ports it holds, as a
+//! range does: `dport 22` before `dport 22,80,443` before `dport 1-1024`.
 
 use std::{cmp::Ordering, collections::BTreeMap, fmt, net::IpAddr};
 
@@ -23,7 +27,7 @@ use ratelimit_common::{
 
 use crate::{
     error::{Error, Result},
-    model::prefix::Prefix,
+    model::{ports::Ports, prefix::Prefix},
 };
 
 pub const PROTO_ICMP: u8 = 1;
@@ -42,8 +46,8 @@ pub struct Match {
     pub dest: Option<Prefix>,
     /// The transport protocol (IANA number).
     pub proto: Option<u8>,
-    /// Destination ports, inclusive (TCP or UDP).
-    pub dports: Option<(u16, u16)>,
+    /// Destination ports (TCP or UDP): a port, a range or a set.
+    pub dports: Option<Ports>,
     /// TCP with SYN and without ACK.
     pub syn: bool,
     /// The ICMP or ICMPv6 type.
@@ -93,19 +97,11 @@ impl Match {
             }
             _ => {}
         }
-        if let Some((first, last)) = self.dports {
-            if !matches!(self.proto, Some(PROTO_TCP | PROTO_UDP)) {
-                return Err(Error::invalid(
-                    name("dport"),
-                    "a port is TCP's or UDP's: give --proto tcp or --proto udp with it",
-                ));
-            }
-            if first > last {
-                return Err(Error::invalid(
-                    name("dport"),
-                    format!("{first}-{last} is not a range: the first port comes first"),
-                ));
-            }
+        if self.dports.is_some() && !matches!(self.proto, Some(PROTO_TCP | PROTO_UDP)) {
+            return Err(Error::invalid(
+                name("dport"),
+                "a port is TCP's or UDP's: give --proto tcp or --proto udp with it",
+            ));
         }
         if self.syn && self.proto != Some(PROTO_TCP) {
             return Err(Error::invalid(
@@ -126,8 +122,7 @@ impl Match {
     fn rank(&self) -> (u16, u32, u8, u8) {
         (
             self.dest.map_or(u16::MAX, |d| 128 - u16::from(d.len)),
-            self.dports
-                .map_or(u32::MAX, |(a, b)| u32::from(b.saturating_sub(a))),
+            self.dports.map_or(u32::MAX, |p| p.count() - 1),
             u8::from(!(self.syn || self.icmp_type.is_some())),
             u8::from(self.proto.is_none()),
         )
@@ -161,9 +156,8 @@ impl Match {
             e.proto = p;
             e.fields |= match_fields::PROTO;
         }
-        if let Some((first, last)) = self.dports {
-            e.dport_first = first;
-            e.dport_last = last;
+        if let Some(p) = self.dports {
+            (e.ports, e.port_ranges) = p.entry();
             e.fields |= match_fields::PORTS;
         }
         if self.syn {
@@ -197,7 +191,12 @@ impl Match {
         Match {
             dest,
             proto: has(match_fields::PROTO).then_some(e.proto),
-            dports: has(match_fields::PORTS).then_some((e.dport_first, e.dport_last)),
+            dports: has(match_fields::PORTS)
+                .then(|| {
+                    let n = usize::from(e.port_ranges).min(e.ports.len());
+                    Ports::of(&e.ports[..n])
+                })
+                .flatten(),
             syn: has(match_fields::SYN),
             icmp_type: has(match_fields::ICMP_TYPE).then_some(e.icmp_type),
         }
@@ -231,41 +230,6 @@ pub fn parse_proto(field: &str, s: &str) -> Result<u8> {
     }
 }
 
-/// Parses `53` or `27015-27020`.
-pub fn parse_ports(field: &str, s: &str) -> Result<(u16, u16)> {
-    let bad = || {
-        Error::invalid(
-            field,
-            format!(
-                "{s:?} is not a port or a range; expected a port like 53 or a range like 27015-27020 (0 to 65535)"
-            ),
-        )
-    };
-    let port = |p: &str| p.trim().parse::<u16>().map_err(|_| bad());
-    let (first, last) = match s.split_once('-') {
-        Some((a, b)) => (port(a)?, port(b)?),
-        None => {
-            let p = port(s)?;
-            (p, p)
-        }
-    };
-    if first > last {
-        return Err(Error::invalid(
-            field,
-            format!("{s:?} is not a range: the first port comes first"),
-        ));
-    }
-    Ok((first, last))
-}
-
-fn fmt_ports((first, last): (u16, u16)) -> String {
-    if first == last {
-        first.to_string()
-    } else {
-        format!("{first}-{last}")
-    }
-}
-
 impl fmt::Display for Match {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
@@ -276,7 +240,7 @@ impl fmt::Display for Match {
             parts.push(proto_name(p));
         }
         if let Some(ports) = self.dports {
-            parts.push(format!("dport {}", fmt_ports(ports)));
+            parts.push(format!("dport {ports}"));
         }
         if self.syn {
             parts.push("syn".into());
@@ -330,7 +294,7 @@ impl PartialOrd for Selector {
 }
 
 /// Forms accepted for a selector in text, for errors.
-pub const SELECTOR_FORMS: &str = "a CIDR, then optionally: to CIDR, tcp|udp|icmp|icmpv6|proto N, dport P or P-Q, syn, type T (e.g. \"198.18.0.0/15 udp dport 53\")";
+pub const SELECTOR_FORMS: &str = "a CIDR, then optionally: to CIDR, tcp|udp|icmp|icmpv6|proto N, dport P, P-Q or P,Q,R-S, syn, type T (e.g. \"198.18.0.0/15 udp dport 53\")";
 
 impl Selector {
     /// Parses the text form (as [`fmt::Display`] writes it): `198.18.0.0/15`,
@@ -360,7 +324,7 @@ impl Selector {
                 }
                 "dport" => {
                     let v = words.next().ok_or_else(|| missing("dport"))?;
-                    m.dports = Some(parse_ports("--dport", v)?);
+                    m.dports = Some(Ports::parse("--dport", v)?);
                 }
                 "syn" => m.syn = true,
                 "type" => {

@@ -11,6 +11,7 @@ pub mod limit;
 pub mod lists;
 pub mod matching;
 pub mod overlay;
+pub mod ports;
 pub mod prefix;
 pub mod rate;
 pub mod rules;

@@ -193,3 +193,45 @@ fn a_100k_line_blocklist_drops_its_sources_and_unloads_under_traffic() {
         "lists left after unset"
     );
 }
+
+/// A port set through the veth: `deny --proto udp --dport 5001,5003,5010-5012`
+/// drops every frame to its ports and passes every frame to the ports
+/// between them; `list` writes the set back as given (sorted).
+#[test]
+fn a_port_set_drops_its_ports_and_passes_the_ports_between() {
+    privileged!("a_port_set_drops_its_ports_and_passes_the_ports_between");
+    let (h, d) = Host::start("portset", &[]);
+    let out = d.cli_ok(&[
+        "deny",
+        "198.18.0.0/15",
+        "--proto",
+        "udp",
+        "--dport",
+        "5010-5012,5003,5001",
+    ]);
+    assert!(out.contains("dport 5001,5003,5010-5012"), "{out}");
+    let listed = d.cli_ok(&["list"]);
+    assert!(
+        listed.contains("198.18.0.0/15 udp dport 5001,5003,5010-5012"),
+        "{listed}"
+    );
+    let src = ip("198.18.0.9");
+    let ports = [5001u16, 5002, 5003, 5004, 5009, 5010, 5011, 5012, 5013];
+    let receivers: Vec<_> = ports.iter().map(|p| h.pair.receiver(*p)).collect();
+    let flows: Vec<_> = ports.iter().map(|p| h.pair.flow(src, *p, 100)).collect();
+    let sent = h.pair.send(&flows, Duration::from_millis(500));
+    for ((port, rx), s) in ports.iter().zip(receivers).zip(sent) {
+        let got = rx.finish().get(&src).copied().unwrap_or(0);
+        assert!(s.frames >= 20, "port {port}: only {} sent", s.frames);
+        let denied = [5001, 5003, 5010, 5011, 5012].contains(port);
+        if denied {
+            assert_eq!(
+                got, 0,
+                "port {port} is in the set: {got} of {} arrived",
+                s.frames
+            );
+        } else {
+            assert_eq!(got, s.frames, "port {port} is between the set's ports");
+        }
+    }
+}

@@ -184,6 +184,103 @@ fn rules_match_tcp_syn_and_fragments_follow_the_policy() {
     );
 }
 
+/// Port sets: `dport 22,80,443,8000-8100` takes each of its ports and ranges
+/// and nothing between; the largest set (16 ranges) takes its last range; a
+/// narrower set beats a wider one; IPv6 alike; the read-back is the set.
+#[test]
+fn rules_match_port_sets() {
+    privileged!("rules_match_port_sets");
+    let largest: Vec<String> = (0..16).map(|i| (1000 + 10 * i).to_string()).collect();
+    let largest = format!("198.18.0.0/15 udp dport {}", largest.join(","));
+    let set = matching(&[
+        ("198.18.0.0/15", Action::Allow),
+        ("198.18.0.0/15 tcp dport 22,80,443,8000-8100", DENY),
+        ("198.18.0.0/15 tcp dport 80,81", DRY_DENY),
+        (&largest, DENY),
+        ("2001:db8::/32", Action::Allow),
+        ("2001:db8::/32 udp dport 53,123,5000-5010", DENY),
+    ]);
+    let l = Loaded::new(&set);
+    assert_eq!(l.maps.rule_set().expect("read back").rules, set.rules);
+    let tcp_to = |port| Udp {
+        dport: port,
+        tcp: Some(tcp::SYN),
+        ..v4("198.18.2.1")
+    };
+    for port in [22, 443, 8000, 8050, 8100] {
+        expect(
+            &l,
+            "in the set",
+            &tcp_to(port).build(),
+            XDP_DROP,
+            Reason::Denied,
+        );
+    }
+    // 80 and 81 are in both sets: the narrower (two ports) judges them.
+    for port in [80, 81] {
+        expect(
+            &l,
+            "in both sets",
+            &tcp_to(port).build(),
+            XDP_PASS,
+            Reason::WouldDrop,
+        );
+    }
+    for port in [21, 23, 79, 82, 442, 444, 7999, 8101] {
+        expect(
+            &l,
+            "between the set's ports",
+            &tcp_to(port).build(),
+            XDP_PASS,
+            Reason::Allowed,
+        );
+    }
+    let udp_to = |port, src| Udp {
+        dport: port,
+        ..v4(src)
+    };
+    for port in [1000, 1070, 1150] {
+        expect(
+            &l,
+            "the largest set",
+            &udp_to(port, "198.18.2.2").build(),
+            XDP_DROP,
+            Reason::Denied,
+        );
+    }
+    for port in [999, 1001, 1151, 22] {
+        expect(
+            &l,
+            "outside the largest set",
+            &udp_to(port, "198.18.2.2").build(),
+            XDP_PASS,
+            Reason::Allowed,
+        );
+    }
+    let udp6 = |port| Udp {
+        dport: port,
+        ..v6("2001:db8:5::1")
+    };
+    for port in [53, 123, 5000, 5010] {
+        expect(
+            &l,
+            "IPv6 set",
+            &udp6(port).build(),
+            XDP_DROP,
+            Reason::Denied,
+        );
+    }
+    for port in [52, 124, 4999, 5011] {
+        expect(
+            &l,
+            "IPv6 outside the set",
+            &udp6(port).build(),
+            XDP_PASS,
+            Reason::Allowed,
+        );
+    }
+}
+
 /// Ports and ranges, ICMP types, and a prefix's rules tried most specific
 /// first.
 #[test]

@@ -73,6 +73,23 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
             .insert(Selector::parse("bench", s).expect("selector"), action);
     }
     let with_matches = Loaded::with_capacity(&matched, 1 << 20);
+    // Port sets: a frame to port 5000 taken by a rule of that one port, and
+    // by the largest set (16 ranges) with 5000 its last range.
+    let by_ports = |dport: &str| {
+        let mut set = rules(fast);
+        set.rules.insert(
+            Selector::parse("bench", &format!("198.18.0.0/16 udp dport {dport}"))
+                .expect("selector"),
+            Action::Limit(fast),
+        );
+        Loaded::with_capacity(&set, 1 << 20)
+    };
+    let one_port = by_ports("5000");
+    let largest: Vec<String> = (0..15).map(|i| (1000 + 10 * i).to_string()).collect();
+    let port_set = by_ports(&format!("{},5000", largest.join(",")));
+    let mut to_5000 = Udp::new(ip("198.18.7.1"), ip("198.18.0.2"));
+    to_5000.dport = 5000;
+    let frame_5000 = to_5000.build();
     // Three key levels (per /32, /24 and /16), all within their limits: the
     // frame is taken at each, beside the one-level rule above.
     let bucket = |rate: &str| ratelimit_user::model::rules::Shared {
@@ -224,6 +241,18 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
             "ratelimit, IPv4, 10 rules with matches, 7 tried before the source's own",
             with_matches.prog_fd(),
             &frame4,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4, a rule of one port takes the frame",
+            one_port.prog_fd(),
+            &frame_5000,
+            XDP_PASS,
+        ),
+        (
+            "ratelimit, IPv4, a set of 16 port ranges takes the frame at its last",
+            port_set.prog_fd(),
+            &frame_5000,
             XDP_PASS,
         ),
         (

@@ -161,17 +161,32 @@ pub(super) fn list(data: &Rules) {
             .max()
             .unwrap_or(0)
             .max(20);
+        let stats = data.lists.iter().any(|l| l.counters.is_some());
+        let frames = |l: &crate::protocol::answer::ListView| match (stats, l.counters) {
+            (false, _) => String::new(),
+            (true, None) => format!(" {:>12} {:>14}", "-", "-"),
+            (true, Some(c)) => format!(" {:>12} {:>14}", c.packets, c.bytes),
+        };
         println!(
-            "{:<width$} {:<6} {:>9} {:>9}  source",
-            "list", "action", "entries", "shadowed"
+            "{:<width$} {:<6} {:>9} {:>9}{}  source",
+            "list",
+            "action",
+            "entries",
+            "shadowed",
+            if stats {
+                format!(" {:>12} {:>14}", "frames", "bytes")
+            } else {
+                String::new()
+            }
         );
         for l in &data.lists {
             println!(
-                "{:<width$} {:<6} {:>9} {:>9}  {}{}{}",
+                "{:<width$} {:<6} {:>9} {:>9}{}  {}{}{}",
                 l.name,
                 l.action.to_string(),
                 l.entries,
                 l.shadowed,
+                frames(l),
                 l.source,
                 if l.origin == Origin::Config {
                     " (config)"
@@ -179,6 +194,11 @@ pub(super) fn list(data: &Rules) {
                     ""
                 },
                 ends(l.expires_in_s.as_ref())
+            );
+        }
+        if stats {
+            println!(
+                "(frames: what each list judged since it was loaded or the daemon started: dropped by a deny list, passed by an allow list)"
             );
         }
         if data.lists.iter().any(|l| l.shadowed > 0) {

@@ -106,13 +106,22 @@ pub(crate) fn syntax_error(text: &str, e: &toml_edit::TomlError) -> (Option<usiz
 /// `--max-list-entries`): what does not, as errors of the file as a whole.
 pub fn fits(set: &RuleSet, max_rules: u32, max_list_entries: u32) -> Vec<Problem> {
     let mut out = Vec::new();
-    let rules = set.rules.len();
+    let lists = set.lists.values().filter(|l| l.counted).count();
+    let rules = set.rules.len() + lists;
     if rules > max_rules as usize {
+        let what = if lists == 0 {
+            format!("{rules} rules")
+        } else {
+            format!(
+                "{} rules and {lists} lists (a list takes a rule for its counters)",
+                set.rules.len()
+            )
+        };
         out.push(Problem {
             line: None,
             field: "--max-rules".into(),
             message: format!(
-                "{rules} rules do not fit in {max_rules}: run the daemon (and this check) with --max-rules {rules} or more"
+                "{what} do not fit in {max_rules}: run the daemon (and this check) with --max-rules {rules} or more"
             ),
         });
     }

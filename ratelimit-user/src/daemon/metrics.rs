@@ -50,6 +50,7 @@ use tokio::{
 use crate::{
     host::slots::{AcceptBackoff, ResetOnClose, Slot, Slots},
     kernel::Attached,
+    model::lists::ListAction,
 };
 
 /// The port the `--metrics` examples use (Prometheus' registry of exporter
@@ -91,6 +92,9 @@ pub struct Snapshot {
     /// Each rule's counters (`default` and each rule's CIDR and match), by
     /// [`RuleCounter`].
     pub rule_counters: Vec<(String, [Counter; RuleCounter::ALL.len()])>,
+    /// Each list's frames (dropped by a deny list, passed by an allow
+    /// list), by name, with its action.
+    pub list_counters: Vec<(String, ListAction, Counter)>,
     /// The fleet, when run with `--fleet`.
     pub fleet: Option<crate::fleet::Status>,
     /// The fleet sync's ages, when run with `--fleet`.
@@ -153,6 +157,33 @@ impl Collector for Snapshot {
             "ratelimit_rule_bytes",
             "Bytes of those frames.",
             by_rule(|c| c.bytes),
+        )?;
+        let by_list = |f: fn(&Counter) -> u64| {
+            self.list_counters
+                .iter()
+                .map(|(name, action, c)| {
+                    (
+                        vec![
+                            iface.clone(),
+                            ("list", name.clone()),
+                            ("action", action.to_string()),
+                        ],
+                        f(c),
+                    )
+                })
+                .collect()
+        };
+        counter(
+            &mut encoder,
+            "ratelimit_list_packets",
+            "Frames each list judged since it was loaded or the daemon started: dropped by a deny list, passed by an allow list.",
+            by_list(|c| c.packets),
+        )?;
+        counter(
+            &mut encoder,
+            "ratelimit_list_bytes",
+            "Bytes of those frames.",
+            by_list(|c| c.bytes),
         )?;
         counter(
             &mut encoder,

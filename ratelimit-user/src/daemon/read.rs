@@ -86,7 +86,7 @@ pub(super) fn list_of(rules: &Layers, counters: Option<&Maps>) -> Result<answer:
         clock,
         new_states: set.new_states.to_string(),
         rules: listed,
-        lists: list_views(rules, &set),
+        lists: list_views(rules, &set, counters)?,
         live_changes: rules.live.rules.len()
             + usize::from(rules.live.default.is_some())
             + rules.live.lists.len(),
@@ -99,9 +99,11 @@ pub(super) fn list_of(rules: &Layers, counters: Option<&Maps>) -> Result<answer:
 /// entries are shadowed (they have exactly the CIDR of a rule without a
 /// match, which wins, or, in a deny list, are equal to or inside an allow
 /// list entry, which wins: see `kernel::Maps::apply`).
-fn list_views(rules: &Layers, set: &RuleSet) -> Vec<ListView> {
+fn list_views(rules: &Layers, set: &RuleSet, counters: Option<&Maps>) -> Result<Vec<ListView>> {
     let allowed = Allowed::of(set.lists.values());
-    set.lists
+    let counted = counters.map(Maps::list_counters).transpose()?;
+    Ok(set
+        .lists
         .iter()
         .map(|(name, l)| {
             let shadowed = l
@@ -122,9 +124,13 @@ fn list_views(rules: &Layers, set: &RuleSet) -> Vec<ListView> {
                 origin: Origin::of(rules.list_origin(name)),
                 expires_at,
                 expires_in_s,
+                counters: counted
+                    .as_ref()
+                    .and_then(|c| c.get(name))
+                    .map(|c| (*c).into()),
             }
         })
-        .collect()
+        .collect())
 }
 
 /// Counters by reason from `maps`; `rate` gives a reason's packets and

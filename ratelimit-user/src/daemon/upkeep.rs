@@ -131,6 +131,7 @@ impl Daemon {
             tracked: self.tracked.map_or(0, |(_, n)| n),
             rules: self.rules.effective().rules.len(),
             rule_counters: self.rule_counters(),
+            list_counters: self.list_counters(),
             fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
             fleet_sync: self.fleet_metrics.as_ref().map(|m| m.sync.clone()),
             crowdsec: self.crowdsec_status(),
@@ -157,6 +158,26 @@ impl Daemon {
             }
         }
         out
+    }
+
+    /// Each list's frames, with its action (a list whose counters cannot be
+    /// read is left out).
+    fn list_counters(
+        &self,
+    ) -> Vec<(
+        String,
+        crate::model::lists::ListAction,
+        ratelimit_common::Counter,
+    )> {
+        let set = self.rules.effective();
+        let counted = self.enforcer.maps.list_counters().unwrap_or_default();
+        counted
+            .into_iter()
+            .filter_map(|(name, c)| {
+                let action = set.lists.get(&name)?.action;
+                Some((name, action, c))
+            })
+            .collect()
     }
 
     /// Answers the fleet sync task: writes its heartbeat and reads what

@@ -151,7 +151,7 @@ pub fn explain(set: &RuleSet, probe: &Probe) -> Result<Verdict> {
         .enumerate()
         .map(|(i, s)| (*s, i as u32))
         .collect();
-    // A counted list (CrowdSec's origins) points at a rule of its own.
+    // A counted list (every list but a test's) points at a rule of its own.
     let counted: std::collections::BTreeMap<String, u32> = set
         .lists
         .iter()
@@ -215,7 +215,10 @@ pub fn explain(set: &RuleSet, probe: &Probe) -> Result<Verdict> {
         }
         i if i > allow => {
             let name = counted.iter().find(|(_, at)| **at == i).map(|(n, _)| n);
-            list_entry(set, ListAction::Deny, &frame, name).unwrap_or(Judge::Default)
+            let action = name
+                .and_then(|n| set.lists.get(n))
+                .map_or(ListAction::Deny, |l| l.action);
+            list_entry(set, action, &frame, name).unwrap_or(Judge::Default)
         }
         _ => Judge::Default,
     };

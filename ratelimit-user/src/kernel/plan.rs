@@ -259,7 +259,7 @@ pub fn plan(
             what: if counted_lists == 0 {
                 "rules".into()
             } else {
-                "rules and counted lists (CrowdSec's origins, a rule each)".into()
+                "rules and lists (a list takes a rule for its counters)".into()
             },
             wanted: set.rules.len() + counted_lists,
             capacity: capacity as usize,

@@ -71,7 +71,9 @@ pub struct List {
     pub entries: Arc<[Prefix]>,
     /// Whether its frames are counted as its own (its entries point at a
     /// policy rule of its own, with a counter slot, rather than at the
-    /// shared one): the lists of CrowdSec's decisions, one per origin.
+    /// shared one): every list read from a file or stdin, and the lists of
+    /// CrowdSec's decisions (one per origin). A list costs a rule of
+    /// `--max-rules` for it.
     pub counted: bool,
 }
 
@@ -228,7 +230,7 @@ impl List {
                 action,
                 source: source.to_string(),
                 entries: parsed.entries.clone().into(),
-                counted: false,
+                counted: true,
             },
             parsed,
         ))

@@ -235,3 +235,56 @@ fn a_port_set_drops_its_ports_and_passes_the_ports_between() {
         }
     }
 }
+
+/// Per-list counters: a deny list and an allow list each count the frames
+/// they judged, exactly, in `list --stats` (text and JSON) and in
+/// Prometheus; another source counts in neither.
+#[test]
+fn each_list_counts_the_frames_it_judged() {
+    privileged!("each_list_counts_the_frames_it_judged");
+    const ADDR: &str = "127.0.0.1:9481";
+    let (h, d) = Host::start("liststats", &["--metrics", ADDR]);
+    let (bad, friend, other) = (ip("198.18.0.5"), ip("198.18.0.6"), ip("198.18.0.7"));
+    let deny = h.write("scanners.txt", "198.18.0.5\n198.18.9.0/24\n");
+    let allow = h.write("partners.txt", "198.18.0.6\n");
+    d.cli_ok(&["deny", "--from", &deny]);
+    d.cli_ok(&["allow", "--from", &allow]);
+    let got = h
+        .pair
+        .probe_sent(&[bad, friend, other], 200, Duration::from_millis(500));
+    let (b, f, o) = (got[0], got[1], got[2]);
+    assert!(b.0 > 0 && b.1 == 0, "listed source: {b:?} (sent, arrived)");
+    assert!(f.0 > 0 && f.0 == f.1, "allowed source: {f:?}");
+    assert!(o.0 > 0 && o.0 == o.1, "other source: {o:?}");
+    let lists = d.json(&["list", "--stats"])["lists"].clone();
+    let frames = |name: &str| {
+        let l = lists
+            .as_array()
+            .and_then(|a| a.iter().find(|l| l["name"] == name))
+            .unwrap_or_else(|| panic!("no list {name}: {lists}"));
+        l["counters"]["packets"].as_u64().expect("packets")
+    };
+    assert_eq!(frames("scanners"), b.0, "the deny list's drops: {lists}");
+    assert_eq!(frames("partners"), f.0, "the allow list's passes: {lists}");
+    assert!(
+        d.json(&["list"])["lists"][0].get("counters").is_none(),
+        "counters only with --stats"
+    );
+    let text = d.cli_ok(&["list", "--stats"]);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("scanners"))
+        .unwrap_or_else(|| panic!("no scanners row: {text}"));
+    assert!(
+        row.split_whitespace().any(|w| w == b.0.to_string()),
+        "{text}"
+    );
+    let exposition = h.pair.rx.scrape(ADDR);
+    for (name, action, n) in [("scanners", "deny", b.0), ("partners", "allow", f.0)] {
+        let line = format!(
+            "ratelimit_list_packets_total{{iface=\"{}\",list=\"{name}\",action=\"{action}\"}} {n}",
+            h.pair.rx_if
+        );
+        assert!(exposition.contains(&line), "{line} not in:\n{exposition}");
+    }
+}

@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::{
 use ratelimit_tests::{
     envoy::{self, Envoy},
     redis::RedisServer,
-    serve::{Service, Setup, exchange, post_as},
+    serve::{Service, Setup, exchange, post_as, test_ca},
 };
 use serde_json::json;
 
@@ -381,3 +381,88 @@ static_resources:
       - lb_endpoints:
         - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: GRPC_PORT } } }
 "#;
+
+/// gRPC over TLS (the `--tls-cert` and `--tls-key` the HTTP API uses): a
+/// client trusting the service's CA is answered and counts in the same
+/// bucket as HTTPS; a client trusting another CA, and one speaking plain
+/// HTTP/2, are not answered.
+#[test]
+fn grpc_over_tls_serves_clients_that_trust_its_ca() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+    let redis = RedisServer::start();
+    let dir = ratelimit_tests::TempDir::new("grpc-tls-token");
+    let file = dir.0.join("token");
+    std::fs::write(&file, TOKEN).unwrap();
+    let text = config(&file.display().to_string());
+    let (ca, cert, key) = test_ca();
+    let s = Service::start_with(
+        &redis.url(),
+        &Setup {
+            config: Some(&text),
+            grpc: true,
+            tls: Some((&cert, &key)),
+            ..Setup::default()
+        },
+    );
+    let port = s.grpc_port.expect("gRPC port");
+    let request = || {
+        let mut req = tonic::Request::new(RateLimitRequest {
+            domain: "checkout".into(),
+            descriptors: vec![descriptor(&[("user", "tls")])],
+            hits_addend: 0,
+        });
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        req
+    };
+    let over = |ca: &str| {
+        let ca = ca.to_string();
+        async move {
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("localhost");
+            let channel = Channel::from_shared(format!("https://127.0.0.1:{port}"))
+                .expect("uri")
+                .tls_config(tls)
+                .expect("TLS config")
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .timeout(std::time::Duration::from_secs(5))
+                .connect()
+                .await?;
+            Ok::<_, Box<dyn std::error::Error>>(RateLimitServiceClient::new(channel))
+        }
+    };
+    rt().block_on(async {
+        let mut client = over(&ca).await.expect("a client trusting the CA connects");
+        for remaining in [4, 3] {
+            let r = client
+                .should_rate_limit(request())
+                .await
+                .expect("ShouldRateLimit over TLS")
+                .into_inner();
+            assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+            assert_eq!(r.statuses[0].limit_remaining, remaining, "{r:?}");
+        }
+        let (other_ca, _, _) = test_ca();
+        let refused = match over(&other_ca).await {
+            Err(_) => true,
+            Ok(mut c) => c.should_rate_limit(request()).await.is_err(),
+        };
+        assert!(refused, "a client trusting another CA was answered");
+        let plain = async {
+            let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}")).await?;
+            c.should_rate_limit(request()).await?;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        };
+        let plain = tokio::time::timeout(std::time::Duration::from_secs(5), plain).await;
+        assert!(
+            !matches!(plain, Ok(Ok(()))),
+            "plain HTTP/2 to the TLS gRPC listener was answered"
+        );
+    });
+    let keys = redis.cmd("KEYS *tls*");
+    assert!(
+        keys.contains("tls"),
+        "no bucket of the key in Redis: {keys}"
+    );
+}

@@ -1,9 +1,9 @@
 //! What a rule matches: its source prefix and, optionally, the destination,
 //! the transport protocol, destination ports (a port, a range or a set),
 //! TCP's SYN and the ICMP type. Several rules may share a source prefix with
-//! different matches; the
-//! order in which they are tried (their precedence) is the order of
-//! [`Selector`]s, and the kernel's match groups are built from it.
+//! different matches; the order in which they are tried (their precedence)
+//! is the order of [`Selector`]s, and the kernel's match groups are built
+//! from it.
 //!
 //! Precedence, for the rules one frame can meet:
 //! 1. the longest source prefix that has a rule matching the frame (a prefix

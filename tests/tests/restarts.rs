@@ -134,6 +134,33 @@ fn exec_cli(h: &Host, args: &[&str]) -> std::process::Output {
 fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
     use std::os::unix::process::CommandExt as _;
     privileged!("ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it");
+    // xtask builds the daemon before it starts it, without what `cargo test`
+    // sets about its package (ring's build script reruns when CARGO_PKG_NAME,
+    // CARGO_MANIFEST_DIR … differ): done here the same way beforehand, so the
+    // start below is timed on starting, not on compiling.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for args in [
+        &["build", "--package", "xtask"][..],
+        &["build", "--package", "ratelimit-user", "--bin", "ratelimit"],
+    ] {
+        let mut build = Command::new(&cargo);
+        for (var, _) in std::env::vars_os() {
+            let v = var.to_string_lossy();
+            if v.starts_with("CARGO_PKG_")
+                || v.starts_with("CARGO_MANIFEST_")
+                || v.starts_with("CARGO_BIN_")
+                || ["OUT_DIR", "CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE"].contains(&v.as_ref())
+            {
+                build.env_remove(&var);
+            }
+        }
+        let built = build
+            .args(args)
+            .current_dir(workspace())
+            .status()
+            .expect("running cargo build");
+        assert!(built.success(), "cargo {args:?}: {built}");
+    }
     let h = Host::bare("xtask");
     let denied = ip("198.18.50.1");
     let cfg = h.write("deny.toml", &denies(&[denied]));
@@ -211,6 +238,27 @@ fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
         "the CLI under ip netns exec cannot read the pins: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // `kill -TERM` to the command alone (what `timeout` sends), not to its
+    // group: xtask hands it to the daemon, which stops (keeping the program
+    // attached, as asked) and xtask exits with it; no daemon is orphaned.
+    let d = h.spawn(xtask());
+    let _group = Group(d.child.pid());
+    let pid = d.json(&["status"])["pid"]
+        .as_i64()
+        .expect("the daemon's pid") as i32;
+    // SAFETY: kill(2) on the process the test started.
+    unsafe { libc::kill(d.child.pid(), libc::SIGTERM) };
+    let out = d.child.wait(Duration::from_secs(20));
+    assert!(
+        out.status.success(),
+        "xtask after SIGTERM: {:?}",
+        out.status
+    );
+    // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    assert!(!alive, "the daemon {pid} outlived xtask's SIGTERM");
+    assert!(h.pair.rx_has_xdp(), "--keep-attached: still enforcing");
 }
 
 /// A process group (xtask and the daemon it started), killed on drop so a

@@ -215,7 +215,29 @@ fn workspace_root() -> PathBuf {
 fn cargo() -> Command {
     let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(workspace_root());
+    for var in package_env() {
+        cmd.env_remove(var);
+    }
     cmd
+}
+
+/// What `cargo run` (which runs us) and `cargo test` set about their own
+/// package: ring's build script reruns when one of them differs (it asks
+/// for CARGO_MANIFEST_DIR, CARGO_PKG_NAME, OUT_DIR …), and with it rustls,
+/// tonic and the daemon, a minute's rebuild whenever xtask is started from
+/// another place (a test's `cargo xtask run`). Builds from here see what a
+/// shell's `cargo build` sees.
+fn package_env() -> Vec<std::ffi::OsString> {
+    env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| {
+            let k = k.to_string_lossy();
+            k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_MANIFEST_")
+                || k.starts_with("CARGO_BIN_")
+                || ["OUT_DIR", "CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE"].contains(&k.as_ref())
+        })
+        .collect()
 }
 
 fn check(cmd: &mut Command, what: &str) -> Result<()> {

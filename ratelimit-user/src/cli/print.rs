@@ -428,3 +428,52 @@ pub(super) fn fleet_top(data: &FleetTop) {
         }
     }
 }
+
+/// `log`'s entries: a line each, as people read them (with `json`, one JSON
+/// object a line).
+pub(super) fn drop_log_entries(log: &crate::protocol::answer::DropLog, json: bool) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    for e in &log.entries {
+        if json {
+            let _ = writeln!(out, "{}", value(e));
+            continue;
+        }
+        let transport = match (&e.proto, e.dport) {
+            (Some(p), Some(port)) => format!("{p} {port}"),
+            (Some(p), None) => p.clone(),
+            _ => "-".into(),
+        };
+        let reason = if e.dry_run {
+            format!("would drop ({})", e.reason)
+        } else {
+            e.reason.clone()
+        };
+        let _ = writeln!(
+            out,
+            "{}  {:<15}  {:<9}  {:<18}  {}  {} bytes",
+            e.time,
+            e.source.as_deref().unwrap_or("-"),
+            transport,
+            reason,
+            e.rule,
+            e.len
+        );
+    }
+    let _ = out.flush();
+}
+
+/// `log`'s closing line: the budget and what was logged and skipped.
+pub(super) fn drop_log_summary(log: &crate::protocol::answer::DropLog) {
+    println!(
+        "(drop log {}: {} records written, {} drops skipped over the budget, {} lost to a full ring, since the maps were created)",
+        if log.drop_log == "off" {
+            "off".to_string()
+        } else {
+            format!("{} per CPU", log.drop_log)
+        },
+        log.written,
+        log.skipped,
+        log.lost
+    );
+}

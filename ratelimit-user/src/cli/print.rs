@@ -284,6 +284,21 @@ pub(super) fn stats(data: &Stats) {
     for (name, n) in &data.events {
         println!("{:<18} {:>12}", name, n);
     }
+    let d = &data.drop_log;
+    println!();
+    println!(
+        "{:<18} {:>12} {:>12} {:>12}",
+        "drop log", "written", "skipped", "lost"
+    );
+    let rate = if d.rate == "off" {
+        "off".to_string()
+    } else {
+        format!("{} per CPU", d.rate)
+    };
+    println!(
+        "{:<18} {:>12} {:>12} {:>12}",
+        rate, d.written, d.skipped, d.lost
+    );
     if !data.crowdsec.is_empty() {
         println!();
         println!(

@@ -58,3 +58,16 @@ pub struct DropEntry {
     /// The frame's length from the Ethernet header on, bytes.
     pub len: u32,
 }
+
+/// The drop log in `status` and `stats`: its budget and counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropLogStatus {
+    /// `100/s` (records a second per CPU) or `off`.
+    pub rate: String,
+    /// Records the program wrote since the maps were created, all CPUs.
+    pub written: u64,
+    /// Drops not logged: over the budget.
+    pub skipped: u64,
+    /// Records lost to a full ring buffer.
+    pub lost: u64,
+}

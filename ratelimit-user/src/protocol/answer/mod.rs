@@ -25,7 +25,7 @@ pub mod top;
 use serde::{Deserialize, Serialize};
 
 pub use changes::{Change, Changed, ListChange, ListLoaded, Loaded, ModeChange};
-pub use droplog::{DropEntry, DropLog};
+pub use droplog::{DropEntry, DropLog, DropLogStatus};
 pub use explain::{Beaten, Explained, JudgeKind, Judged, KeyState, States};
 pub use rules::{ActionView, DefaultView, ListView, RuleView, Rules};
 pub use stats::{ReasonCount, Stats};
@@ -253,6 +253,12 @@ mod tests {
                 }],
                 ..Default::default()
             }),
+            drop_log: DropLogStatus {
+                rate: "100/s".into(),
+                written: 10,
+                skipped: 990,
+                lost: 0,
+            },
         };
         let status = |daemon: Option<Running>, offline: Option<Offline>| Status {
             iface: "eth0".into(),

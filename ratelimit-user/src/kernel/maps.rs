@@ -114,6 +114,21 @@ fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapErr
     move |source| Error::Map { op, map, source }
 }
 
+/// The ring buffer `map` (named `name`) as its map alone: kept with the
+/// descriptor the object was loaded with, which the program's relocations
+/// name (a copy would leave that one closed).
+fn ring_map(map: Map, name: &'static str) -> Result<MapData> {
+    if let Map::RingBuf(data) = map {
+        return Ok(data);
+    }
+    let why = RingBuf::try_from(&map)
+        .err()
+        .unwrap_or(aya::maps::MapError::InvalidName {
+            name: name.to_string(),
+        });
+    Err(map_err("typing", name)(why))
+}
+
 /// The map behind `fd` (map `name`), on a descriptor of its own.
 fn dup_map(fd: &impl std::os::fd::AsFd, name: &'static str) -> Result<MapData> {
     let fd = fd
@@ -183,11 +198,7 @@ impl Maps {
             groups: typed(t, common::MAP_GROUPS)?,
             rule_stats: typed(t, common::MAP_RULE_STATS)?,
             known: typed(t, common::MAP_KNOWN)?,
-            drop_log: {
-                // Typed as a ring buffer, then held as its map alone.
-                let ring: RingBuf<MapData> = typed(t, common::MAP_DROP_LOG)?;
-                dup_map(&ring, common::MAP_DROP_LOG)?
-            },
+            drop_log: ring_map(t(common::MAP_DROP_LOG)?, common::MAP_DROP_LOG)?,
             drop_log_budget: typed(t, common::MAP_DROP_LOG_BUDGET)?,
             held: [None, None],
             lists: None,

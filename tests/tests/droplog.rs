@@ -80,10 +80,7 @@ action = "deny"
         &[],
     );
     let status = d.json(&["status"]);
-    assert_eq!(
-        status["drop_log"]["rate"], "20/s",
-        "status: {status}"
-    );
+    assert_eq!(status["drop_log"]["rate"], "20/s", "status: {status}");
     let flooder = ip("198.18.0.7");
     let denied = ip("198.18.0.66");
     let flows = [
@@ -190,10 +187,7 @@ action = "deny"
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
     assert!(lines[3].starts_with("(drop log 20/s per CPU"), "{text}");
-    assert!(
-        lines[..3].iter().all(|l| l.contains("198.18.0.")),
-        "{text}"
-    );
+    assert!(lines[..3].iter().all(|l| l.contains("198.18.0.")), "{text}");
 
     // --follow: new entries only, until SIGINT.
     let mut cmd = d.cli_command(&["log", "--follow", "--json", "-n", "0"]);
@@ -228,7 +222,10 @@ action = "deny"
     assert!(!followed.is_empty(), "--follow printed nothing new");
     for l in &followed {
         let e: Value = serde_json::from_str(l).unwrap_or_else(|err| panic!("{err}: {l}"));
-        assert_eq!(e["source"], "198.18.0.8", "--follow printed an old entry: {e}");
+        assert_eq!(
+            e["source"], "198.18.0.8",
+            "--follow printed an old entry: {e}"
+        );
         assert!(e["seq"].as_u64().unwrap() > before, "{e}");
     }
     follower.signal(libc::SIGINT);

@@ -23,7 +23,7 @@ use ratelimit_common::{DropRecord, NO_RULE, admit, drop_log_flags};
 
 use super::{
     maps::{RL_DROP_LOG, RL_DROP_LOG_BUDGET, RL_RULE_TABLE},
-    parse::{IPPROTO_TCP, IPPROTO_UDP, L4_HEADER, L4_NONE, transport, Flow},
+    parse::{Flow, IPPROTO_TCP, IPPROTO_UDP, L4_HEADER, L4_NONE, transport},
 };
 
 /// [`rl_drop_log`]'s `what`: the IP header's offset in its low byte (0: the

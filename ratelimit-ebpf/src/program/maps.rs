@@ -10,10 +10,9 @@ use aya_ebpf::{
 use ratelimit_common::{
     Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS, DEFAULT_STATE_CAPACITY,
     DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_LOG_BYTES, DROPS_CAPACITY, DropKey,
-    DropLogBudget, EVENT_COUNT,
-    FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey, FlowKeyV4, GROUPS_CAPACITY,
-    GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState,
-    SourceState, WideState, rule_table_len,
+    DropLogBudget, EVENT_COUNT, FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey,
+    FlowKeyV4, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS,
+    Rule, RuleAddr, RuleState, SourceState, WideState, rule_table_len,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).

@@ -9,9 +9,8 @@ use serde::de::DeserializeOwned;
 
 use super::{
     args::{
-        Cli, Command, DetachArgs, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, ModeArgs,
-        LogArgs, ReadArgs, ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs,
-        UnsetArgs,
+        Cli, Command, DetachArgs, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, LogArgs,
+        ModeArgs, ReadArgs, ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
     },
     print,
 };
@@ -23,8 +22,8 @@ use crate::{
     protocol::{
         self, Connection, Request, ResetScope,
         answer::{
-            Answer, Changed, DropLog, Explained, FleetTop, ListLoaded, Rules, States, Stats, Status,
-            Top,
+            Answer, Changed, DropLog, Explained, FleetTop, ListLoaded, Rules, States, Stats,
+            Status, Top,
         },
     },
 };
@@ -440,7 +439,10 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 /// the program's ring buffer).
 async fn drop_log(l: LogArgs) -> Result<()> {
     let iface = iface(&l.target)?;
-    let mut request = Request::Log { after: None, n: l.n };
+    let mut request = Request::Log {
+        after: None,
+        n: l.n,
+    };
     let first: DropLog = protocol::call(&iface, &request).await?;
     if first.drop_log == "off" && first.entries.is_empty() {
         eprintln!(

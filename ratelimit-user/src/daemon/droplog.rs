@@ -19,7 +19,9 @@ use ratelimit_common::{DropRecord, NO_RULE, Reason, drop_log_flags};
 use tokio::io::unix::AsyncFd;
 use tracing::warn;
 
-use crate::{model::describe::rfc3339_ms, model::matching::proto_name, protocol::answer::DropEntry};
+use crate::{
+    model::describe::rfc3339_ms, model::matching::proto_name, protocol::answer::DropEntry,
+};
 
 /// Entries the daemon keeps: the last this many (about 100 bytes each).
 pub const KEPT: usize = 4096;
@@ -80,7 +82,9 @@ impl LogBuffer {
         };
         let start = (from - first_kept) as usize;
         let entries: Vec<Logged> = self.entries.iter().skip(start).take(n).copied().collect();
-        let next = entries.last().map_or(from.min(self.next_seq), |l| l.seq + 1);
+        let next = entries
+            .last()
+            .map_or(from.min(self.next_seq), |l| l.seq + 1);
         Found {
             entries,
             next,
@@ -115,7 +119,9 @@ pub fn entry_of(l: &Logged, names: &RuleNames) -> DropEntry {
     let source = (r.family != 0).then(|| {
         // An IPv4-mapped IPv6 source is judged as IPv4: shown so.
         let a = Ipv6Addr::from(r.source_addr());
-        a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4).to_string()
+        a.to_ipv4_mapped()
+            .map_or(IpAddr::V6(a), IpAddr::V4)
+            .to_string()
     });
     let has = |f: u8| r.flags & f != 0;
     DropEntry {
@@ -152,7 +158,9 @@ fn wall_offset_ns() -> i128 {
 pub fn spawn_reader(ring: RingBuf<MapData>, log: SharedLog) {
     // SAFETY: the fd is the ring buffer's map, owned by the `RingBuf`, which
     // the AsyncFd owns for as long as it is registered.
-    let mut fd = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) } {
+    let mut fd = match unsafe {
+        AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
+    } {
         Ok(fd) => fd,
         Err(e) => {
             warn!(error = %e, "cannot poll the drop log's ring buffer: `ratelimit log` will stay empty");

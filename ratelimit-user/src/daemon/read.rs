@@ -21,8 +21,8 @@ use crate::{
         rules::{Clock, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
     },
     protocol::answer::{
-        self, ActionView, DefaultView, DropLogStatus, Drops, ListView, Offline, ReasonCount, RuleView, Running,
-        Stats, Status, Top, TopRow,
+        self, ActionView, DefaultView, DropLogStatus, Drops, ListView, Offline, ReasonCount,
+        RuleView, Running, Stats, Status, Top, TopRow,
         rules::{Counters, Origin, expiry},
     },
 };

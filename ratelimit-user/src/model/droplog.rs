@@ -44,7 +44,9 @@ impl DropLog {
         if t.eq_ignore_ascii_case("off") || t == "0" {
             return Ok(Self::OFF);
         }
-        let bad = |why: &str| Error::invalid(field, format!("{text:?}: {why}; expected {DROP_LOG_FORMS}"));
+        let bad = |why: &str| {
+            Error::invalid(field, format!("{text:?}: {why}; expected {DROP_LOG_FORMS}"))
+        };
         let rate = parse_rate(field, t).map_err(|_| bad("not a rate"))?;
         if rate.unit != Unit::Packets {
             return Err(bad("records are counted, not bytes"));

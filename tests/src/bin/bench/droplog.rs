@@ -81,7 +81,10 @@ pub fn drop_log_cost(opts: &Opts, report: &mut Report) {
         ("log off, dropped", off_r),
         ("log on (100/s), over its budget, dropped", on_r),
         ("log off, dropped (one run each)", off_1),
-        ("log on, within its budget: a record written (one run each)", on_1),
+        (
+            "log on, within its budget: a record written (one run each)",
+            on_1,
+        ),
     ];
     let _ = writeln!(
         report.md,
@@ -99,7 +102,9 @@ pub fn drop_log_cost(opts: &Opts, report: &mut Report) {
         report.md,
         "\nThe log costs a drop over its budget **{over:+.1} ns**, and a drop it records **{within:+.1} ns**.\n"
     );
-    println!("drop log: {over:+.1} ns per drop over the budget, {within:+.1} ns per record written");
+    println!(
+        "drop log: {over:+.1} ns per drop over the budget, {within:+.1} ns per record written"
+    );
     report.json.insert(
         "drop_log_cost".into(),
         json!({"repeat": repeat, "rounds": rounds, "single_runs": single, "rows": json_rows,

@@ -184,6 +184,9 @@ action = "deny"
 
     // The text form: one line an entry, then the counts.
     let text = d.cli_ok(&["log", "-n", "3"]);
+    eprintln!("$ ratelimit log -n 3\n{text}");
+    let json = d.cli_ok(&["log", "-n", "2", "--json"]);
+    eprintln!("$ ratelimit log -n 2 --json\n{json}");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
     assert!(lines[3].starts_with("(drop log 20/s per CPU"), "{text}");

@@ -12,12 +12,12 @@ use serde_json::json;
 
 use crate::{Opts, limit, report::Report, rules, stats, v4};
 
-/// The program with the default rule at 1/s (burst 1: every run after the
+/// The program with the default rule at 1/hour (burst 1: every run after the
 /// first is dropped) and the drop log at `log`.
 fn over_limit(log: DropLog) -> Loaded {
     let set = RuleSet {
         drop_log: log,
-        ..rules(limit("1/s", 1))
+        ..rules(limit("1/hour", 1))
     };
     Loaded::with_capacity(&set, 1 << 16)
 }
@@ -45,7 +45,7 @@ pub fn drop_log_cost(opts: &Opts, report: &mut Report) {
     report.section(
         "Drop log: cost per dropped frame (BPF_PROG_TEST_RUN)",
         &format!(
-            "One IPv4 source over its limit (1/s, burst 1), one CPU. Over the budget: mean ns per frame over {repeat} runs, median of {rounds} rounds (min–max). \
+            "One IPv4 source over its limit (1/hour, burst 1), one CPU. Over the budget: mean ns per frame over {repeat} runs, median of {rounds} rounds (min–max). \
              Within the budget: {single} runs of one frame each (the kernel times each), median of {rounds} rounds, the ring drained every 1000; the same for the log off beside it."
         ),
     );

@@ -65,7 +65,7 @@ enum Task {
         /// Short runs, for a smoke check.
         #[arg(long)]
         quick: bool,
-        /// One section only (cost, floods, accuracy, memory, set, serve, fleet),
+        /// One section only (cost, droplog, floods, accuracy, memory, set, serve, fleet),
         /// written to target/bench-only/ so bench/ keeps the full run.
         #[arg(long, value_name = "SECTION")]
         only: Option<String>,

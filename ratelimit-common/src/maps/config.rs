@@ -160,5 +160,10 @@ pub struct Config {
     /// outgoing connections have their local port. 0: none (no frame is taken
     /// for a host connection).
     pub local_ports: u32,
+    /// The drop log's budget: records per second per CPU at most
+    /// ([`crate::admit`]); 0: off, dropped frames are not logged.
+    pub drop_log_rate: u32,
+    /// Zero.
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 80);
+const _: () = assert!(core::mem::size_of::<Config>() == 88);

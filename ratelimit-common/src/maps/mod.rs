@@ -8,6 +8,7 @@
 
 mod config;
 mod counters;
+mod drop_log;
 mod fleet;
 mod keys;
 mod rule;
@@ -15,6 +16,7 @@ mod state;
 
 pub use config::*;
 pub use counters::*;
+pub use drop_log::*;
 pub use fleet::*;
 pub use keys::*;
 pub use rule::*;
@@ -119,7 +121,7 @@ pub const fn known_bit(h: u64) -> (u32, u64) {
 }
 
 /// Every map.
-pub const ALL_MAPS: [&str; 20] = [
+pub const ALL_MAPS: [&str; 22] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -140,10 +142,12 @@ pub const ALL_MAPS: [&str; 20] = [
     MAP_GROUPS,
     MAP_RULE_STATS,
     MAP_KNOWN,
+    MAP_DROP_LOG,
+    MAP_DROP_LOG_BUDGET,
 ];
 
 /// The maps pinned for a restart to adopt: all but the per-CPU scratch.
-pub const PINNED_MAPS: [&str; 19] = [
+pub const PINNED_MAPS: [&str; 21] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
@@ -163,6 +167,8 @@ pub const PINNED_MAPS: [&str; 19] = [
     MAP_GROUPS,
     MAP_RULE_STATS,
     MAP_KNOWN,
+    MAP_DROP_LOG,
+    MAP_DROP_LOG_BUDGET,
 ];
 
 /// Default number of doorkeeper slots (8 bytes each: 8 MiB). A load-time setting.
@@ -216,6 +222,8 @@ mod pod {
     unsafe impl aya::Pod for super::FleetUsed {}
     unsafe impl aya::Pod for super::FleetCursor {}
     unsafe impl aya::Pod for super::FleetBeat {}
+    unsafe impl aya::Pod for super::DropLogBudget {}
+    unsafe impl aya::Pod for super::DropRecord {}
 }
 
 #[cfg(test)]

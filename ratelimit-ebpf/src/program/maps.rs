@@ -5,14 +5,14 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use ratelimit_common::{
     Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS, DEFAULT_STATE_CAPACITY,
-    DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROPS_CAPACITY, DropKey, EVENT_COUNT,
-    FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey, FlowKeyV4, GROUPS_CAPACITY,
-    GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState,
-    SourceState, WideState, rule_table_len,
+    DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_LOG_BYTES, DROPS_CAPACITY, DropKey,
+    DropLogBudget, EVENT_COUNT, FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey,
+    FlowKeyV4, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS,
+    Rule, RuleAddr, RuleState, SourceState, WideState, rule_table_len,
 };
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
@@ -91,3 +91,11 @@ pub(crate) static RL_FLEET_REPORTED: LruHashMap<FlowKey, FleetCursor> =
 
 #[map(name = "RL_FLEET_BEAT")]
 pub(crate) static RL_FLEET_BEAT: Array<FleetBeat> = Array::with_max_entries(1, 0);
+
+// The drop log (`droplog`): records for the daemon, and each CPU's budget.
+#[map(name = "RL_DROP_LOG")]
+pub(crate) static RL_DROP_LOG: RingBuf = RingBuf::with_byte_size(DROP_LOG_BYTES, 0);
+
+#[map(name = "RL_DROP_LOG_BUDGET")]
+pub(crate) static RL_DROP_LOG_BUDGET: PerCpuArray<DropLogBudget> =
+    PerCpuArray::with_max_entries(1, 0);

@@ -14,6 +14,7 @@
 //! | [`bucket`] | one GCRA word → peeked, taken or given back with compare-and-swap |
 //! | [`host`] | a frame a limit would drop → whether it belongs to one of the host's own connections |
 //! | [`mod@count`] | the verdict → counters by reason and by rule, events, drops for `top` |
+//! | [`droplog`] | a drop → a record for `ratelimit log`, within a budget per CPU |
 //! | [`fleet`] | a fleet-wide key's frame → what its bucket is charged (its members times over once the daemon's heartbeat is stale), its count for the daemon |
 //! | [`clock`] | → now |
 //! | [`maps`] | every map, named as ratelimit-common's `MAP_*` consts |
@@ -56,6 +57,7 @@ mod bucket;
 mod classify;
 mod clock;
 mod count;
+mod droplog;
 mod fleet;
 mod host;
 mod key;
@@ -69,12 +71,13 @@ mod wide;
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use aya_log_ebpf::warn;
 use ratelimit_common::{
-    Config, DROP_SAMPLE, DropKey, Event, RULE_COUNTERS, Reason, Words, action, addr_of,
+    Config, DROP_SAMPLE, DropKey, Event, NO_RULE, RULE_COUNTERS, Reason, Words, action, addr_of,
     config_flags, family, rule_flags,
 };
 
 use classify::lookup_rule;
 use count::{count, count_drop, count_rule, event};
+use droplog::{WHAT_DRY_RUN, WHAT_REASON_SHIFT, rl_drop_log};
 use host::rl_host_connection;
 use key::reason_of;
 use levels::level_masked;
@@ -97,6 +100,12 @@ struct Outcome {
     /// The rule's counters: its first slot in `RL_RULE_STATS` (`NO_SLOT`
     /// when no rule judged the frame).
     counters: u32,
+    /// The rule's index in `RL_RULE_TABLE` (`NO_RULE` when no rule judged
+    /// the frame), for the drop log.
+    rule: u32,
+    /// Where the IP header starts (0: the frame has none to read), for the
+    /// drop log.
+    l3: u8,
 }
 
 /// No rule's counters.
@@ -111,6 +120,8 @@ impl Outcome {
             prefix: 0,
             level: 1,
             counters: NO_SLOT,
+            rule: NO_RULE,
+            l3: 0,
         }
     }
 }
@@ -130,6 +141,8 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
             prefix,
             level,
             counters,
+            rule,
+            l3,
         }) => {
             let dry = dry_run || config.flags & config_flags::DRY_RUN != 0;
             let (reason, action) = if reason.drops() {
@@ -153,6 +166,18 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
                         _pad: [0; 2],
                     });
                 }
+                // The drop log: drops and dry run's would-drops, by the
+                // reason that drops (or would); one compare when it is off.
+                if config.drop_log_rate != 0 {
+                    let dry_bit = if dry { WHAT_DRY_RUN } else { 0 };
+                    rl_drop_log(
+                        ctx.ctx,
+                        u64::from(l3) | dry_bit | (reason as u64) << WHAT_REASON_SHIFT,
+                        len,
+                        rule,
+                        config.drop_log_rate,
+                    );
+                }
                 if dry {
                     (Reason::WouldDrop, xdp_action::XDP_PASS)
                 } else {
@@ -168,6 +193,16 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
             let drop = config.flags & config_flags::DROP_MALFORMED != 0
                 && config.flags & config_flags::DRY_RUN == 0;
             let action = if drop {
+                if config.drop_log_rate != 0 {
+                    // No header to read: neither source nor ports are sure.
+                    rl_drop_log(
+                        ctx.ctx,
+                        (Reason::Malformed as u64) << WHAT_REASON_SHIFT,
+                        len,
+                        NO_RULE,
+                        config.drop_log_rate,
+                    );
+                }
                 xdp_action::XDP_DROP
             } else {
                 xdp_action::XDP_PASS
@@ -213,13 +248,19 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
             let pass = !drop
                 && config.flags & config_flags::UNJUDGED_PASS != 0
                 && config.flags & config_flags::ALLOWLIST_ONLY == 0;
-            return Ok(Outcome::of(if pass {
+            let reason = if pass {
                 Reason::Allowed
             } else if judged == TINY {
                 Reason::TinyFragment
             } else {
                 Reason::Unjudged
-            }));
+            };
+            // With a source, the drop log can say whose it was.
+            let l3 = if family != 0 { l3 as u8 } else { 0 };
+            return Ok(Outcome {
+                l3,
+                ..Outcome::of(reason)
+            });
         }
     }
     if family == 0 {
@@ -275,6 +316,8 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
         prefix,
         level,
         counters: rule.slot.wrapping_mul(RULE_COUNTERS),
+        rule: rule.index,
+        l3: l3 as u8,
     })
 }
 

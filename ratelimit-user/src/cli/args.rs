@@ -64,6 +64,10 @@ pub enum Command {
     /// Show the sources with the most drops.
     #[command(after_help = help::TOP)]
     Top(TopArgs),
+    /// Show dropped frames the program logged (sampled: at most --drop-log
+    /// records a second per CPU): source, rule, reason, protocol, port.
+    #[command(after_help = help::LOG)]
+    Log(LogArgs),
     /// Say which rule judges a frame from SOURCE (with the match fields
     /// given), which rules it beat and why, and the source's state under it.
     #[command(after_help = help::EXPLAIN)]
@@ -209,6 +213,7 @@ impl Cli {
             Command::Get(g) => g.read.json,
             Command::Stats(s) => s.read.json,
             Command::Top(t) => t.read.json,
+            Command::Log(l) => l.json,
             Command::Run(_)
             | Command::Set(_)
             | Command::Allow(_)
@@ -385,6 +390,11 @@ pub struct RunArgs {
     /// last scheduler tick: cheaper, at most one tick's worth of rate more).
     #[arg(long, value_enum)]
     pub clock: Option<Clock>,
+    /// The drop log (`ratelimit log`): dropped frames the program writes for
+    /// the daemon, at most RATE records a second per CPU (e.g. 100/s, 1k/s),
+    /// the rest counted; `off` (or 0) writes none [default: 100/s].
+    #[arg(long, value_name = "RATE")]
+    pub drop_log: Option<String>,
     /// Doorkeeper slots: how many sources seen once are remembered (a power of
     /// two, 8 bytes each; a load-time setting).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_SEEN_SLOTS)]
@@ -684,6 +694,23 @@ pub struct StatsArgs {
     pub watch: bool,
     #[command(flatten)]
     pub read: ReadArgs,
+}
+
+/// `ratelimit log`.
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// The last N entries (the daemon keeps the last 4096).
+    #[arg(short, default_value_t = 20)]
+    pub n: usize,
+    /// Then print new entries as they come (every 250 ms), until
+    /// interrupted, the daemon stops, or the output is closed.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// One JSON object per entry, a line each.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
 }
 
 /// `ratelimit top`.

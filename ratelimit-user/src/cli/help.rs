@@ -98,6 +98,13 @@ Examples:
   ratelimit top -n 20
   ratelimit top --fleet --json";
 
+/// `ratelimit log`.
+pub const LOG: &str = "\
+Examples:
+  ratelimit log
+  ratelimit log -n 100 --json
+  ratelimit log --follow --iface eth0";
+
 /// `ratelimit serve`.
 pub const SERVE: &str = "\
 Examples:

@@ -109,12 +109,18 @@ impl RunArgs {
             mode: None,
             unjudged: self.unjudged,
             fragments: self.fragments,
+            drop_log: self.drop_log.clone(),
         }
     }
 
     /// The validated run options: the rule options are checked (alone, and
     /// against the config file) before anything else happens.
     pub fn options(&self) -> Result<RunOptions> {
+        if let Some(d) = &self.drop_log {
+            // Said here in the option's name; the config file's key is
+            // checked with the file.
+            crate::model::droplog::DropLog::parse("--drop-log", d)?;
+        }
         if let Some(rate) = &self.rate
             && parse_rate("--rate", rate)?.tokens == 0
         {

@@ -304,6 +304,21 @@ pub(super) fn stats(data: &Stats) {
     for (name, n) in &data.events {
         println!("{:<18} {:>12}", name, n);
     }
+    let d = &data.drop_log;
+    println!();
+    println!(
+        "{:<18} {:>12} {:>12} {:>12}",
+        "drop log", "written", "skipped", "lost"
+    );
+    let rate = if d.rate == "off" {
+        "off".to_string()
+    } else {
+        format!("{} per CPU", d.rate)
+    };
+    println!(
+        "{:<18} {:>12} {:>12} {:>12}",
+        rate, d.written, d.skipped, d.lost
+    );
     if !data.crowdsec.is_empty() {
         println!();
         println!(
@@ -447,4 +462,53 @@ pub(super) fn fleet_top(data: &FleetTop) {
             );
         }
     }
+}
+
+/// `log`'s entries: a line each, as people read them (with `json`, one JSON
+/// object a line).
+pub(super) fn drop_log_entries(log: &crate::protocol::answer::DropLog, json: bool) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    for e in &log.entries {
+        if json {
+            let _ = writeln!(out, "{}", value(e));
+            continue;
+        }
+        let transport = match (&e.proto, e.dport) {
+            (Some(p), Some(port)) => format!("{p} {port}"),
+            (Some(p), None) => p.clone(),
+            _ => "-".into(),
+        };
+        let reason = if e.dry_run {
+            format!("would drop ({})", e.reason)
+        } else {
+            e.reason.clone()
+        };
+        let _ = writeln!(
+            out,
+            "{}  {:<15}  {:<9}  {:<18}  {}  {} bytes",
+            e.time,
+            e.source.as_deref().unwrap_or("-"),
+            transport,
+            reason,
+            e.rule,
+            e.len
+        );
+    }
+    let _ = out.flush();
+}
+
+/// `log`'s closing line: the budget and what was logged and skipped.
+pub(super) fn drop_log_summary(log: &crate::protocol::answer::DropLog) {
+    println!(
+        "(drop log {}: {} records written, {} drops skipped over the budget, {} lost to a full ring, since the maps were created)",
+        if log.drop_log == "off" {
+            "off".to_string()
+        } else {
+            format!("{} per CPU", log.drop_log)
+        },
+        log.written,
+        log.skipped,
+        log.lost
+    );
 }

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 
 use super::{
     args::{
-        Cli, Command, DetachArgs, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, ModeArgs,
-        ReadArgs, ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
+        Cli, Command, DetachArgs, ExplainArgs, GcArgs, GetArgs, ListArgs, ListableArgs, LogArgs,
+        ModeArgs, ReadArgs, ReloadArgs, ResetArgs, SetArgs, StatsArgs, Target, TopArgs, UnsetArgs,
     },
     print,
 };
@@ -22,7 +22,8 @@ use crate::{
     protocol::{
         self, Connection, Request, ResetScope,
         answer::{
-            Answer, Changed, Explained, FleetTop, ListLoaded, Rules, States, Stats, Status, Top,
+            Answer, Changed, DropLog, Explained, FleetTop, ListLoaded, Rules, States, Stats,
+            Status, Top,
         },
     },
 };
@@ -77,6 +78,7 @@ async fn run_command(command: Command) -> Result<()> {
         Command::Stats(s) => stats(s).await,
         Command::Top(t) if t.fleet => fleet_top(t).await,
         Command::Top(t) => top(t).await,
+        Command::Log(l) => drop_log(l).await,
     }
 }
 
@@ -428,6 +430,82 @@ async fn top(t: TopArgs) -> Result<()> {
         print::top(&top);
     }
     Ok(())
+}
+
+/// How often `log --follow` asks for new entries.
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+
+/// `ratelimit log`, once or `--follow`: from the daemon (which alone reads
+/// the program's ring buffer).
+async fn drop_log(l: LogArgs) -> Result<()> {
+    let iface = iface(&l.target)?;
+    let mut request = Request::Log {
+        after: None,
+        n: l.n,
+    };
+    let first: DropLog = protocol::call(&iface, &request).await?;
+    if first.drop_log == "off" && first.entries.is_empty() {
+        eprintln!(
+            "ratelimit: the drop log is off: `ratelimit run --drop-log 100/s` (or `drop-log = \"100/s\"` in the config file) turns it on"
+        );
+    }
+    print::drop_log_entries(&first, l.json);
+    if !l.follow {
+        if !l.json {
+            print::drop_log_summary(&first);
+        }
+        return Ok(());
+    }
+    let mut next = first.next;
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(FOLLOW_EVERY) => {}
+            () = &mut signal => return Ok(()),
+        }
+        if stdout_closed() {
+            return Ok(());
+        }
+        request = Request::Log {
+            after: Some(next),
+            n: crate::daemon::droplog::KEPT,
+        };
+        let got: DropLog = match protocol::call(&iface, &request).await {
+            Ok(got) => got,
+            Err(Error::NoDaemon { .. } | Error::NoDaemonHere { .. }) => {
+                eprintln!("ratelimit: the daemon of {iface} stopped");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        if got.next < next {
+            // Another daemon since (its numbers start again).
+            eprintln!("ratelimit: the daemon of {iface} started again");
+        }
+        if got.missed > 0 {
+            eprintln!(
+                "ratelimit: {} entries came and went between two readings (the daemon keeps the last {})",
+                got.missed,
+                crate::daemon::droplog::KEPT
+            );
+        }
+        print::drop_log_entries(&got, l.json);
+        next = got.next;
+    }
+}
+
+/// Whether standard output is a pipe or socket whose reader has gone: `log
+/// --follow` then ends, though it has nothing to write.
+fn stdout_closed() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n == 1 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0
 }
 
 /// The daemon a change goes to.

@@ -33,6 +33,7 @@ impl RawConfig {
             "new-states",
         )?;
         take.one(&cli.unjudged, &mut file.unjudged, "--unjudged", "unjudged")?;
+        take.one(&cli.drop_log, &mut file.drop_log, "--drop-log", "drop-log")?;
         take.one(
             &cli.fragments,
             &mut file.fragments,

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::{
+    model::droplog::DropLog,
     model::matching::proto_name,
     model::rules::{Action, Algo, Fragments, HostConnections, Mode, NewSources, RuleSet, Unjudged},
 };
@@ -110,6 +111,7 @@ impl From<&RuleSet> for RawConfig {
             mode: (set.mode != Mode::Normal).then_some(set.mode),
             unjudged: (set.unjudged != Unjudged::default()).then_some(set.unjudged),
             fragments: (set.fragments != Fragments::default()).then_some(set.fragments),
+            drop_log: (set.drop_log != DropLog::default()).then(|| set.drop_log.to_string()),
             default: Some(RawLimit::from(&set.default)),
             rules: set
                 .rules

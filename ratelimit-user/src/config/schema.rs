@@ -238,6 +238,9 @@ pub struct RawConfig {
     /// `next-rule` (default) or `drop`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragments: Option<Fragments>,
+    /// The drop log: records a second per CPU (`"100/s"`) or `"off"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_log: Option<String>,
     /// Prefix rules.
     #[serde(default, rename = "rule")]
     pub rules: Vec<RawRule>,

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::{
     error::{Error, Result},
+    model::droplog::DropLog,
     model::lists::{List, ListAction, check_name},
     model::rate::parse_rate,
     model::rules::{Action, Prefix, RuleSet, Selector, Shared},
@@ -67,6 +68,12 @@ impl RawConfig {
         }
         if let Some(m) = self.mode {
             set.mode = m;
+        }
+        if let Some(d) = &self.drop_log {
+            match DropLog::parse("drop-log", d) {
+                Ok(d) => set.drop_log = d,
+                Err(e) => errors.push(e),
+            }
         }
         if let Some(u) = self.unjudged {
             set.unjudged = u;

@@ -101,6 +101,8 @@ pub struct Snapshot {
     pub fleet_sync: Option<Histogram>,
     /// The CrowdSec bouncer, when run with `--crowdsec`.
     pub crowdsec: Option<crate::crowdsec::Status>,
+    /// The drop log's counts (records written, drops skipped, records lost).
+    pub drop_log: crate::kernel::DropLogCounts,
 }
 
 impl Collector for Snapshot {
@@ -198,6 +200,27 @@ impl Collector for Snapshot {
                     )
                 })
                 .collect(),
+        )?;
+        counter(
+            &mut encoder,
+            "ratelimit_drop_log_records",
+            "Drop log records the program wrote for `ratelimit log` (sampled drops, within the budget per CPU).",
+            vec![(vec![iface.clone()], self.drop_log.written)],
+        )?;
+        counter(
+            &mut encoder,
+            "ratelimit_drop_log_skipped",
+            "Drops the drop log did not record: over its budget per CPU (`skipped`), or the ring buffer was full (`ring_full`).",
+            vec![
+                (
+                    vec![iface.clone(), ("why", "skipped".to_string())],
+                    self.drop_log.skipped,
+                ),
+                (
+                    vec![iface.clone(), ("why", "ring_full".to_string())],
+                    self.drop_log.lost,
+                ),
+            ],
         )?;
         gauge(
             &mut encoder,

@@ -12,6 +12,7 @@
 //! - `reload`: the config file read again, off the loop;
 //! - `upkeep`: what the loop does on its timers (samples, the idle sweep,
 //!   the interface and the pins) and for metrics and the fleet sync;
+//! - [`droplog`]: the drop log's reader and buffer (`ratelimit log`);
 //! - [`metrics`]: Prometheus metrics.
 //!
 //! Order at start, so that a failure anywhere leaves what enforced before
@@ -23,6 +24,7 @@
 
 pub mod control;
 mod crowdsec;
+pub mod droplog;
 mod handlers;
 pub mod metrics;
 pub mod offline;
@@ -164,6 +166,8 @@ struct Daemon {
     list_files: store::ListFiles,
     /// Pinning again what was removed failed (said once).
     pins_failing: bool,
+    /// The drop log's last records, filled by its reader.
+    drop_log: droplog::SharedLog,
 }
 
 /// An exclusive lock on the daemon's identity, released on drop.
@@ -281,6 +285,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         reloads: Reloads::default(),
         list_files: store::ListFiles::default(),
         pins_failing: false,
+        drop_log: droplog::SharedLog::default(),
     };
     daemon.save();
     daemon.announce();
@@ -373,6 +378,12 @@ impl Daemon {
         }
         if let Some(logger) = self.enforcer.take_logger() {
             crate::host::logs::forward(logger);
+        }
+        match self.enforcer.maps.drop_log_reader() {
+            Ok(ring) => droplog::spawn_reader(ring, self.drop_log.clone()),
+            Err(e) => {
+                warn!(error = %chain(&e), "cannot read the drop log's ring buffer: `ratelimit log` will stay empty")
+            }
         }
         Ok((listener, metrics_rx))
     }

@@ -16,12 +16,13 @@ use crate::{
     model::overlay::Layers,
     model::{
         describe,
+        droplog::DropLog,
         lists::{Allowed, ListAction},
         rules::{Clock, RuleSet, Selector, fmt_duration, source_ip, tick_ns},
     },
     protocol::answer::{
-        self, ActionView, DefaultView, Drops, ListView, Offline, ReasonCount, RuleView, Running,
-        Stats, Status, Top, TopRow,
+        self, ActionView, DefaultView, DropLogStatus, Drops, ListView, Offline, ReasonCount,
+        RuleView, Running, Stats, Status, Top, TopRow,
         rules::{Counters, Origin, expiry},
     },
 };
@@ -166,8 +167,20 @@ pub(super) fn stats_of(
             .map(|e| (e.name().to_string(), events[*e as usize]))
             .collect(),
         crowdsec: Vec::new(),
+        drop_log: drop_log_of(maps)?,
         pins: None,
         offline: None,
+    })
+}
+
+/// The drop log's budget (as the kernel holds it) and counts.
+fn drop_log_of(maps: &Maps) -> Result<DropLogStatus> {
+    let c = maps.drop_log_counts()?;
+    Ok(DropLogStatus {
+        rate: DropLog(maps.config()?.drop_log_rate).to_string(),
+        written: c.written,
+        skipped: c.skipped,
+        lost: c.lost,
     })
 }
 
@@ -355,6 +368,7 @@ pub(super) fn status_of(
                 keep_attached: facts.keep_attached,
                 fleet: facts.fleet,
                 crowdsec: None,
+                drop_log: drop_log_of(maps)?,
             };
             (interface, Some(running), None)
         }

@@ -135,6 +135,7 @@ impl Daemon {
             fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
             fleet_sync: self.fleet_metrics.as_ref().map(|m| m.sync.clone()),
             crowdsec: self.crowdsec_status(),
+            drop_log: self.enforcer.maps.drop_log_counts().unwrap_or_default(),
         }
     }
 

@@ -7,7 +7,10 @@ use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
+    maps::{
+        Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, PerCpuArray, RingBuf,
+        lpm_trie::Key,
+    },
 };
 use ratelimit_common::{
     self as common, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GlobalState, MAP_CONFIG,
@@ -59,6 +62,11 @@ pub struct Maps {
     /// program; the states the daemon inserts (fleet-wide rules) are looked
     /// up whatever it says.
     known: Array<MapData, u64>,
+    /// The drop log's ring buffer: held for pinning; the daemon reads it
+    /// through [`Maps::drop_log_reader`].
+    drop_log: MapData,
+    /// Each CPU's drop log budget and counts.
+    drop_log_budget: PerCpuArray<MapData, common::DropLogBudget>,
     /// What each trie holds, as this daemon (the one writer) last wrote it
     /// (`None`: not known yet, read from the kernel when needed). With a
     /// million list entries, a rule change then looks at the rules' entries
@@ -71,6 +79,31 @@ pub struct Maps {
     /// this daemon last wrote them (`None`: not known yet; those in the
     /// kernel are read back, without their names).
     counted: Option<BTreeMap<String, (u32, common::Rule)>>,
+    /// Each rule's name by its slot, with its id, for the drop log: built
+    /// when first asked after a change ([`Maps::rule_names`]).
+    names: Option<Arc<BTreeMap<u32, (u32, String)>>>,
+}
+
+/// The drop log's counts, all CPUs together (see [`common::DropLogBudget`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropLogCounts {
+    /// Records written.
+    pub written: u64,
+    /// Drops not logged: over the budget.
+    pub skipped: u64,
+    /// Records that found the ring full (the daemon was not reading).
+    pub lost: u64,
+}
+
+impl DropLogCounts {
+    /// The sum of each CPU's counts.
+    pub fn sum<'a>(per_cpu: impl Iterator<Item = &'a common::DropLogBudget>) -> Self {
+        per_cpu.fold(Self::default(), |a, b| Self {
+            written: a.written + b.written,
+            skipped: a.skipped + b.skipped,
+            lost: a.lost + b.lost,
+        })
+    }
 }
 
 /// The name of the recovered list of `action` (list entries read back from
@@ -79,6 +112,30 @@ pub const RECOVERED_LIST: [&str; 2] = ["recovered-deny", "recovered-allow"];
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
     move |source| Error::Map { op, map, source }
+}
+
+/// The ring buffer `map` (named `name`) as its map alone: kept with the
+/// descriptor the object was loaded with, which the program's relocations
+/// name (a copy would leave that one closed).
+fn ring_map(map: Map, name: &'static str) -> Result<MapData> {
+    if let Map::RingBuf(data) = map {
+        return Ok(data);
+    }
+    let why = RingBuf::try_from(&map)
+        .err()
+        .unwrap_or(aya::maps::MapError::InvalidName {
+            name: name.to_string(),
+        });
+    Err(map_err("typing", name)(why))
+}
+
+/// The map behind `fd` (map `name`), on a descriptor of its own.
+fn dup_map(fd: &impl std::os::fd::AsFd, name: &'static str) -> Result<MapData> {
+    let fd = fd
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(Error::io(format!("duplicating the descriptor of {name}")))?;
+    MapData::from_fd(fd).map_err(map_err("opening", name))
 }
 
 /// Types the map `name` taken by `take`.
@@ -141,9 +198,12 @@ impl Maps {
             groups: typed(t, common::MAP_GROUPS)?,
             rule_stats: typed(t, common::MAP_RULE_STATS)?,
             known: typed(t, common::MAP_KNOWN)?,
+            drop_log: ring_map(t(common::MAP_DROP_LOG)?, common::MAP_DROP_LOG)?,
+            drop_log_budget: typed(t, common::MAP_DROP_LOG_BUDGET)?,
             held: [None, None],
             lists: None,
             counted: None,
+            names: None,
         })
     }
 
@@ -169,6 +229,8 @@ impl Maps {
             common::MAP_GROUPS => self.groups.map(),
             common::MAP_RULE_STATS => self.rule_stats.map(),
             common::MAP_KNOWN => self.known.map(),
+            common::MAP_DROP_LOG => &self.drop_log,
+            common::MAP_DROP_LOG_BUDGET => self.drop_log_budget.map(),
             _ => return None,
         })
     }
@@ -370,6 +432,27 @@ impl Maps {
         Ok(set)
     }
 
+    /// Each rule's name (as `list` names it: `default`, the selector, a
+    /// counted list's `list NAME`) by its slot, with its id: what the drop
+    /// log names a record's rule by. Kept until the next change.
+    pub fn rule_names(&mut self) -> Result<Arc<BTreeMap<u32, (u32, String)>>> {
+        if let Some(n) = &self.names {
+            return Ok(n.clone());
+        }
+        let mut names = BTreeMap::new();
+        let default = self.default_rule()?;
+        names.insert(default.slot, (default.id, "default".to_string()));
+        for (selector, rule) in self.rules()? {
+            names.insert(rule.slot, (rule.id, selector.to_string()));
+        }
+        for (name, (_, rule)) in self.counted.iter().flatten() {
+            names.insert(rule.slot, (rule.id, format!("list {name}")));
+        }
+        let names = Arc::new(names);
+        self.names = Some(names.clone());
+        Ok(names)
+    }
+
     /// The default rule in the kernel.
     pub fn default_rule(&self) -> Result<common::Rule> {
         self.table_rule(self.config()?.default_rule)
@@ -433,6 +516,7 @@ impl Maps {
         // while the lists stay the same.
         self.lists = Some(plan.lists.clone());
         let counted = plan.counted.clone();
+        self.names = None;
         self.execute(plan)?;
         self.counted = Some(counted);
         Ok(())
@@ -597,6 +681,25 @@ impl Maps {
             out[e as usize] = per_cpu.iter().sum();
         }
         Ok(out)
+    }
+
+    /// The drop log's counts, all CPUs together: records written, drops
+    /// skipped over the budget, records lost to a full ring.
+    pub fn drop_log_counts(&self) -> Result<DropLogCounts> {
+        let per_cpu = self
+            .drop_log_budget
+            .get(&0, 0)
+            .map_err(map_err("reading", common::MAP_DROP_LOG_BUDGET))?;
+        Ok(DropLogCounts::sum(per_cpu.iter()))
+    }
+
+    /// A reader of the drop log's ring buffer, on a descriptor of its own
+    /// (the one [`Maps`] holds stays for pinning). One reader per daemon:
+    /// what it takes, nobody else sees.
+    pub fn drop_log_reader(&self) -> Result<RingBuf<MapData>> {
+        let name = common::MAP_DROP_LOG;
+        let data = dup_map(self.drop_log.fd(), name)?;
+        RingBuf::try_from(Map::RingBuf(data)).map_err(map_err("reading", name))
     }
 
     /// How many keys have a state now: (gcra's IPv4 and IPv6 maps together, the

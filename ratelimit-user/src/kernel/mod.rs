@@ -21,7 +21,7 @@ use ratelimit_common::{
 };
 
 pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins};
-pub use maps::Maps;
+pub use maps::{DropLogCounts, Maps};
 
 /// The name of the link's pin in a daemon's pin directory.
 /// The name of the pinned XDP link in a pin directory.

@@ -46,6 +46,12 @@ pub fn rfc3339(ms: u64) -> String {
     )
 }
 
+/// Unix ms as RFC 3339 in UTC, to the millisecond: `2026-11-23T10:00:00.250Z`.
+pub fn rfc3339_ms(ms: u64) -> String {
+    let s = rfc3339(ms);
+    format!("{}.{:03}Z", &s[..s.len() - 1], ms % 1000)
+}
+
 /// A span as people read it: `9m58s`, `2h`, `3d4h`, `0s`.
 pub fn span(ms: u64) -> String {
     let s = ms.div_ceil(1000);

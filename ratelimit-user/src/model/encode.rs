@@ -292,6 +292,7 @@ impl RuleSet {
                 .map(|(p, r)| (*p, Action::from_kernel(r)))
                 .collect(),
             lists: BTreeMap::new(),
+            drop_log: super::droplog::DropLog(config.drop_log_rate),
         }
     }
 
@@ -357,6 +358,7 @@ impl RuleSet {
         Ok(common::Config {
             flags,
             rule_count: self.rules.len() as u32,
+            drop_log_rate: self.drop_log.0,
             new_states: self.new_states.params("--new-states")?,
             ..Default::default()
         })

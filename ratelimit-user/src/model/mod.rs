@@ -6,6 +6,7 @@
 
 pub mod decisions;
 pub mod describe;
+pub mod droplog;
 pub mod encode;
 pub mod limit;
 pub mod lists;

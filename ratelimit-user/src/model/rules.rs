@@ -153,6 +153,8 @@ pub struct RuleSet {
     /// Blocklists and allowlists by name: their entries go into the rule
     /// trie beside the rules (see `kernel::Maps::apply` for the precedence).
     pub lists: BTreeMap<String, List>,
+    /// The drop log's budget (records a second per CPU, or off).
+    pub drop_log: super::droplog::DropLog,
 }
 
 /// The default limit when nothing is configured: 1000 packets/s per IPv4 address
@@ -191,6 +193,7 @@ impl Default for RuleSet {
             new_states: default_new_states(),
             mode: Mode::Normal,
             lists: BTreeMap::new(),
+            drop_log: super::droplog::DEFAULT_DROP_LOG,
         }
     }
 }

@@ -137,6 +137,14 @@ pub enum Request {
     },
     /// The fleet's Redis and the names of the fleet-wide rules.
     FleetRules,
+    /// The drop log: the entries after a cursor.
+    Log {
+        /// The first sequence number wanted; absent: the last `n` entries.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
+        /// How many entries at most.
+        n: usize,
+    },
 }
 
 impl Request {

@@ -11,7 +11,7 @@
 //! - `deny --from`, `allow --from` and `unset --list` in [`lists`];
 //! - `mode` in [`mode`];
 //! - `reset` in [`reset`];
-//! - `list`, `status`, `stats`, the drop counters and the fleet's rules in
+//! - `list`, `status`, `stats`, `log`, the drop counters and the fleet's rules in
 //!   [`reads`];
 //! - `explain` and `get` in [`explain`].
 
@@ -70,6 +70,7 @@ impl Daemon {
             Request::FleetRules => self.fleet_rules().map(Answer::from),
             Request::Explain { probe } => self.explain(probe).map(Answer::from),
             Request::Get { source } => self.get(source).map(Answer::from),
+            Request::Log { after, n } => self.drop_log(after, n).map(Answer::from),
             Request::Reload { .. } => Err(Error::Refused(
                 "reload is answered by the loop when its file is read, not here".into(),
             )),

@@ -5,12 +5,12 @@
 
 use crate::{
     daemon::{
-        Daemon, Sample,
+        Daemon, Sample, droplog,
         read::{self, DaemonFacts, Teller},
     },
     error::{Error, Result},
     model::rules::{Action, Limit},
-    protocol::answer::{Drops, FleetRules, Rules, Stats, Status},
+    protocol::answer::{DropLog, Drops, FleetRules, Rules, Stats, Status},
 };
 
 impl Daemon {
@@ -66,6 +66,37 @@ impl Daemon {
             stats.crowdsec = c.origins;
         }
         Ok(stats)
+    }
+
+    /// The drop log: up to `n` entries from sequence number `after` on (the
+    /// last `n` without it), each rule named as the rules stand now (a rule
+    /// removed since is said to be).
+    pub(super) fn drop_log(&mut self, after: Option<u64>, n: usize) -> Result<DropLog> {
+        let found = self
+            .drop_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .after(after, n);
+        let names = if found.entries.is_empty() {
+            Default::default()
+        } else {
+            self.enforcer.maps.rule_names()?
+        };
+        let counts = self.enforcer.maps.drop_log_counts()?;
+        Ok(DropLog {
+            iface: self.enforcer.iface().to_string(),
+            drop_log: self.rules.effective().drop_log.to_string(),
+            entries: found
+                .entries
+                .iter()
+                .map(|l| droplog::entry_of(l, &names))
+                .collect(),
+            next: found.next,
+            missed: found.missed,
+            written: counts.written,
+            skipped: counts.skipped,
+            lost: counts.lost,
+        })
     }
 
     /// Drop counts by source now (`top` reads this twice).

@@ -8,12 +8,14 @@
 //! - [`status`]: `status` ([`Status`]);
 //! - [`explain`]: `explain` ([`Explained`]) and `get` ([`States`]);
 //! - [`stats`]: `stats` ([`Stats`]);
+//! - [`droplog`]: `log` ([`DropLog`]);
 //! - [`top`]: `top` ([`Top`]), its readings ([`Drops`]), and the fleet's
 //!   ([`FleetRules`], [`FleetTop`]).
 //!
 //! `--json` prints an answer's fields sorted by name, as a JSON object's.
 
 pub mod changes;
+pub mod droplog;
 pub mod explain;
 pub mod rules;
 pub mod stats;
@@ -23,6 +25,7 @@ pub mod top;
 use serde::{Deserialize, Serialize};
 
 pub use changes::{Change, Changed, ListChange, ListLoaded, Loaded, ModeChange};
+pub use droplog::{DropEntry, DropLog, DropLogStatus};
 pub use explain::{Beaten, Explained, JudgeKind, Judged, KeyState, States};
 pub use rules::{ActionView, DefaultView, ListView, RuleView, Rules};
 pub use stats::{ReasonCount, Stats};
@@ -76,6 +79,8 @@ pub enum Answer {
     Explained(Box<Explained>),
     /// `get`.
     States(Box<States>),
+    /// `log`.
+    DropLog(Box<DropLog>),
 }
 
 /// Each answer type into [`Answer`] and back: `try_from` gives the answer
@@ -102,7 +107,8 @@ macro_rules! answers {
 }
 
 answers!(
-    Rules, Changed, ListLoaded, Status, Stats, Drops, Top, FleetRules, FleetTop, Explained, States
+    Rules, Changed, ListLoaded, Status, Stats, Drops, Top, FleetRules, FleetTop, Explained, States,
+    DropLog
 );
 
 #[cfg(test)]
@@ -247,6 +253,12 @@ mod tests {
                 }],
                 ..Default::default()
             }),
+            drop_log: DropLogStatus {
+                rate: "100/s".into(),
+                written: 10,
+                skipped: 990,
+                lost: 0,
+            },
         };
         let status = |daemon: Option<Running>, offline: Option<Offline>| Status {
             iface: "eth0".into(),

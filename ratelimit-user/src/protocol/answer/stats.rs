@@ -22,6 +22,9 @@ pub struct Stats {
     /// `--crowdsec`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub crowdsec: Vec<crate::crowdsec::OriginStatus>,
+    /// The drop log (`ratelimit log`): its budget and counts.
+    #[serde(default)]
+    pub drop_log: super::DropLogStatus,
     /// Where the pins are, when read from them with no daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pins: Option<String>,

@@ -113,4 +113,7 @@ pub struct Running {
     /// The CrowdSec bouncer, when run with `--crowdsec`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crowdsec: Option<crate::crowdsec::Status>,
+    /// The drop log (`ratelimit log`): its budget and counts.
+    #[serde(default)]
+    pub drop_log: super::DropLogStatus,
 }

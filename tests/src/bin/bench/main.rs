@@ -3,7 +3,8 @@
 //! repeated runs with its min–max, beside the floor measured in the same run, so
 //! ratios hold across machines.
 //!
-//! One module per measurement: [`cost`] (BPF_PROG_TEST_RUN), [`floods`] (drop
+//! One module per measurement: [`cost`] (BPF_PROG_TEST_RUN), [`droplog`]
+//! (what the drop log costs a dropped frame), [`floods`] (drop
 //! throughput and floods on a veth, against netfilter), [`accuracy`],
 //! [`memory`], [`set`] (from a command to enforcement), [`serve`] (the
 //! throttling service's latency), [`serve_load`] (its throughput beside raw
@@ -12,6 +13,7 @@
 
 mod accuracy;
 mod cost;
+mod droplog;
 mod fleet;
 mod floods;
 mod memory;
@@ -34,15 +36,15 @@ use ratelimit_user::{
 use report::Report;
 
 /// The sections, in the order they run.
-const SECTIONS: [&str; 7] = [
-    "cost", "floods", "accuracy", "memory", "set", "serve", "fleet",
+const SECTIONS: [&str; 8] = [
+    "cost", "droplog", "floods", "accuracy", "memory", "set", "serve", "fleet",
 ];
 
 pub struct Opts {
     /// Short runs, for a smoke check.
     pub quick: bool,
     out: PathBuf,
-    /// Run one section only (cost, floods, accuracy, memory, set, serve, fleet).
+    /// Run one section only (cost, droplog, floods, accuracy, memory, set, serve, fleet).
     only: Option<String>,
 }
 
@@ -73,7 +75,7 @@ fn main() {
                 opts.only = Some(section);
             }
             other => panic!(
-                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|floods|accuracy|memory|set|serve|fleet"
+                "unknown argument {other:?}; expected --quick, --out DIR or --only cost|droplog|floods|accuracy|memory|set|serve|fleet"
             ),
         }
     }
@@ -89,6 +91,11 @@ fn main() {
     if opts.runs("cost") {
         pin_to_cpu(0);
         cost::cost_per_packet(&opts, &mut report);
+        unpin();
+    }
+    if opts.runs("droplog") {
+        pin_to_cpu(0);
+        droplog::drop_log_cost(&opts, &mut report);
         unpin();
     }
     if opts.runs("floods") {

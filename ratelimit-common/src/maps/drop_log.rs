@@ -1,0 +1,217 @@
+//! The drop log: dropped frames (and dry run's would-drops) sampled by the
+//! program into a ring buffer for `ratelimit log`, at most a rate of records
+//! per second per CPU, the rest counted and never written.
+//!
+//! The program writes [`DropRecord`]s into [`MAP_DROP_LOG`] and keeps its
+//! budget and counts per CPU in [`MAP_DROP_LOG_BUDGET`] ([`DropLogBudget`],
+//! decided by [`admit`]); the daemon reads both. The rate is
+//! [`Config::drop_log_rate`](crate::Config::drop_log_rate), written by the
+//! daemon; 0 turns the log off (the program then pays one compare per drop).
+
+use super::{Addr, Words, addr_of};
+
+/// `RingBuf` of [`DROP_LOG_BYTES`]: [`DropRecord`]s, one per sampled drop.
+/// Written by the program, read (consumed) by the daemon alone.
+pub const MAP_DROP_LOG: &str = "RL_DROP_LOG";
+/// `PerCpuArray<DropLogBudget>` of one entry: each CPU's budget of records
+/// and its counts. Written by the program; read by the daemon.
+pub const MAP_DROP_LOG_BUDGET: &str = "RL_DROP_LOG_BUDGET";
+
+/// Bytes of [`MAP_DROP_LOG`] (a power of two, a multiple of the page): room
+/// for 4 681 records of 56 bytes (the record and the ring's 8-byte header),
+/// over 10 s of the default rate on 4 CPUs while the daemon does not read.
+pub const DROP_LOG_BYTES: u32 = 256 << 10;
+
+/// The budget's window, ns: at most [`Config::drop_log_rate`](crate::Config::drop_log_rate)
+/// records per CPU in each.
+pub const DROP_LOG_WINDOW_NS: u64 = 1_000_000_000;
+
+/// The most records per second per CPU a daemon may ask for: at 100k/s one
+/// CPU fills the ring in 47 ms, faster than a daemon reads.
+pub const DROP_LOG_MAX_RATE: u32 = 100_000;
+
+/// Bits of [`DropRecord::flags`].
+pub mod drop_log_flags {
+    /// Dry run: the frame was passed; [`super::DropRecord::reason`] is what
+    /// would have dropped it.
+    pub const DRY_RUN: u8 = 1 << 0;
+    /// [`super::DropRecord::proto`] was read from the frame.
+    pub const PROTO: u8 = 1 << 1;
+    /// [`super::DropRecord::dport`] was read from the frame (TCP, UDP).
+    pub const PORT: u8 = 1 << 2;
+}
+
+/// One record of [`MAP_DROP_LOG`]: a dropped frame. Written by the program,
+/// decoded by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DropRecord {
+    /// When, ns of CLOCK_MONOTONIC (`bpf_ktime_get_ns`).
+    pub time_ns: u64,
+    /// The source address as the IP header has it, network order (IPv4
+    /// mapped, `::ffff:a.b.c.d`); zero when the frame showed none.
+    pub source: Words,
+    /// The judging rule's [`Rule::id`](crate::Rule::id), or
+    /// [`NO_RULE`](crate::NO_RULE) when no rule of the table judged it.
+    pub rule_id: u32,
+    /// The judging rule's [`Rule::slot`](crate::Rule::slot) (its name, with
+    /// its id, for the daemon), or [`NO_RULE`](crate::NO_RULE).
+    pub rule_slot: u32,
+    /// The frame's length from the Ethernet header on, bytes.
+    pub len: u32,
+    /// The destination port, host order, when [`drop_log_flags::PORT`]; else 0.
+    pub dport: u16,
+    /// The transport protocol (IANA number) when [`drop_log_flags::PROTO`]; else 0.
+    pub proto: u8,
+    /// The [`Reason`](crate::Reason) that dropped it (or would have, under dry run).
+    pub reason: u8,
+    /// [`family`](crate::family) of the IP header (IPv6 for an IPv4-mapped
+    /// source), 0 without one.
+    pub family: u8,
+    /// Bits of [`drop_log_flags`].
+    pub flags: u8,
+    /// Zero.
+    pub _pad: [u8; 6],
+}
+const _: () = assert!(core::mem::size_of::<DropRecord>() == 48);
+
+impl DropRecord {
+    /// The source's 16 bytes.
+    pub const fn source_addr(&self) -> Addr {
+        addr_of(&self.source)
+    }
+
+    /// The record in `bytes` (as the ring hands it over), or `None` if
+    /// they are not one.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != core::mem::size_of::<Self>() {
+            return None;
+        }
+        // SAFETY: the length is checked; every bit pattern is a valid
+        // `DropRecord` (plain integers); the read is unaligned.
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<Self>()) })
+    }
+}
+
+/// Value of [`MAP_DROP_LOG_BUDGET`]: one CPU's window of records and its
+/// counts since the maps were created.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DropLogBudget {
+    /// Where the window began, ns (the coarse clock).
+    pub window_start: u64,
+    /// Records written in the window.
+    pub taken: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// Records written (cumulative).
+    pub written: u64,
+    /// Drops not logged: over the budget (cumulative).
+    pub skipped: u64,
+    /// Drops within the budget whose record found the ring full: the daemon
+    /// is not reading (cumulative).
+    pub lost: u64,
+}
+const _: () = assert!(core::mem::size_of::<DropLogBudget>() == 40);
+
+/// Whether one more record fits `b`'s budget of `rate` records per
+/// [`DROP_LOG_WINDOW_NS`] at `now` (ns); takes it if so. A fixed window per
+/// CPU: over any span T, a CPU writes at most `rate` × (⌈T / window⌉ + 1).
+/// Counts nothing: the caller counts written, skipped and lost.
+#[inline(always)]
+pub fn admit(b: &mut DropLogBudget, now: u64, rate: u32) -> bool {
+    if now.wrapping_sub(b.window_start) >= DROP_LOG_WINDOW_NS {
+        b.window_start = now;
+        b.taken = 0;
+    }
+    if b.taken < rate {
+        b.taken += 1;
+        true
+    } else {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::*;
+
+    const S: u64 = DROP_LOG_WINDOW_NS;
+
+    #[test]
+    fn admits_the_rate_per_window_then_refuses() {
+        let mut b = DropLogBudget::default();
+        let t0 = 5 * S;
+        let taken = (0..1000).filter(|i| admit(&mut b, t0 + i, 100)).count();
+        assert_eq!(taken, 100);
+        // Still the same window just before its end.
+        assert!(!admit(&mut b, t0 + S - 1, 100));
+        // A new window at its end.
+        assert!(admit(&mut b, t0 + S, 100));
+        assert_eq!(b.taken, 1);
+        assert_eq!(b.window_start, t0 + S);
+    }
+
+    #[test]
+    fn zero_rate_admits_nothing() {
+        let mut b = DropLogBudget::default();
+        assert!((0..10).all(|i| !admit(&mut b, 10 * S + i * S, 0)));
+    }
+
+    #[test]
+    fn bound_over_any_span() {
+        // One drop every 10 µs for 10 s at 50/s: at most 50 × (10 + 1).
+        let mut b = DropLogBudget::default();
+        let rate = 50;
+        let mut times = Vec::new();
+        let start = 3 * S + 123;
+        let mut t = start;
+        while t < start + 10 * S {
+            if admit(&mut b, t, rate) {
+                times.push(t);
+            }
+            t += 10_000;
+        }
+        assert!(times.len() <= 50 * 11, "{} records", times.len());
+        assert!(times.len() >= 50 * 10, "{} records", times.len());
+        // Any one-second span holds at most two windows' worth.
+        for (i, &a) in times.iter().enumerate() {
+            let n = times[i..].iter().take_while(|&&x| x < a + S).count();
+            assert!(n <= 2 * rate as usize, "{n} records within 1 s of {a}");
+        }
+    }
+
+    #[test]
+    fn a_clock_that_starts_near_zero_opens_a_window() {
+        // A fresh budget (window_start 0) on a clock that reads less than one
+        // window: the window is still open, the rate still holds.
+        let mut b = DropLogBudget::default();
+        assert!(admit(&mut b, 1, 1));
+        assert!(!admit(&mut b, 2, 1));
+    }
+
+    #[test]
+    fn record_decodes_from_its_bytes() {
+        let r = DropRecord {
+            time_ns: 42,
+            source: super::super::words(&super::super::map_v4([198, 18, 0, 7])),
+            rule_id: 3,
+            rule_slot: 2,
+            len: 60,
+            dport: 5353,
+            proto: 17,
+            reason: 1,
+            family: 4,
+            flags: drop_log_flags::PROTO | drop_log_flags::PORT,
+            _pad: [0; 6],
+        };
+        // SAFETY: a plain struct without padding, read as bytes.
+        let bytes: [u8; 48] = unsafe { core::mem::transmute(r) };
+        assert_eq!(DropRecord::decode(&bytes), Some(r));
+        assert_eq!(DropRecord::decode(&bytes[..47]), None);
+        assert_eq!(r.source_addr(), super::super::map_v4([198, 18, 0, 7]));
+    }
+}

@@ -22,9 +22,13 @@ pub const MAP_DROP_LOG_BUDGET: &str = "RL_DROP_LOG_BUDGET";
 /// over 10 s of the default rate on 4 CPUs while the daemon does not read.
 pub const DROP_LOG_BYTES: u32 = 256 << 10;
 
-/// The budget's window, ns: at most [`Config::drop_log_rate`](crate::Config::drop_log_rate)
-/// records per CPU in each.
+/// The budget's period, ns: [`Config::drop_log_rate`](crate::Config::drop_log_rate)
+/// records per CPU in each, spaced (see [`admit`]).
 pub const DROP_LOG_WINDOW_NS: u64 = 1_000_000_000;
+
+/// Records a CPU may write at once, as a share of its rate: a tenth of a
+/// second's worth (at least one); past it, one every 1/rate s.
+pub const DROP_LOG_BURST_DIVISOR: u32 = 10;
 
 /// The most records per second per CPU a daemon may ask for: at 100k/s one
 /// CPU fills the ring in 47 ms, faster than a daemon reads.
@@ -93,17 +97,16 @@ impl DropRecord {
     }
 }
 
-/// Value of [`MAP_DROP_LOG_BUDGET`]: one CPU's window of records and its
+/// Value of [`MAP_DROP_LOG_BUDGET`]: one CPU's budget of records and its
 /// counts since the maps were created.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DropLogBudget {
-    /// Where the window began, ns (the coarse clock).
-    pub window_start: u64,
-    /// Records written in the window.
-    pub taken: u32,
+    /// When the budget is next full, ns of the coarse clock (GCRA's
+    /// theoretical arrival time).
+    pub tat: u64,
     /// Zero.
-    pub _pad: u32,
+    pub _pad: u64,
     /// Records written (cumulative).
     pub written: u64,
     /// Drops not logged: over the budget (cumulative).
@@ -115,21 +118,26 @@ pub struct DropLogBudget {
 const _: () = assert!(core::mem::size_of::<DropLogBudget>() == 40);
 
 /// Whether one more record fits `b`'s budget of `rate` records per
-/// [`DROP_LOG_WINDOW_NS`] at `now` (ns); takes it if so. A fixed window per
-/// CPU: over any span T, a CPU writes at most `rate` × (⌈T / window⌉ + 1).
-/// Counts nothing: the caller counts written, skipped and lost.
+/// [`DROP_LOG_WINDOW_NS`] at `now` (ns); takes it if so. A token bucket per
+/// CPU (GCRA): up to a tenth of a second's worth at once
+/// ([`DROP_LOG_BURST_DIVISOR`]), then one every 1/`rate` s, so a flood's
+/// records are spread over each second rather than the first drops of it.
+/// Over any span T, a CPU writes at most `rate / 10` (at least 1) +
+/// `rate` × T. Counts nothing: the caller counts written, skipped and lost.
 #[inline(always)]
 pub fn admit(b: &mut DropLogBudget, now: u64, rate: u32) -> bool {
-    if now.wrapping_sub(b.window_start) >= DROP_LOG_WINDOW_NS {
-        b.window_start = now;
-        b.taken = 0;
+    if rate == 0 {
+        return false;
     }
-    if b.taken < rate {
-        b.taken += 1;
-        true
-    } else {
-        false
+    let interval = DROP_LOG_WINDOW_NS / u64::from(rate);
+    let burst = u64::from((rate / DROP_LOG_BURST_DIVISOR).max(1));
+    // The budget is full once `tat` is behind `now`.
+    let tat = if b.tat > now { b.tat } else { now };
+    if tat - now > interval * (burst - 1) {
+        return false;
     }
+    b.tat = tat + interval;
+    true
 }
 
 #[cfg(test)]
@@ -142,17 +150,24 @@ mod tests {
     const S: u64 = DROP_LOG_WINDOW_NS;
 
     #[test]
-    fn admits_the_rate_per_window_then_refuses() {
+    fn admits_a_tenth_of_the_rate_at_once_then_spaced() {
         let mut b = DropLogBudget::default();
         let t0 = 5 * S;
+        // 100/s: 10 at once, then one every 10 ms.
         let taken = (0..1000).filter(|i| admit(&mut b, t0 + i, 100)).count();
-        assert_eq!(taken, 100);
-        // Still the same window just before its end.
-        assert!(!admit(&mut b, t0 + S - 1, 100));
-        // A new window at its end.
-        assert!(admit(&mut b, t0 + S, 100));
-        assert_eq!(b.taken, 1);
-        assert_eq!(b.window_start, t0 + S);
+        assert_eq!(taken, 10);
+        assert!(!admit(&mut b, t0 + 9 * S / 1000, 100), "before 10 ms");
+        assert!(admit(&mut b, t0 + 10 * S / 1000, 100), "at 10 ms");
+        assert!(!admit(&mut b, t0 + 11 * S / 1000, 100));
+        // Idle for a second: full again, 10 at once.
+        let later = t0 + 2 * S;
+        assert_eq!(
+            (0..100).filter(|i| admit(&mut b, later + i, 100)).count(),
+            10
+        );
+        // A rate under 10/s: one at once.
+        let mut b = DropLogBudget::default();
+        assert_eq!((0..100).filter(|i| admit(&mut b, t0 + i, 5)).count(), 1);
     }
 
     #[test]
@@ -162,8 +177,8 @@ mod tests {
     }
 
     #[test]
-    fn bound_over_any_span() {
-        // One drop every 10 µs for 10 s at 50/s: at most 50 × (10 + 1).
+    fn bound_over_any_span_and_spread_over_each_second() {
+        // One drop every 10 µs for 10 s at 50/s: at most 5 + 50 × 10.
         let mut b = DropLogBudget::default();
         let rate = 50;
         let mut times = Vec::new();
@@ -175,22 +190,25 @@ mod tests {
             }
             t += 10_000;
         }
-        assert!(times.len() <= 50 * 11, "{} records", times.len());
+        assert!(times.len() <= 5 + 50 * 10, "{} records", times.len());
         assert!(times.len() >= 50 * 10, "{} records", times.len());
-        // Any one-second span holds at most two windows' worth.
+        // Any one-second span holds at most the burst and a second's worth.
         for (i, &a) in times.iter().enumerate() {
             let n = times[i..].iter().take_while(|&&x| x < a + S).count();
-            assert!(n <= 2 * rate as usize, "{n} records within 1 s of {a}");
+            assert!(n <= 5 + rate as usize, "{n} records within 1 s of {a}");
+        }
+        // Spread: past the first burst, records are 20 ms apart.
+        for w in times[5..].windows(2) {
+            assert!(w[1] - w[0] >= 20 * S / 1000 - 10_000, "{w:?}");
         }
     }
 
     #[test]
-    fn a_clock_that_starts_near_zero_opens_a_window() {
-        // A fresh budget (window_start 0) on a clock that reads less than one
-        // window: the window is still open, the rate still holds.
+    fn a_clock_that_starts_near_zero_is_a_full_budget() {
         let mut b = DropLogBudget::default();
         assert!(admit(&mut b, 1, 1));
         assert!(!admit(&mut b, 2, 1));
+        assert!(admit(&mut b, 1 + S, 1));
     }
 
     #[test]

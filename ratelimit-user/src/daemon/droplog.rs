@@ -104,7 +104,8 @@ pub fn entry_of(l: &Logged, names: &RuleNames) -> DropEntry {
         .get(usize::from(r.reason))
         .map_or_else(|| format!("reason {}", r.reason), |x| x.name().to_string());
     let rule = if r.rule_slot == NO_RULE {
-        // The rule-table entries without counters are the lists' and the
+        // The rule-table entries without counters are the shared list
+        // policies (a list of a daemon that kept none of its own) and the
         // unjudged-frame policies'.
         match Reason::ALL.get(usize::from(r.reason)) {
             Some(Reason::Denied) => "list".to_string(),

@@ -466,7 +466,7 @@ impl Maps {
     }
 
     /// What the kernel holds now, as the planner needs it.
-    fn current(&self) -> Result<plan::Current> {
+    fn current(&self, set: &RuleSet) -> Result<plan::Current> {
         let config = self.config()?;
         let (deny_index, allow_index) = self.policy_indexes();
         let active = (config.active_rules & 1) as usize;
@@ -478,10 +478,45 @@ impl Maps {
         let counted = match &self.counted {
             Some(c) => c.clone(),
             None => {
+                // Pins adopted: a counted list's rule is known by the list
+                // whose entries point at it (so it keeps its id, slot and
+                // counters, and the drop log's records name it); one no list
+                // of `set` points at keeps a placeholder name.
                 let own = self.own_entries(self.read_trie(active)?.iter())?;
-                self.counted_rules(&own)?
+                let at: BTreeMap<Prefix, u32> = own
+                    .iter()
+                    .filter(|(s, _)| s.is_plain())
+                    .map(|(s, i)| (s.source, *i))
+                    .collect();
+                let rules = self.counted_rules(&own)?;
+                // The rule most of a list's entries point at, among those of
+                // its action (an entry may be another list's: shadowed by an
+                // allow entry, or in two lists).
+                let mut by_index: BTreeMap<u32, &String> = BTreeMap::new();
+                for (name, l) in set.lists.iter().filter(|(_, l)| l.counted) {
+                    let action = if l.action == ListAction::Allow {
+                        common::action::ALLOW
+                    } else {
+                        common::action::DENY
+                    };
+                    let mut votes: BTreeMap<u32, usize> = BTreeMap::new();
+                    for i in l.entries.iter().filter_map(|p| at.get(p)) {
+                        if rules.get(i).is_some_and(|r| r.action == action) {
+                            *votes.entry(*i).or_default() += 1;
+                        }
+                    }
+                    if let Some((i, _)) = votes.into_iter().max_by_key(|(_, n)| *n) {
+                        by_index.entry(i).or_insert(name);
+                    }
+                }
+                rules
                     .into_iter()
-                    .map(|(i, r)| (format!("#{i}"), (i, r)))
+                    .map(|(i, r)| {
+                        let name = by_index
+                            .get(&i)
+                            .map_or_else(|| format!("#{i}"), |n| (*n).clone());
+                        (name, (i, r))
+                    })
                     .collect()
             }
         };
@@ -506,7 +541,7 @@ impl Maps {
     /// enforcing exactly what it did. Prefixes that stay keep their rule id
     /// and slot, so their buckets carry over.
     pub fn apply(&mut self, set: &RuleSet) -> Result<()> {
-        let current = self.current()?;
+        let current = self.current(set)?;
         let host = plan::Host {
             fresh_seed: random_seed(),
             local_ports: local_ports(),

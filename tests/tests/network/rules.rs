@@ -287,4 +287,28 @@ fn each_list_counts_the_frames_it_judged() {
         );
         assert!(exposition.contains(&line), "{line} not in:\n{exposition}");
     }
+
+    // A SIGKILL, frames while no daemon runs, a start that adopts the pins:
+    // the lists keep their rules, so their counters go on and the drop log's
+    // records of those frames name the list.
+    d.stop(libc::SIGKILL);
+    let more = h.pair.probe_sent(&[bad], 200, Duration::from_millis(300))[0];
+    assert!(more.0 > 0 && more.1 == 0, "listed, no daemon: {more:?}");
+    let d = h.daemon(&["--metrics", ADDR]);
+    let lists = d.json(&["list", "--stats"])["lists"].clone();
+    let scanners = lists
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["name"] == "scanners"))
+        .unwrap_or_else(|| panic!("no list scanners after the restart: {lists}"));
+    assert_eq!(
+        scanners["counters"]["packets"].as_u64(),
+        Some(b.0 + more.0),
+        "the deny list's drops across the restart: {lists}"
+    );
+    let log = d.cli_ok(&["log", "-n", "5"]);
+    assert!(
+        log.lines().any(|l| l.contains("list scanners")),
+        "the drop log names the list after the restart:\n{log}"
+    );
+    assert!(!log.contains("(removed rule)"), "{log}");
 }

@@ -198,7 +198,7 @@ pub(super) fn list(data: &Rules) {
         }
         if stats {
             println!(
-                "(frames: what each list judged since it was loaded or the daemon started: dropped by a deny list, passed by an allow list)"
+                "(frames: what each list judged since it was loaded: dropped by a deny list, passed by an allow list)"
             );
         }
         if data.lists.iter().any(|l| l.shadowed > 0) {

@@ -178,7 +178,7 @@ impl Collector for Snapshot {
         counter(
             &mut encoder,
             "ratelimit_list_packets",
-            "Frames each list judged since it was loaded or the daemon started: dropped by a deny list, passed by an allow list.",
+            "Frames each list judged since it was loaded: dropped by a deny list, passed by an allow list.",
             by_list(|c| c.packets),
         )?;
         counter(

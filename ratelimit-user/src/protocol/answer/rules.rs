@@ -345,7 +345,7 @@ pub struct ListView {
     pub expires_at: Option<String>,
     /// In how many seconds it ends.
     pub expires_in_s: Option<Number>,
-    /// The frames it judged since it was loaded or the daemon started:
+    /// The frames it judged since it was loaded:
     /// dropped (a deny list, also in allowlist-only mode) or passed (an
     /// allow list) (`list --stats`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

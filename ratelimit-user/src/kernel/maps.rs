@@ -1,7 +1,7 @@
 //! The typed maps, found by name: rule sets written whole as [`plan`] decides
-//! (into the idle trie, then switched), counters, events and states read
-//! back, and the rule set the kernel enforces read back when the daemon's
-//! own record is lost.
+//! (into the idle trie, then switched), and the rule set the kernel enforces
+//! read back when the daemon's own record is lost. Counters, events, the drop
+//! log and the states are read in [`state`].
 
 use std::{collections::BTreeMap, path::Path, sync::Arc};
 
@@ -13,10 +13,9 @@ use aya::{
     },
 };
 use ratelimit_common::{
-    self as common, Counter, EVENT_COUNT, Event, FlowKey, FlowKeyV4, GlobalState, MAP_CONFIG,
-    MAP_DROPS, MAP_EVENTS, MAP_GLOBAL, MAP_GROUPS, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES,
-    MAP_RULES_B, MAP_SEEN, MAP_STATE, MAP_STATE_V4, MAP_STATS, REASON_COUNT, Reason, RuleAddr,
-    RuleState, gcra,
+    self as common, Counter, FlowKey, FlowKeyV4, GlobalState, MAP_CONFIG, MAP_DROPS, MAP_EVENTS,
+    MAP_GLOBAL, MAP_GROUPS, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN,
+    MAP_STATE, MAP_STATE_V4, MAP_STATS, RuleAddr, RuleState,
 };
 
 use super::{
@@ -30,6 +29,8 @@ use crate::{
     model::matching::Selector,
     model::rules::{Prefix, RuleSet},
 };
+
+mod state;
 
 /// The typed maps.
 pub struct Maps {
@@ -686,231 +687,6 @@ impl Maps {
                 .map_err(map_err("writing", common::MAP_RULE_STATS))?;
         }
         Ok(())
-    }
-
-    /// The counters of the rule in `slot`, summed over CPUs, by
-    /// [`common::RuleCounter`].
-    pub fn rule_counters(&self, slot: u32) -> Result<[Counter; common::RuleCounter::ALL.len()]> {
-        let mut out = [Counter::default(); common::RuleCounter::ALL.len()];
-        for (i, c) in common::RuleCounter::ALL.iter().enumerate() {
-            let per_cpu = self
-                .rule_stats
-                .get(&(slot * common::RULE_COUNTERS + *c as u32), 0)
-                .map_err(map_err("reading", common::MAP_RULE_STATS))?;
-            for v in per_cpu.iter() {
-                out[i].packets += v.packets;
-                out[i].bytes += v.bytes;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Counters of [`Event`]s, summed over CPUs.
-    pub fn events(&self) -> Result<[u64; EVENT_COUNT as usize]> {
-        let mut out = [0; EVENT_COUNT as usize];
-        for e in Event::ALL {
-            let per_cpu = self
-                .events
-                .get(&(e as u32), 0)
-                .map_err(map_err("reading", MAP_EVENTS))?;
-            out[e as usize] = per_cpu.iter().sum();
-        }
-        Ok(out)
-    }
-
-    /// The drop log's counts, all CPUs together: records written, drops
-    /// skipped over the budget, records lost to a full ring.
-    pub fn drop_log_counts(&self) -> Result<DropLogCounts> {
-        let per_cpu = self
-            .drop_log_budget
-            .get(&0, 0)
-            .map_err(map_err("reading", common::MAP_DROP_LOG_BUDGET))?;
-        Ok(DropLogCounts::sum(per_cpu.iter()))
-    }
-
-    /// A reader of the drop log's ring buffer, on a descriptor of its own
-    /// (the one [`Maps`] holds stays for pinning). One reader per daemon:
-    /// what it takes, nobody else sees.
-    pub fn drop_log_reader(&self) -> Result<RingBuf<MapData>> {
-        let name = common::MAP_DROP_LOG;
-        let data = dup_map(self.drop_log.fd(), name)?;
-        RingBuf::try_from(Map::RingBuf(data)).map_err(map_err("reading", name))
-    }
-
-    /// How many keys have a state now: (gcra's IPv4 and IPv6 maps together, the
-    /// wide-state map), counted with batched reads (a few syscalls per million
-    /// keys).
-    pub fn tracked(&self) -> Result<(usize, usize)> {
-        let (v4, v6, wide) = self.tracked_by_map()?;
-        Ok((v4 + v6, wide))
-    }
-
-    /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide).
-    pub fn tracked_by_map(&self) -> Result<(usize, usize, usize)> {
-        use aya::maps::IterableMap as _;
-        Ok((
-            count_entries(self.state_v4.map(), MAP_STATE_V4)?,
-            count_entries(self.state.map(), MAP_STATE)?,
-            count_entries(self.wide.map(), common::MAP_WIDE)?,
-        ))
-    }
-
-    /// Zeroes every counter (tests).
-    pub fn clear_counters(&mut self) -> Result<()> {
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io {
-            what: "counting CPUs".into(),
-            source: e,
-        })?;
-        for reason in Reason::ALL {
-            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); cpus])
-                .map_err(Error::io("building per-CPU values"))?;
-            self.stats
-                .set(reason as u32, zero, 0)
-                .map_err(map_err("writing", MAP_STATS))?;
-        }
-        Ok(())
-    }
-
-    /// Counters by reason, summed over CPUs.
-    pub fn counters(&self) -> Result<[Counter; REASON_COUNT as usize]> {
-        let mut out = [Counter::default(); REASON_COUNT as usize];
-        for reason in Reason::ALL {
-            let per_cpu = self
-                .stats
-                .get(&(reason as u32), 0)
-                .map_err(map_err("reading", MAP_STATS))?;
-            for c in per_cpu.iter() {
-                out[reason as usize].packets += c.packets;
-                out[reason as usize].bytes += c.bytes;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Every tracked gcra source and its state (IPv4 first).
-    pub fn states(&self) -> impl Iterator<Item = Result<(FlowKey, gcra::State)>> + '_ {
-        self.state_v4
-            .iter()
-            .map(|e| {
-                e.map(|(k, v)| (k.widen(), v.gcra))
-                    .map_err(map_err("reading", MAP_STATE_V4))
-            })
-            .chain(self.state.iter().map(|e| {
-                e.map(|(k, v)| (k, v.gcra))
-                    .map_err(map_err("reading", MAP_STATE))
-            }))
-    }
-
-    /// Drop counts by source address, or by key of a rule's key level.
-    pub fn drops(&self) -> impl Iterator<Item = Result<(common::DropKey, u64)>> + '_ {
-        self.drops
-            .iter()
-            .map(|e| e.map_err(map_err("reading", MAP_DROPS)))
-    }
-
-    /// The state of one gcra key, if tracked.
-    pub fn state(&self, key: &FlowKey) -> Option<gcra::State> {
-        self.source_state(key).map(|s| s.gcra)
-    }
-
-    /// The state of one gcra key with when it was created, if tracked.
-    pub fn source_state(&self, key: &FlowKey) -> Option<common::SourceState> {
-        if common::is_v4_mapped(&key.addr) {
-            self.state_v4.get(&key.v4(), 0).ok()
-        } else {
-            self.state.get(key, 0).ok()
-        }
-    }
-
-    /// Every key of a fleet-wide rule with what it was admitted.
-    pub fn fleet_used(&self) -> Vec<(FlowKey, common::FleetUsed)> {
-        self.fleet_used.iter().filter_map(|e| e.ok()).collect()
-    }
-
-    /// The report cursor of every key the daemon accounted for.
-    pub fn fleet_cursors(&self) -> Vec<(FlowKey, common::FleetCursor)> {
-        self.fleet_reported.iter().filter_map(|e| e.ok()).collect()
-    }
-
-    /// Writes report cursors (`Some`) and removes those of keys the program
-    /// no longer counts (`None`). A cursor that cannot be written is one
-    /// sync of this key that a restarted daemon reports again (at most one
-    /// bucket: see the fleet's module): it is logged by the caller's count.
-    pub fn write_fleet_cursors(
-        &mut self,
-        cursors: &[(FlowKey, Option<common::FleetCursor>)],
-    ) -> usize {
-        let mut failed = 0;
-        for (key, cursor) in cursors {
-            let ok = match cursor {
-                Some(c) => self.fleet_reported.insert(key, c, 0).is_ok(),
-                None => {
-                    let _ = self.fleet_reported.remove(key);
-                    true
-                }
-            };
-            failed += usize::from(!ok);
-        }
-        failed
-    }
-
-    /// Writes the daemon's heartbeat for the program.
-    pub fn write_fleet_beat(&mut self, beat: common::FleetBeat) -> Result<()> {
-        self.fleet_beat
-            .set(0, beat, 0)
-            .map_err(map_err("writing", common::MAP_FLEET_BEAT))
-    }
-
-    /// Raises the gcra state of `key` (a key of a fleet-wide rule) to a debt
-    /// of `debt_ns` now; never lowers it. A key without a state gets one.
-    /// Not atomic with the program's compare-and-swap: a frame admitted
-    /// between the read and the write is not in the written state (it is
-    /// counted, and in the fleet's debt at the next sync).
-    pub fn raise(&mut self, key: &FlowKey, params: &gcra::Params, debt_ns: u64) {
-        let now = super::monotonic_ns();
-        let found = self.source_state(key);
-        let current = found.map_or(0, |s| gcra::debt_ns(s.gcra.tat, params, now));
-        let target = debt_ns;
-        if target <= current {
-            return;
-        }
-        let state = common::SourceState {
-            gcra: gcra::State {
-                tat: gcra::with_debt(params, now, target),
-            },
-            // A key the fleet made known here is as old as it is here.
-            born: found.map_or(now, |s| s.born),
-        };
-        let _ = if common::is_v4_mapped(&key.addr) {
-            self.state_v4.insert(key.v4(), state, 0)
-        } else {
-            self.state.insert(key, state, 0)
-        };
-    }
-
-    /// The wide state of one key, if tracked.
-    pub fn wide_state(&self, key: &FlowKey) -> Option<common::WideState> {
-        self.wide.get(key, 0).ok()
-    }
-
-    /// Deletes the wide state of `key` (tests).
-    pub fn remove_wide_state(&mut self, key: &FlowKey) -> Result<()> {
-        self.wide
-            .remove(key)
-            .map_err(map_err("removing", common::MAP_WIDE))
-    }
-
-    /// Deletes the gcra state of `key` (the idle sweep).
-    pub fn remove_state(&mut self, key: &FlowKey) -> Result<()> {
-        if common::is_v4_mapped(&key.addr) {
-            self.state_v4
-                .remove(&key.v4())
-                .map_err(map_err("removing", MAP_STATE_V4))
-        } else {
-            self.state
-                .remove(key)
-                .map_err(map_err("removing", MAP_STATE))
-        }
     }
 }
 

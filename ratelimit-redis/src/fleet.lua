@@ -57,16 +57,7 @@ local function report(key, s, p, b, amount)
       return -2
     end
     ls, lp, lb, lt, ld = tonumber(ls), tonumber(lp), tonumber(lb), tonumber(lt), tonumber(ld)
-    -- A clock stepped back never refills: time runs from the later reading.
-    if lt > now then t = lt end
-    local gone = (t - lt) * ls
-    if gone < ld then debt = ld - gone end
-    if debt > 0 and (ls ~= s or lp ~= p or lb ~= b) then
-      -- In microseconds, rounded up, then in the new units, at most a bucket.
-      local us = math.floor((debt + ls - 1) / ls)
-      debt = us * s
-      if debt > tau then debt = tau end
-    end
+    t, debt = gcra_debt(ls, lp, lb, lt, ld, s, p, b, now)
   end
   local d = debt + amount * p
   local most = tau + math.min(60000000 * s, 4503599627370496)

@@ -31,7 +31,8 @@ pub const GROUPS: u32 = 64;
 /// minute's and the last).
 pub const TALLY_TTL: Duration = Duration::from_secs(180);
 
-static SYNC: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("fleet.lua")));
+static SYNC: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!(include_str!("gcra.lua"), include_str!("fleet.lua"))));
 static MEMBERS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("members.lua")));
 
 /// The group of the key named `name`: FNV-1a of its bytes, modulo

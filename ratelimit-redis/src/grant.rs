@@ -26,9 +26,10 @@ use redis::{Script, Value};
 
 use crate::{Conn, EXACT_MAX, Error, Limit, Store};
 
-/// `limit.lua` as the function `limit(KEYS, ARGV)`, then `serve.lua`.
+/// `gcra.lua`, `limit.lua` as the function `limit(KEYS, ARGV)`, then `serve.lua`.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
+        include_str!("gcra.lua"),
         "local function limit(KEYS, ARGV)\n",
         include_str!("limit.lua"),
         "\nend\n",

@@ -62,7 +62,7 @@ pub use lease::{Leases, bound as lease_bound};
 
 /// The decision script (`limit.lua`), as Redis runs it: for tools that
 /// measure against calling it directly (the service's benchmark).
-pub const LIMIT_SCRIPT: &str = include_str!("limit.lua");
+pub const LIMIT_SCRIPT: &str = concat!(include_str!("gcra.lua"), include_str!("limit.lua"));
 
 /// The largest value the script's arithmetic reaches: Lua's numbers are doubles,
 /// exact for integers up to 2^53; one bit of headroom for sums.
@@ -405,7 +405,7 @@ impl Store {
         };
         let store = Self {
             conn,
-            script: Arc::new(Script::new(include_str!("limit.lua"))),
+            script: Arc::new(Script::new(LIMIT_SCRIPT)),
             clock: Arc::default(),
         };
         // Redis's clock, for the first call's deadline; if Redis does not

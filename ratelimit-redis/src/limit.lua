@@ -77,16 +77,7 @@ if algo == 'gcra' then
   if st[1] == 'gcra' then
     local ls, lp, lb = tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
     local lt, ld = tonumber(st[5]), tonumber(st[6])
-    -- A clock stepped back never refills: time runs from the later reading.
-    if lt > now then t = lt end
-    local gone = (t - lt) * ls
-    if gone < ld then debt = ld - gone end
-    if debt > 0 and (ls ~= s or lp ~= p or lb ~= b) then
-      -- In microseconds, rounded up, then in the new units, at most a bucket.
-      local us = math.floor((debt + ls - 1) / ls)
-      debt = us * s
-      if debt > tau then debt = tau end
-    end
+    t, debt = gcra_debt(ls, lp, lb, lt, ld, s, p, b, now)
   end
   local function save(d)
     if d <= 0 then

@@ -26,26 +26,41 @@ use crate::{
     model::rules::RuleSet,
 };
 
+/// An error of the file `path` as a whole, at `line` when known.
+pub(crate) fn whole_file(path: &Path, line: Option<usize>, message: String) -> ConfigErrors {
+    ConfigErrors::of(
+        path,
+        vec![Problem {
+            line,
+            field: String::new(),
+            message,
+        }],
+    )
+}
+
+/// The text of the config file `path` (a regular file of bounded size).
+pub(crate) fn read_text(path: &Path) -> Result<String, ConfigErrors> {
+    crate::host::input::read(path, crate::host::input::Kind::Config, "the config file")
+        .map_err(|e| whole_file(path, None, e))
+}
+
+/// `text` (of `path`) parsed as TOML, or its syntax error at its line.
+pub(crate) fn parse_toml<'a>(
+    path: &Path,
+    text: &'a str,
+) -> Result<ImDocument<&'a str>, ConfigErrors> {
+    ImDocument::parse(text).map_err(|e| {
+        let (line, message) = syntax_error(text, &e);
+        whole_file(path, line, message)
+    })
+}
+
 /// Reads and validates the config file `path` (and the list files it names),
 /// with `cli` on top: what `run`'s rule options set, which the file must not
 /// set too (nothing, for `ratelimit check`).
 pub fn file(path: &Path, cli: &RawConfig) -> Result<RuleSet, ConfigErrors> {
-    let whole = |line, message: String| {
-        ConfigErrors::of(
-            path,
-            vec![Problem {
-                line,
-                field: String::new(),
-                message,
-            }],
-        )
-    };
-    let text = crate::host::input::read(path, crate::host::input::Kind::Config, "the config file")
-        .map_err(|e| whole(None, e))?;
-    let doc = ImDocument::parse(text.as_str()).map_err(|e| {
-        let (line, message) = syntax_error(&text, &e);
-        whole(line, message)
-    })?;
+    let text = read_text(path)?;
+    let doc = parse_toml(path, &text)?;
     let file = Located {
         text: &text,
         doc: &doc,

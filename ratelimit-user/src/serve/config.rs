@@ -30,14 +30,13 @@ use std::{
 };
 
 use serde::Deserialize;
-use toml_edit::ImDocument;
 
 use super::{
     auth,
     policy::{Domain, FailureMode, LimitDef, Policy, Tenant},
 };
 use crate::{
-    config::check::{line_at, line_of, syntax_error},
+    config::check::{line_at, line_of, parse_toml, read_text, whole_file},
     error::{ConfigErrors, Error, Problem},
 };
 
@@ -95,25 +94,11 @@ struct RawEntry {
 
 /// Reads and validates `path`: the policy, or every error found.
 pub fn read(path: &Path) -> Result<Policy, ConfigErrors> {
-    let whole = |line, message: String| {
-        ConfigErrors::of(
-            path,
-            vec![Problem {
-                line,
-                field: String::new(),
-                message,
-            }],
-        )
-    };
-    let text = crate::host::input::read(path, crate::host::input::Kind::Config, "the config file")
-        .map_err(|e| whole(None, e))?;
-    let doc = ImDocument::parse(text.as_str()).map_err(|e| {
-        let (line, message) = syntax_error(&text, &e);
-        whole(line, message)
-    })?;
+    let text = read_text(path)?;
+    let doc = parse_toml(path, &text)?;
     let raw: RawServe = toml_edit::de::from_str(&text).map_err(|e| {
         let line = e.span().map(|s| line_at(&text, s.start));
-        whole(line, e.message().to_string())
+        whole_file(path, line, e.message().to_string())
     })?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut errors = Vec::new();

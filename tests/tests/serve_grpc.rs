@@ -59,6 +59,15 @@ tenants = ["other"]
 }
 
 fn start(redis: &RedisServer, grpc: bool) -> (Service, ratelimit_tests::TempDir) {
+    start_tls(redis, grpc, None)
+}
+
+/// [`start`] with `--tls-cert` and `--tls-key` (PEM text) when given.
+fn start_tls(
+    redis: &RedisServer,
+    grpc: bool,
+    tls: Option<(&str, &str)>,
+) -> (Service, ratelimit_tests::TempDir) {
     let dir = ratelimit_tests::TempDir::new("grpc-token");
     let file = dir.0.join("token");
     std::fs::write(&file, TOKEN).unwrap();
@@ -68,6 +77,7 @@ fn start(redis: &RedisServer, grpc: bool) -> (Service, ratelimit_tests::TempDir)
         &Setup {
             config: Some(&text),
             grpc,
+            tls,
             ..Setup::default()
         },
     );
@@ -390,20 +400,8 @@ static_resources:
 fn grpc_over_tls_serves_clients_that_trust_its_ca() {
     use tonic::transport::{Certificate, Channel, ClientTlsConfig};
     let redis = RedisServer::start();
-    let dir = ratelimit_tests::TempDir::new("grpc-tls-token");
-    let file = dir.0.join("token");
-    std::fs::write(&file, TOKEN).unwrap();
-    let text = config(&file.display().to_string());
     let (ca, cert, key) = test_ca();
-    let s = Service::start_with(
-        &redis.url(),
-        &Setup {
-            config: Some(&text),
-            grpc: true,
-            tls: Some((&cert, &key)),
-            ..Setup::default()
-        },
-    );
+    let (s, _dir) = start_tls(&redis, true, Some((&cert, &key)));
     let port = s.grpc_port.expect("gRPC port");
     let request = || {
         let mut req = tonic::Request::new(RateLimitRequest {

@@ -95,6 +95,24 @@ fn a_daemon_cut_off_from_redis_is_counted_while_its_lease_lasts() {
     );
     let cut_off = fleet.members[2].fleet_status();
     assert!(cut_off["fallback_syncs"].as_u64().unwrap() > 0, "{cut_off}");
+    // Past its lease the others count two daemons and take the whole limit
+    // between them; the cut-off one keeps its share: the fleet admits at
+    // most the in-step bound and that share more (R/N a second).
+    for i in [0, 1] {
+        wait_for(&fleet, i, "the lease ended", |f| f["daemons"] == 2);
+    }
+    let secs = 3.0;
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs_f64(secs));
+    let total: u64 = got.iter().sum();
+    let limit = bound(3.0, secs, DELTA) + (BURST + RATE * secs) / 3.0;
+    eprintln!(
+        "fleet, one daemon cut off past its lease: {got:?} = {total} admitted over {secs} s; exact {}, bound {limit}",
+        BURST + RATE * secs
+    );
+    assert!(
+        (total as f64) <= limit,
+        "one daemon cut off past its lease: {total} admitted ({got:?}), bound {limit}"
+    );
     // Back: in step within seconds, and what it admitted meanwhile reported.
     let healed = Instant::now();
     fleet.members[2].heal();

@@ -46,7 +46,7 @@ pub extern "C" fn rl_drop_log(ctx: *mut xdp_md, what: u64, len: u64, rule: u32, 
         return 0;
     };
     // SAFETY: a per-CPU slot, written only by this CPU; a helper with no
-    // preconditions (the window needs no precision: the last tick's time).
+    // preconditions (the budget needs no precision: the last tick's time).
     let budget = unsafe { &mut *budget };
     if !admit(budget, unsafe { bpf_ktime_get_coarse_ns() }, rate) {
         budget.skipped += 1;

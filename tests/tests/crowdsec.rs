@@ -10,7 +10,7 @@
 use std::{
     net::IpAddr,
     thread::sleep,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use ratelimit_tests::{check::ip, crowdsec::Lapi, fixture::Host, privileged, require_tool};
@@ -229,6 +229,10 @@ fn a_decision_ends_at_its_time_with_no_local_api_across_a_restart_too() {
     needs_crowdsec!("a_decision_ends_at_its_time_with_no_local_api_across_a_restart_too");
     let (h, mut lapi, d) = start("cs-ttl", &[]);
     let banned = ip("198.18.0.5");
+    // The Local API stores the ban somewhere inside this `cscli` call and
+    // keeps its end in whole seconds (the second it was stored + 12 s): that
+    // end is the daemon's, read as time left when it pulls.
+    let asked = SystemTime::now();
     lapi.cscli_ok(&[
         "decisions",
         "add",
@@ -237,8 +241,8 @@ fn a_decision_ends_at_its_time_with_no_local_api_across_a_restart_too() {
         "--duration",
         "12s",
     ]);
+    let added = SystemTime::now();
     lapi.cscli_ok(&["decisions", "add", "--ip", "198.18.0.8", "--duration", "1h"]);
-    let added = Instant::now();
     wait_entries(&d, "crowdsec:cscli", 2, LANDS_WITHIN);
     lapi.stop();
     // The Local API gone: what is held stays, and the daemon says so once.
@@ -263,24 +267,36 @@ fn a_decision_ends_at_its_time_with_no_local_api_across_a_restart_too() {
     );
     assert_eq!(entries(&d, "crowdsec:cscli"), Some(2), "{}", d.output());
     assert_dropped(&h, &[banned], &[]);
-    // Its end: 12 s after it was added, in whole seconds, within the
-    // daemon's check of ends.
+    // Its end: never before it is due, and within the daemon's check of
+    // ends (one `EVERY`) after it.
+    let whole_second = |t: SystemTime| {
+        UNIX_EPOCH
+            + Duration::from_secs(t.duration_since(UNIX_EPOCH).expect("after 1970").as_secs())
+    };
+    let (earliest, latest) = (
+        whole_second(asked) + Duration::from_secs(12),
+        whole_second(added) + Duration::from_secs(12),
+    );
     assert!(
-        added.elapsed() < Duration::from_secs(11),
+        SystemTime::now() + Duration::from_secs(1) < earliest,
         "too slow to see the ban before its end"
     );
-    let end = added + Duration::from_secs(12);
-    while Instant::now() < end + Duration::from_millis(1500)
-        && entries(&d, "crowdsec:cscli") != Some(1)
-    {
-        sleep(Duration::from_millis(100));
+    // `seen` is when the look that found it ended began: it had ended by then.
+    let mut seen = SystemTime::now();
+    while seen < latest + Duration::from_millis(2500) && entries(&d, "crowdsec:cscli") != Some(1) {
+        sleep(Duration::from_millis(50));
+        seen = SystemTime::now();
     }
-    let ended = Instant::now();
     assert_eq!(entries(&d, "crowdsec:cscli"), Some(1), "{}", d.output());
     assert!(
-        ended + Duration::from_millis(1000) >= end,
-        "the ban ended {:?} before its time",
-        end - ended
+        seen >= earliest,
+        "the ban had ended {:?} before its time",
+        earliest.duration_since(seen).unwrap_or_default()
+    );
+    assert!(
+        seen <= latest + Duration::from_millis(2000),
+        "the ban ended {:?} after its time",
+        seen.duration_since(latest).unwrap_or_default()
     );
     assert_dropped(&h, &[ip("198.18.0.8")], &[banned]);
 }

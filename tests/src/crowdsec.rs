@@ -30,11 +30,15 @@ pub struct Lapi {
     pub dir: TempDir,
     /// The namespace it listens in.
     ns: String,
+    /// Whether it speaks TLS (`https://`).
+    tls: bool,
 }
 
 /// The config the package installed, edited: its own port, database, logs and
 /// credentials; no online API; no Prometheus listener; in the foreground.
-fn config(dir: &Path) -> String {
+/// With `tls`, it serves `lapi.crt` and `lapi.key` of `dir` (and cscli, its
+/// client, does not check them).
+fn config(dir: &Path, tls: bool) -> String {
     let text = std::fs::read_to_string("/etc/crowdsec/config.yaml")
         .expect("reading /etc/crowdsec/config.yaml (Debian's crowdsec package)");
     let mut out = String::new();
@@ -58,7 +62,16 @@ fn config(dir: &Path) -> String {
             "log_dir" => set(format!("{}/", dir.display())),
             "db_path" => set(dir.join("crowdsec.db").display().to_string()),
             "credentials_path" => set(dir.join("local_api_credentials.yaml").display().to_string()),
+            "listen_uri" if tls => {
+                let pad = &line[..indent];
+                format!(
+                    "{pad}listen_uri: 127.0.0.1:{PORT}\n{pad}tls:\n{pad}  cert_file: {}\n{pad}  key_file: {}",
+                    dir.join("lapi.crt").display(),
+                    dir.join("lapi.key").display()
+                )
+            }
             "listen_uri" => set(format!("127.0.0.1:{PORT}")),
+            "insecure_skip_verify" => set(tls.to_string()),
             "enabled" if indent > 0 => set("false".into()),
             _ => line.to_string(),
         };
@@ -72,12 +85,28 @@ impl Lapi {
     /// Starts one in `ns` with an empty database, registers a machine (for
     /// cscli) and the bouncer [`KEY`], and waits until it answers.
     pub fn start(ns: &NetNs) -> Self {
+        Self::start_with(ns, None)
+    }
+
+    /// [`Lapi::start`] serving `https://` with this certificate and key
+    /// (PEM).
+    pub fn start_tls(ns: &NetNs, cert: &str, key: &str) -> Self {
+        Self::start_with(ns, Some((cert, key)))
+    }
+
+    fn start_with(ns: &NetNs, tls: Option<(&str, &str)>) -> Self {
         let dir = TempDir::new("lapi");
-        std::fs::write(dir.0.join("config.yaml"), config(&dir.0)).expect("writing the config");
+        if let Some((cert, key)) = tls {
+            std::fs::write(dir.0.join("lapi.crt"), cert).expect("writing the certificate");
+            std::fs::write(dir.0.join("lapi.key"), key).expect("writing the key");
+        }
+        std::fs::write(dir.0.join("config.yaml"), config(&dir.0, tls.is_some()))
+            .expect("writing the config");
         let mut lapi = Self {
             child: None,
             dir,
             ns: ns.name.clone(),
+            tls: tls.is_some(),
         };
         lapi.spawn();
         lapi.cscli_ok(&[
@@ -92,7 +121,7 @@ impl Lapi {
                 .display()
                 .to_string(),
             "--url",
-            &format!("http://127.0.0.1:{PORT}"),
+            &lapi.url(),
         ]);
         lapi.cscli_ok(&["bouncers", "add", "ratelimit", "-k", KEY]);
         std::fs::write(lapi.key_file(), format!("{KEY}\n")).expect("writing the key file");
@@ -141,9 +170,10 @@ impl Lapi {
         self.dir.0.join("bouncer.key")
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{PORT}")
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{PORT}")
     }
 
     /// `run`'s options to follow it, pulling every `every`.

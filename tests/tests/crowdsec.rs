@@ -5,7 +5,8 @@
 //! a decision ends at its time with no Local API, across a daemon restart
 //! too; a Local API restarted (or come back empty) is resynced; a rule made
 //! by hand on a banned CIDR survives; drops are counted per origin (stats,
-//! Prometheus).
+//! Prometheus); an `https://` Local API is followed with its CA, and a
+//! certificate another CA signed is refused and said so.
 
 use std::{
     net::IpAddr,
@@ -402,4 +403,53 @@ fn a_rule_made_by_hand_on_a_banned_cidr_survives_deletions_and_resyncs() {
         String::from_utf8_lossy(&out.stderr).contains("cscli decisions delete"),
         "{out:?}"
     );
+}
+
+/// An `https://` Local API (a certificate of the test's own CA): a daemon
+/// given that CA (`--crowdsec-ca`) follows it and drops its bans; a daemon
+/// given another CA pulls nothing, keeps what it held, and says that the
+/// certificate is the reason and which option fixes it.
+#[test]
+fn an_https_local_api_is_followed_with_its_ca_and_refused_under_another() {
+    needs_crowdsec!("an_https_local_api_is_followed_with_its_ca_and_refused_under_another");
+    let (ca, cert, key) = ratelimit_tests::serve::test_ca();
+    let (other_ca, _, _) = ratelimit_tests::serve::test_ca();
+    let h = Host::bare("cs-tls");
+    let lapi = Lapi::start_tls(&h.pair.rx, &cert, &key);
+    assert!(lapi.url().starts_with("https://"), "{}", lapi.url());
+    let ca_file = lapi.dir.0.join("ca.pem");
+    let other_file = lapi.dir.0.join("other-ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&other_file, other_ca).unwrap();
+    let args = |cas: &std::path::Path| {
+        let mut a = lapi.run_args(EVERY);
+        a.extend(["--crowdsec-ca".to_string(), cas.display().to_string()]);
+        a
+    };
+    let run = |a: Vec<String>| h.daemon(&a.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let d = run(args(&ca_file));
+    lapi.cscli_ok(&["decisions", "add", "--ip", "198.18.0.5", "--duration", "2m"]);
+    wait_entries(&d, "crowdsec:cscli", 1, LANDS_WITHIN);
+    assert_dropped(&h, &[ip("198.18.0.5")], &[ip("198.18.0.6")]);
+    let status = d.json(&["status"]);
+    assert_eq!(status["crowdsec"]["lapi_up"], true, "{status}");
+    assert_eq!(status["crowdsec"]["lapi"], lapi.url(), "{status}");
+    d.stop(libc::SIGTERM);
+
+    // Another CA: the handshake fails on the certificate, every pull.
+    let d = run(args(&other_file));
+    lapi.cscli_ok(&["decisions", "add", "--ip", "198.18.0.7", "--duration", "2m"]);
+    sleep(LANDS_WITHIN);
+    let status = d.json(&["status"]);
+    let crowdsec = &status["crowdsec"];
+    assert_eq!(crowdsec["lapi_up"], false, "{status}");
+    assert_eq!(crowdsec["pulls"], 0, "{status}");
+    let error = crowdsec["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("certificate") && error.contains("--crowdsec-ca"),
+        "the reason does not name the certificate and the option: {status}"
+    );
+    // What it held from the saved decisions stays; nothing new lands.
+    assert_dropped(&h, &[ip("198.18.0.5")], &[ip("198.18.0.7")]);
 }

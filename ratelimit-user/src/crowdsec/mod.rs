@@ -49,9 +49,15 @@ pub const DEFAULT_EVERY: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct Args {
     /// Follow this CrowdSec Local API's decisions and drop what it bans at
-    /// the driver: http://HOST:PORT, like http://127.0.0.1:8080.
+    /// the driver: http://HOST:PORT, like http://127.0.0.1:8080, or
+    /// https://HOST:PORT.
     #[arg(long, value_name = "URL", help_heading = "CrowdSec")]
     pub crowdsec: Option<String>,
+    /// For an https:// Local API: the CA certificate(s), PEM, that signed
+    /// its certificate [default: the system's,
+    /// /etc/ssl/certs/ca-certificates.crt].
+    #[arg(long, value_name = "FILE", help_heading = "CrowdSec")]
+    pub crowdsec_ca: Option<PathBuf>,
     /// The bouncer key (`cscli bouncers add NAME -o raw`), alone in this
     /// file.
     #[arg(long, value_name = "FILE", help_heading = "CrowdSec")]
@@ -108,6 +114,7 @@ impl Args {
         let Some(url) = &self.crowdsec else {
             for (flag, given) in [
                 ("--crowdsec-key-file", self.crowdsec_key_file.is_some()),
+                ("--crowdsec-ca", self.crowdsec_ca.is_some()),
                 ("--crowdsec-every", self.crowdsec_every.is_some()),
                 ("--crowdsec-types", self.crowdsec_types.is_some()),
                 ("--crowdsec-origins", self.crowdsec_origins.is_some()),
@@ -127,6 +134,7 @@ impl Args {
             return Ok(None);
         };
         let lapi = Lapi::parse(url).map_err(|e| Error::invalid("--crowdsec", e))?;
+        let lapi = self.trusted(lapi)?;
         let key_file = self.crowdsec_key_file.clone().ok_or_else(|| {
             Error::invalid(
                 "--crowdsec-key-file",
@@ -182,6 +190,38 @@ impl Args {
             every,
             filter,
         }))
+    }
+}
+
+impl Args {
+    /// An `https://` Local API with the CA certificates of `--crowdsec-ca`
+    /// (or the system's); an `http://` one as it is.
+    fn trusted(&self, lapi: Lapi) -> Result<Lapi> {
+        let flag = "--crowdsec-ca";
+        if !lapi.is_https() {
+            return match &self.crowdsec_ca {
+                Some(_) => Err(Error::invalid(
+                    flag,
+                    format!("is for an https:// Local API; {} is plain http", lapi.url),
+                )),
+                None => Ok(lapi),
+            };
+        }
+        let cas = self
+            .crowdsec_ca
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(lapi::SYSTEM_CAS));
+        let what = match &self.crowdsec_ca {
+            Some(p) => format!("the CA certificates {}", p.display()),
+            None => format!(
+                "the system's CA certificates {} (give the CA that signed the Local API's certificate with --crowdsec-ca FILE)",
+                cas.display()
+            ),
+        };
+        let pem = crate::host::input::read(&cas, crate::host::input::Kind::Config, &what)
+            .map_err(|e| Error::invalid(flag, e))?;
+        lapi.trusting(&cas, pem.as_bytes())
+            .map_err(|e| Error::invalid(flag, e))
     }
 }
 

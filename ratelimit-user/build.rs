@@ -1,6 +1,8 @@
 //! Builds the XDP program (`ratelimit-ebpf`) for `bpfel-unknown-none` with the
-//! nightly toolchain and `bpf-linker`, into `OUT_DIR/ratelimit`, where `lib.rs`
-//! embeds it. `cargo xtask setup` installs what this needs.
+//! nightly toolchain and `bpf-linker`, into `OUT_DIR/ratelimit-xdp` (and the
+//! bench's floors into `OUT_DIR/floors`), where `lib.rs` embeds them. `cargo
+//! xtask setup` installs what this needs. (The program's binary is not named
+//! `ratelimit`: `cargo build --workspace` would write it over the daemon's.)
 use std::path::PathBuf;
 
 use anyhow::{Context as _, anyhow};

@@ -36,7 +36,8 @@ pub mod serve;
 pub use error::{Error, Result};
 
 /// The compiled XDP program (ELF), built by `build.rs` and embedded here.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit"));
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit-xdp"));
 
 /// Benchmark floors (an XDP_DROP-only program and an LRU lookup-and-update one),
 /// for `cargo xtask bench`. Never attached by the daemon.

@@ -137,8 +137,35 @@ fn name_ok(at: &str, name: &str, errors: &mut Vec<Error>) -> bool {
 
 fn validate(raw: RawServe, dir: &Path, errors: &mut Vec<Error>) -> Policy {
     let mut policy = Policy::default();
+    let tenant_index = add_tenants(&mut policy, raw.tenant, dir, errors);
+    for (i, d) in raw.domain.into_iter().enumerate() {
+        add_domain(
+            &mut policy,
+            &tenant_index,
+            &format!("domain[{i}]"),
+            d,
+            errors,
+        );
+    }
+    if policy.tenants.is_empty() {
+        errors.push(Error::invalid(
+            "tenant",
+            "no [[tenant]]: with --config every caller is a tenant (leave --config out for the open mode)",
+        ));
+    }
+    policy
+}
+
+/// The `[[tenant]]` tables into `policy` (tenants, their tokens, the
+/// anonymous one); each valid tenant's index by name.
+fn add_tenants(
+    policy: &mut Policy,
+    tenants: Vec<RawTenant>,
+    dir: &Path,
+    errors: &mut Vec<Error>,
+) -> HashMap<String, usize> {
     let mut tenant_index = HashMap::new();
-    for (i, t) in raw.tenant.into_iter().enumerate() {
+    for (i, t) in tenants.into_iter().enumerate() {
         let at = format!("tenant[{i}]");
         if !name_ok(&format!("{at}.name"), &t.name, errors) {
             continue;
@@ -154,51 +181,7 @@ fn validate(raw: RawServe, dir: &Path, errors: &mut Vec<Error>) -> Policy {
             continue;
         }
         let me = policy.tenants.len();
-        let mut digests = Vec::new();
-        for (j, d) in t.tokens.iter().enumerate() {
-            match auth::parse_digest(d) {
-                Some(d) => digests.push((format!("{at}.tokens[{j}]"), d)),
-                None => errors.push(Error::invalid(
-                    format!("{at}.tokens[{j}]"),
-                    "must be \"sha256:\" and the 64 hex digits of the token's SHA-256 (printf %s \"$TOKEN\" | sha256sum), or put the token in a token-file",
-                )),
-            }
-        }
-        if let Some(file) = &t.token_file {
-            let field = format!("{at}.token-file");
-            let p = dir.join(file);
-            match crate::host::input::read(&p, crate::host::input::Kind::List, "the token file") {
-                Err(e) => errors.push(Error::invalid(&field, format!("{}: {e}", p.display()))),
-                Ok(text) => {
-                    let tokens: Vec<&str> = text
-                        .lines()
-                        .map(str::trim)
-                        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                        .collect();
-                    if tokens.is_empty() {
-                        errors.push(Error::invalid(
-                            &field,
-                            format!("{} holds no token (one a line)", p.display()),
-                        ));
-                    }
-                    for tok in tokens {
-                        if tok.chars().count() < auth::MIN_TOKEN {
-                            errors.push(Error::invalid(
-                                &field,
-                                format!(
-                                    "{}: a token shorter than {} characters; make one with `head -c 24 /dev/urandom | base64`",
-                                    p.display(),
-                                    auth::MIN_TOKEN
-                                ),
-                            ));
-                        } else {
-                            digests.push((field.clone(), auth::digest(tok)));
-                        }
-                    }
-                }
-            }
-        }
-        for (field, d) in digests {
+        for (field, d) in tenant_tokens(&at, &t, dir, errors) {
             if let Some(other) = policy.tokens.insert(d, me)
                 && other != me
             {
@@ -235,122 +218,192 @@ fn validate(raw: RawServe, dir: &Path, errors: &mut Vec<Error>) -> Policy {
             domains: HashSet::new(),
         });
     }
-    for (i, d) in raw.domain.into_iter().enumerate() {
-        let at = format!("domain[{i}]");
-        if !name_ok(&format!("{at}.name"), &d.name, errors) {
-            continue;
+    tenant_index
+}
+
+/// A tenant's token digests (`tokens` and its `token-file`), each with the
+/// field it came from.
+fn tenant_tokens(
+    at: &str,
+    t: &RawTenant,
+    dir: &Path,
+    errors: &mut Vec<Error>,
+) -> Vec<(String, [u8; 32])> {
+    let mut digests = Vec::new();
+    for (j, d) in t.tokens.iter().enumerate() {
+        match auth::parse_digest(d) {
+            Some(d) => digests.push((format!("{at}.tokens[{j}]"), d)),
+            None => errors.push(Error::invalid(
+                format!("{at}.tokens[{j}]"),
+                "must be \"sha256:\" and the 64 hex digits of the token's SHA-256 (printf %s \"$TOKEN\" | sha256sum), or put the token in a token-file",
+            )),
         }
-        if policy.domains.contains_key(&d.name) {
-            errors.push(Error::invalid(
-                format!("{at}.name"),
-                format!("domain {:?} is named twice", d.name),
-            ));
-            continue;
-        }
-        let failure_mode = match d.failure_mode.as_deref() {
-            None => None,
-            Some("allow") => Some(FailureMode::Allow),
-            Some("deny") => Some(FailureMode::Deny),
-            Some(other) => {
-                errors.push(Error::invalid(
-                    format!("{at}.failure-mode"),
-                    format!("{other:?}: must be \"allow\" (fail open) or \"deny\" (fail closed)"),
-                ));
-                None
-            }
-        };
-        if d.tenants.is_empty() {
-            errors.push(Error::invalid(
-                format!("{at}.tenants"),
-                "names no tenant: no one could use the domain",
-            ));
-        }
-        for (j, t) in d.tenants.iter().enumerate() {
-            match tenant_index.get(t) {
-                Some(&k) => {
-                    policy.tenants[k].domains.insert(d.name.clone());
-                }
-                None => errors.push(Error::invalid(
-                    format!("{at}.tenants[{j}]"),
-                    format!("no [[tenant]] is named {t:?}"),
-                )),
-            }
-        }
-        let mut domain = Domain::new(&d.name, failure_mode);
-        for (j, l) in d.limit.into_iter().enumerate() {
-            let at = format!("{at}.limit[{j}]");
-            if l.descriptor.is_empty() {
-                errors.push(Error::invalid(
-                    format!("{at}.descriptor"),
-                    "is empty; write the entries a request's descriptor has, like [{ key = \"user\" }]",
-                ));
-                continue;
-            }
-            if l.descriptor.len() > super::request::MAX_ENTRIES {
-                errors.push(Error::invalid(
-                    format!("{at}.descriptor"),
-                    format!("has more than {} entries", super::request::MAX_ENTRIES),
-                ));
-                continue;
-            }
-            let limit =
-                match super::request::limit_from(&at, &l.rate, l.burst, l.algorithm.as_deref()) {
-                    Ok(limit) => limit,
-                    Err(e) => {
-                        errors.push(e);
-                        continue;
-                    }
-                };
-            let path: Vec<(String, Option<String>)> =
-                l.descriptor.into_iter().map(|e| (e.key, e.value)).collect();
-            let name = l.name.unwrap_or_else(|| {
-                let mut n = d.name.clone();
-                for (k, v) in &path {
-                    n.push('/');
-                    n.push_str(k);
-                    if let Some(v) = v {
-                        n.push('=');
-                        n.push_str(v);
-                    }
-                }
-                n
-            });
-            if !name_ok(&format!("{at}.name"), &name, errors) {
-                continue;
-            }
-            if policy.named.contains_key(&name) {
-                errors.push(Error::invalid(
-                    format!("{at}.name"),
-                    format!("a limit named {name:?} is there already: names are the file's"),
-                ));
-                continue;
-            }
-            let index = domain.limits.len();
-            let def = LimitDef {
-                name: name.clone(),
-                domain: d.name.clone(),
-                path,
-                limit,
-                shadow: l.shadow,
-            };
-            if domain.add(def) {
-                policy.named.insert(name, (d.name.clone(), index));
-            } else {
-                errors.push(Error::invalid(
-                    format!("{at}.descriptor"),
-                    "another limit of the domain has this descriptor",
-                ));
-            }
-        }
-        policy.domains.insert(d.name, domain);
     }
-    if policy.tenants.is_empty() {
+    let Some(file) = &t.token_file else {
+        return digests;
+    };
+    let field = format!("{at}.token-file");
+    let p = dir.join(file);
+    let text = match crate::host::input::read(&p, crate::host::input::Kind::List, "the token file")
+    {
+        Ok(text) => text,
+        Err(e) => {
+            errors.push(Error::invalid(&field, format!("{}: {e}", p.display())));
+            return digests;
+        }
+    };
+    let tokens: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    if tokens.is_empty() {
         errors.push(Error::invalid(
-            "tenant",
-            "no [[tenant]]: with --config every caller is a tenant (leave --config out for the open mode)",
+            &field,
+            format!("{} holds no token (one a line)", p.display()),
         ));
     }
-    policy
+    for tok in tokens {
+        if tok.chars().count() < auth::MIN_TOKEN {
+            errors.push(Error::invalid(
+                &field,
+                format!(
+                    "{}: a token shorter than {} characters; make one with `head -c 24 /dev/urandom | base64`",
+                    p.display(),
+                    auth::MIN_TOKEN
+                ),
+            ));
+        } else {
+            digests.push((field.clone(), auth::digest(tok)));
+        }
+    }
+    digests
+}
+
+/// One `[[domain]]` (`at`) into `policy`: its failure mode, the tenants
+/// that may use it, its limits.
+fn add_domain(
+    policy: &mut Policy,
+    tenant_index: &HashMap<String, usize>,
+    at: &str,
+    d: RawDomain,
+    errors: &mut Vec<Error>,
+) {
+    if !name_ok(&format!("{at}.name"), &d.name, errors) {
+        return;
+    }
+    if policy.domains.contains_key(&d.name) {
+        errors.push(Error::invalid(
+            format!("{at}.name"),
+            format!("domain {:?} is named twice", d.name),
+        ));
+        return;
+    }
+    let failure_mode = match d.failure_mode.as_deref() {
+        None => None,
+        Some("allow") => Some(FailureMode::Allow),
+        Some("deny") => Some(FailureMode::Deny),
+        Some(other) => {
+            errors.push(Error::invalid(
+                format!("{at}.failure-mode"),
+                format!("{other:?}: must be \"allow\" (fail open) or \"deny\" (fail closed)"),
+            ));
+            None
+        }
+    };
+    if d.tenants.is_empty() {
+        errors.push(Error::invalid(
+            format!("{at}.tenants"),
+            "names no tenant: no one could use the domain",
+        ));
+    }
+    for (j, t) in d.tenants.iter().enumerate() {
+        match tenant_index.get(t) {
+            Some(&k) => {
+                policy.tenants[k].domains.insert(d.name.clone());
+            }
+            None => errors.push(Error::invalid(
+                format!("{at}.tenants[{j}]"),
+                format!("no [[tenant]] is named {t:?}"),
+            )),
+        }
+    }
+    let mut domain = Domain::new(&d.name, failure_mode);
+    for (j, l) in d.limit.into_iter().enumerate() {
+        add_limit(policy, &mut domain, &format!("{at}.limit[{j}]"), l, errors);
+    }
+    policy.domains.insert(d.name, domain);
+}
+
+/// One `[[domain.limit]]` (`at`) into `domain`, its name into `policy`.
+fn add_limit(
+    policy: &mut Policy,
+    domain: &mut Domain,
+    at: &str,
+    l: RawLimit,
+    errors: &mut Vec<Error>,
+) {
+    if l.descriptor.is_empty() {
+        errors.push(Error::invalid(
+            format!("{at}.descriptor"),
+            "is empty; write the entries a request's descriptor has, like [{ key = \"user\" }]",
+        ));
+        return;
+    }
+    if l.descriptor.len() > super::request::MAX_ENTRIES {
+        errors.push(Error::invalid(
+            format!("{at}.descriptor"),
+            format!("has more than {} entries", super::request::MAX_ENTRIES),
+        ));
+        return;
+    }
+    let limit = match super::request::limit_from(at, &l.rate, l.burst, l.algorithm.as_deref()) {
+        Ok(limit) => limit,
+        Err(e) => {
+            errors.push(e);
+            return;
+        }
+    };
+    let path: Vec<(String, Option<String>)> =
+        l.descriptor.into_iter().map(|e| (e.key, e.value)).collect();
+    let name = l.name.unwrap_or_else(|| {
+        let mut n = domain.name.clone();
+        for (k, v) in &path {
+            n.push('/');
+            n.push_str(k);
+            if let Some(v) = v {
+                n.push('=');
+                n.push_str(v);
+            }
+        }
+        n
+    });
+    if !name_ok(&format!("{at}.name"), &name, errors) {
+        return;
+    }
+    if policy.named.contains_key(&name) {
+        errors.push(Error::invalid(
+            format!("{at}.name"),
+            format!("a limit named {name:?} is there already: names are the file's"),
+        ));
+        return;
+    }
+    let index = domain.limits.len();
+    let def = LimitDef {
+        name: name.clone(),
+        domain: domain.name.clone(),
+        path,
+        limit,
+        shadow: l.shadow,
+    };
+    if domain.add(def) {
+        policy.named.insert(name, (domain.name.clone(), index));
+    } else {
+        errors.push(Error::invalid(
+            format!("{at}.descriptor"),
+            "another limit of the domain has this descriptor",
+        ));
+    }
 }
 
 #[cfg(test)]

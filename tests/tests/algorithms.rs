@@ -168,7 +168,9 @@ fn sliding_log_vector_on_the_kernel_clock() {
     let f = frame("198.18.3.1");
     let start = monotonic_ns();
     let mut got = String::new();
-    for at_ms in [0u64, 200, 400, 600, 1010, 1100, 1210, 1300] {
+    // 1250 and 1350 rather than 1200 and 1300: 50 ms of room for a sleep
+    // that wakes late (the frames at 200 must be out of the window at 1250).
+    for at_ms in [0u64, 200, 400, 600, 1010, 1100, 1250, 1350] {
         let at = start + at_ms * 1_000_000;
         let now = monotonic_ns();
         if at > now {

@@ -208,19 +208,18 @@ action = "deny"
     });
     std::thread::sleep(Duration::from_millis(500));
     let before = seqs.last().copied().unwrap_or(0);
-    h.pair.send(
-        &[h.pair.flow(ip("198.18.0.8"), LIMITED_PORT, 2000)],
-        Duration::from_secs(1),
-    );
+    // A second of flood at a time until the follower prints (it may still be
+    // starting on a slow machine), for 10 s at most.
     let mut followed = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while followed.is_empty() && Instant::now() < deadline {
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+        h.pair.send(
+            &[h.pair.flow(ip("198.18.0.8"), LIMITED_PORT, 2000)],
+            Duration::from_secs(1),
+        );
+        while let Ok(line) = rx.recv_timeout(Duration::from_millis(600)) {
             followed.push(line);
         }
-    }
-    while let Ok(line) = rx.recv_timeout(Duration::from_millis(600)) {
-        followed.push(line);
     }
     assert!(!followed.is_empty(), "--follow printed nothing new");
     for l in &followed {

@@ -173,7 +173,7 @@ fn a_reload_onto_a_fifo_is_refused_while_the_daemon_answers_and_ends_a_ban_on_ti
     with_list(h.run_dir(), "bans.fifo");
 
     let set_at = Instant::now();
-    d.cli_ok(&["deny", "198.18.0.77/32", "--for", "3s"]);
+    d.cli_ok(&["deny", "198.18.0.77/32", "--for", "6s"]);
     d.child.signal(libc::SIGHUP);
     eventually(
         Duration::from_secs(5),
@@ -194,7 +194,7 @@ fn a_reload_onto_a_fifo_is_refused_while_the_daemon_answers_and_ends_a_ban_on_ti
         !out.status.success() && err.contains(&format!("the list {} is a FIFO", fifo.display())),
         "reload onto a FIFO: {err}"
     );
-    ends_on_time(&d, "198.18.0.77/32", set_at, 3);
+    ends_on_time(&d, "198.18.0.77/32", set_at, 6);
     let mut after = d.json(&["list"]);
     after["live_changes"] = before["live_changes"].clone();
     assert_eq!(after, before, "a refused reload changed the rules");
@@ -215,7 +215,7 @@ fn a_slow_read_holds_up_no_change_stats_or_expiry() {
     std::fs::write(&list, "198.18.9.9\n198.18.9.10\n").expect("list");
     let hold = HeldOpens::new(&list);
     let set_at = Instant::now();
-    d.cli_ok(&["deny", "198.18.0.78/32", "--for", "2s"]);
+    d.cli_ok(&["deny", "198.18.0.78/32", "--for", "5s"]);
     d.child.signal(libc::SIGHUP);
     assert!(
         hold.wait_held(Duration::from_secs(5)),
@@ -231,7 +231,7 @@ fn a_slow_read_holds_up_no_change_stats_or_expiry() {
     assert!(out.status.success(), "stats: {}", text(&out.stderr));
     let out = answers(&d, &["deny", "198.18.0.79/32"]);
     assert!(out.status.success(), "deny: {}", text(&out.stderr));
-    ends_on_time(&d, "198.18.0.78/32", set_at, 2);
+    ends_on_time(&d, "198.18.0.78/32", set_at, 5);
     assert!(
         !reload.is_finished(),
         "the reload answered before its read ended"

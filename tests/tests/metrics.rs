@@ -102,7 +102,6 @@ fn slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon() {
     })
     .join()
     .expect("scrapers");
-    let opened = Instant::now();
 
     // Every scraper's answer has begun (they share renderings) before
     // another client asks.
@@ -115,6 +114,8 @@ fn slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon() {
             "slow scraper {i} got no answer within 10 s"
         );
     }
+    // Each answer's write timeout runs from when that answer began: by now.
+    let answering = Instant::now();
     let peak = status_kb(pid, "VmHWM:");
     let asked = Instant::now();
     let out = h.pair
@@ -151,7 +152,7 @@ fn slow_scrapers_neither_blind_the_metrics_nor_grow_the_daemon() {
 
     // The write timeout (10 s) cuts the slow ones off with a reset: a reader
     // gets what was already on its way, not the rest of the 5 MB.
-    let cut = opened + Duration::from_secs(10 + 3);
+    let cut = answering + Duration::from_secs(10 + 3);
     if let Some(wait) = cut.checked_duration_since(Instant::now()) {
         std::thread::sleep(wait);
     }

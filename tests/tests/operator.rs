@@ -126,14 +126,18 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
     let good = ip("198.18.0.67");
     // A config rule under the ban comes back when it ends.
     d.cli_ok(&["allow", "198.18.0.66/32"]);
-    let out = d.cli_ok(&["deny", "198.18.0.66/32", "--for", "5s"]);
+    // The ban starts inside this call: between `asked` and `set_at`. Its
+    // 8 s leave room for a slow restart before its end.
+    const BAN: f64 = 8.0;
+    let asked = Instant::now();
+    let out = d.cli_ok(&["deny", "198.18.0.66/32", "--for", "8s"]);
     let set_at = Instant::now();
     assert_eq!(
         out.lines().count(),
         2,
         "one change, before and after: {out}"
     );
-    assert!(out.contains("ends in 5s"), "{out}");
+    assert!(out.contains("ends in 8s"), "{out}");
     let got = h
         .pair
         .probe(&[(bad, 200), (good, 200)], Duration::from_millis(500));
@@ -150,34 +154,45 @@ fn a_temporary_deny_ends_on_time_and_survives_a_restart() {
     d.stop(libc::SIGKILL);
     sleep(Duration::from_millis(500));
     let d = h.daemon(&["--rate", "1000/s"]);
+    let looked = Instant::now();
     let after = d.json(&["list"]);
+    let answered = Instant::now();
     let r = rule(&after, "198.18.0.66/32").expect("the ban survived the restart");
     assert_eq!(r["action"], "deny", "{r}");
     assert_eq!(r["expires_at"], ends_at, "{r}");
     let left = r["expires_in_s"].as_f64().expect("a number");
-    let want = 5.0 - set_at.elapsed().as_secs_f64();
+    let (least, most) = (
+        BAN - (answered - asked).as_secs_f64() - 0.5,
+        BAN - (looked - set_at).as_secs_f64() + 0.5,
+    );
     assert!(
-        (left - want).abs() < 1.0,
-        "{left} s left after the restart, {want:.2} s expected"
+        (least..=most).contains(&left),
+        "{left} s left after the restart, {least:.2}..{most:.2} s expected"
     );
 
-    // It ends within a second of its time, and what it hid is back.
-    let ended = loop {
+    // It ends on time (never before; within the daemon's check of ends and a
+    // look after), and what it hid is back.
+    let (seen_at, seen_by) = loop {
+        let look = Instant::now();
         let l = d.json(&["list"]);
         let r = rule(&l, "198.18.0.66/32").expect("the allow stays");
         if r["action"] == "allow" {
             assert_eq!(r["expires_at"], Value::Null, "{r}");
-            break set_at.elapsed();
+            break (look, Instant::now());
         }
         assert!(
-            set_at.elapsed() < Duration::from_secs(8),
+            set_at.elapsed() < Duration::from_secs(12),
             "never ended: {l}"
         );
         sleep(Duration::from_millis(50));
     };
+    let (by, from) = (
+        (seen_by - asked).as_secs_f64(),
+        (seen_at - set_at).as_secs_f64(),
+    );
     assert!(
-        ended >= Duration::from_millis(4900) && ended <= Duration::from_millis(6000),
-        "ended {ended:?} after a 5 s ban"
+        by >= BAN - 0.1 && from <= BAN + 1.5,
+        "ended {by:.2} s (seen at most) / {from:.2} s (looked from) after an {BAN} s ban"
     );
     let got = h.pair.probe(&[(bad, 200)], Duration::from_millis(500));
     assert!(
@@ -627,12 +642,13 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
         out
     };
     fail2ban("actioncheck", "", "");
-    fail2ban("actionban", "198.18.0.66", "2");
+    // Short bans, yet long enough to be seen in force on a slow machine.
+    fail2ban("actionban", "198.18.0.66", "5");
     fail2ban("actionban", "2001:db8::66", "-1");
     fail2ban("actionban", "198.18.0.67", "600");
     let l = d.json(&["list"]);
-    let ban = rule(&l, "198.18.0.66/32").expect("the 2 s ban");
-    assert!(ban["expires_in_s"].as_f64().unwrap_or(0.0) <= 2.0, "{ban}");
+    let ban = rule(&l, "198.18.0.66/32").expect("the 5 s ban");
+    assert!(ban["expires_in_s"].as_f64().unwrap_or(0.0) <= 5.0, "{ban}");
     let forever = rule(&l, "2001:db8::66/128").expect("the permanent ban");
     assert!(
         forever["expires_in_s"].as_f64().unwrap_or(0.0) > 300_000_000.0,
@@ -656,7 +672,7 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
 
     // CrowdSec's way: decisions piped in, banned for a while as one list.
     let mut bulk = h.command(&[
-        "deny", "--from", "-", "--name", "crowdsec", "--for", "2s", "--iface", &d.iface,
+        "deny", "--from", "-", "--name", "crowdsec", "--for", "5s", "--iface", &d.iface,
     ]);
     bulk.stdin(Stdio::piped()).stdout(Stdio::piped());
     let mut child = bulk.spawn().expect("deny --from -");
@@ -678,11 +694,13 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
     assert_eq!(lists[0]["name"], "crowdsec", "{lists}");
     assert!(lists[0]["expires_at"].is_string(), "{lists}");
 
-    sleep(Duration::from_millis(3200));
+    // Both ended (the list's 5 s came last; a second more for the daemon's
+    // check of ends).
+    sleep(Duration::from_millis(6200));
     let l = d.json(&["list"]);
     assert!(
         rule(&l, "198.18.0.66/32").is_none(),
-        "the 2 s ban stayed: {l}"
+        "the 5 s ban stayed: {l}"
     );
     assert!(rule(&l, "198.18.0.67/32").is_none(), "unbanned stayed: {l}");
     assert!(
@@ -692,7 +710,7 @@ fn the_fail2ban_action_and_a_bulk_ban_from_stdin_end_by_themselves() {
     assert_eq!(
         l["lists"],
         serde_json::json!([]),
-        "the 2 s list stayed: {l}"
+        "the 5 s list stayed: {l}"
     );
     // fail2ban's unban after the ban ended by itself: no change, no error,
     // and an allow set since stays.

@@ -11,6 +11,12 @@ use ratelimit_tests::{fixture::Host, privileged, ratelimit_bin};
 
 use super::{listed, ns_dir};
 
+/// An answer slower than this is a stall: a CLI call is a process start,
+/// slower on a loaded machine, and a daemon that waited on its idle
+/// connections would wait one request timeout (2 s; 5 s for a scrape's
+/// header) for each of the hundreds ahead.
+const STALL: Duration = Duration::from_secs(3);
+
 /// (Item 9) Out of file descriptors: idle connections to the metrics port cost a
 /// bounded number of descriptors, little CPU and little log, and scrapes are
 /// still answered.
@@ -69,7 +75,7 @@ fn idle_metrics_connections_under_a_low_fd_limit_cost_little() {
     let asked = Instant::now();
     d.cli_ok(&["stats"]);
     assert!(
-        asked.elapsed() < Duration::from_secs(1),
+        asked.elapsed() < STALL,
         "stats took {:?} with {opened} idle metrics connections",
         asked.elapsed()
     );
@@ -123,7 +129,7 @@ fn idle_control_connections_do_not_stall_the_daemon() {
         let asked = Instant::now();
         d.cli_ok(&["stats"]);
         assert!(
-            asked.elapsed() < Duration::from_secs(1),
+            asked.elapsed() < STALL,
             "stats took {:?} with 500 idle connections",
             asked.elapsed()
         );

@@ -564,19 +564,37 @@ impl Receiver {
                 let mut counts: HashMap<IpAddr, Vec<Instant>> = HashMap::new();
                 let mut buf = vec![0u8; 2048];
                 let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-                while !stop.load(Ordering::Relaxed) {
+                // Until stopped, then what is still queued (a receiver
+                // starved of CPU counts late, never short).
+                // (A bounded drain: a sender still at work is not waited for.)
+                let mut draining: Option<Instant> = None;
+                loop {
+                    if draining.is_none() && stop.load(Ordering::Relaxed) {
+                        draining = Some(Instant::now() + Duration::from_millis(500));
+                    }
+                    if draining.is_some_and(|until| Instant::now() > until) {
+                        break;
+                    }
                     let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+                    let flags = if draining.is_some() {
+                        libc::MSG_DONTWAIT
+                    } else {
+                        0
+                    };
                     // SAFETY: valid buffers.
                     let n = unsafe {
                         libc::recvfrom(
                             fd,
                             buf.as_mut_ptr().cast(),
                             buf.len(),
-                            0,
+                            flags,
                             (&mut sll as *mut libc::sockaddr_ll).cast(),
                             &mut len,
                         )
                     };
+                    if draining.is_some() && n < 0 {
+                        break;
+                    }
                     if n > 0 {
                         if sll.sll_pkttype == libc::PACKET_OUTGOING {
                             continue;

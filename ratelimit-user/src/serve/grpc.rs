@@ -25,7 +25,9 @@ use std::{sync::Arc, time::Duration};
 
 use envoy_types::pb::{
     envoy::{
-        extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride,
+        extensions::common::ratelimit::v3::{
+            RateLimitDescriptor, rate_limit_descriptor::RateLimitOverride,
+        },
         service::ratelimit::v3::{
             RateLimitRequest, RateLimitResponse,
             rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit},
@@ -34,14 +36,15 @@ use envoy_types::pb::{
     },
     google::protobuf::Duration as PbDuration,
 };
-use ratelimit_redis::{Ask, Limit};
+use ratelimit_redis::{Ask, Granted, Limit};
 use tonic::{Request, Response, Status};
 
 use super::{
     api::App,
     auth,
+    decide::Failed,
     metrics::{Code as CodeLabel, Shadow},
-    policy::{self, Denied, FailureMode},
+    policy::{self, Denied, Domain, FailureMode, Tenant},
     request::{MAX_ENTRIES, MAX_KEY},
 };
 
@@ -54,6 +57,9 @@ pub(super) fn service(app: Arc<App>) -> RateLimitServiceServer<Rls> {
 pub(super) struct Rls {
     app: Arc<App>,
 }
+
+/// A descriptor's entries: (key, value) pairs, in its order.
+type Entries = Vec<(String, String)>;
 
 /// A descriptor's limit: its numbers, its name, whether it is a shadow.
 struct Found {
@@ -83,93 +89,89 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let app = &self.app;
-        let token = request
-            .metadata()
-            .get("authorization")
-            .map(|v| v.as_bytes());
-        let tenant = match &app.policy {
-            None => None,
-            Some(p) => {
-                let unauth = |reason: &'static str, m: &str| {
-                    app.metrics.refused(reason);
-                    self.refuse("unauthenticated", Status::unauthenticated(m.to_string()))
-                };
-                let token = auth::bearer(token).map_err(|why| {
-                    unauth(
-                        "malformed",
-                        &format!("authorization: {why}; send `Bearer TOKEN`"),
-                    )
-                })?;
-                Some(p.tenant(token).map_err(|d| match d {
-                    Denied::Missing => unauth(
-                        "missing",
-                        "authorization: missing; send the metadata `authorization: Bearer TOKEN` (Envoy: grpc_service.initial_metadata)",
-                    ),
-                    Denied::Unknown => unauth("unknown", "authorization: not the token of any tenant"),
-                })?)
-            }
-        };
+        let tenant = self.tenant(&request)?;
         let r = request.into_inner();
-        let invalid = |m: String| self.refuse("invalid_argument", Status::invalid_argument(m));
-        if r.domain.is_empty() || r.domain.len() > MAX_KEY {
-            return Err(invalid(format!("domain: must be 1 to {MAX_KEY} bytes")));
-        }
-        if r.descriptors.is_empty() || r.descriptors.len() > super::request::MAX_ITEMS {
-            return Err(invalid(format!(
-                "descriptors: must hold 1 to {} descriptors",
-                super::request::MAX_ITEMS
-            )));
-        }
-        let domain = match (&app.policy, tenant) {
+        self.check_sizes(&r)?;
+        let domain = match (&self.app.policy, tenant) {
             (Some(p), Some(t)) => Some(p.domain_for(t, &r.domain).map_err(|m| {
-                app.metrics.refused("forbidden");
+                self.app.metrics.refused("forbidden");
                 self.refuse("permission_denied", Status::permission_denied(m))
             })?),
             _ => None,
         };
+        let (found, asks) = self.limits(&r, tenant, domain)?;
+        let decided = self.app.decider.acquire(asks).await;
+        if let Some(fail) = decided.iter().find_map(|d| d.as_ref().err()) {
+            for _ in 0..decided.len() {
+                self.app.metrics.count("redis_error");
+            }
+            return self.undecided(domain, found.len(), fail);
+        }
+        Ok(Response::new(self.answer(&found, decided)))
+    }
+}
+
+impl Rls {
+    /// The caller's tenant by its token (`None` in the open mode), or the
+    /// refusal.
+    fn tenant<T>(&self, request: &Request<T>) -> Result<Option<&Tenant>, Status> {
+        let app = &self.app;
+        let Some(p) = &app.policy else {
+            return Ok(None);
+        };
+        let token = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
+        let unauth = |reason: &'static str, m: &str| {
+            app.metrics.refused(reason);
+            self.refuse("unauthenticated", Status::unauthenticated(m.to_string()))
+        };
+        let token = auth::bearer(token).map_err(|why| {
+            unauth(
+                "malformed",
+                &format!("authorization: {why}; send `Bearer TOKEN`"),
+            )
+        })?;
+        p.tenant(token).map(Some).map_err(|d| match d {
+            Denied::Missing => unauth(
+                "missing",
+                "authorization: missing; send the metadata `authorization: Bearer TOKEN` (Envoy: grpc_service.initial_metadata)",
+            ),
+            Denied::Unknown => unauth("unknown", "authorization: not the token of any tenant"),
+        })
+    }
+
+    fn invalid(&self, m: String) -> Status {
+        self.refuse("invalid_argument", Status::invalid_argument(m))
+    }
+
+    /// The domain's and the descriptors' sizes.
+    fn check_sizes(&self, r: &RateLimitRequest) -> Result<(), Status> {
+        if r.domain.is_empty() || r.domain.len() > MAX_KEY {
+            return Err(self.invalid(format!("domain: must be 1 to {MAX_KEY} bytes")));
+        }
+        if r.descriptors.is_empty() || r.descriptors.len() > super::request::MAX_ITEMS {
+            return Err(self.invalid(format!(
+                "descriptors: must hold 1 to {} descriptors",
+                super::request::MAX_ITEMS
+            )));
+        }
+        Ok(())
+    }
+
+    /// Each descriptor's limit (`None`: no limit matches it), and what to
+    /// ask Redis for the limited ones, in their order.
+    fn limits(
+        &self,
+        r: &RateLimitRequest,
+        tenant: Option<&Tenant>,
+        domain: Option<&Domain>,
+    ) -> Result<(Vec<Option<Found>>, Vec<Ask>), Status> {
         let mut found: Vec<Option<Found>> = Vec::with_capacity(r.descriptors.len());
         let mut asks = Vec::new();
         for (i, d) in r.descriptors.iter().enumerate() {
-            if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
-                return Err(invalid(format!(
-                    "descriptors[{i}]: must hold 1 to {MAX_ENTRIES} entries"
-                )));
-            }
-            let mut entries = Vec::with_capacity(d.entries.len());
-            for (j, e) in d.entries.iter().enumerate() {
-                if e.key.is_empty() || e.key.len() > MAX_KEY || e.value.len() > MAX_KEY {
-                    return Err(invalid(format!(
-                        "descriptors[{i}].entries[{j}]: a key of 1 to {MAX_KEY} bytes and a value of at most {MAX_KEY}"
-                    )));
-                }
-                entries.push((e.key.clone(), e.value.clone()));
-            }
-            let f = match &d.limit {
-                Some(o) => {
-                    if tenant.is_some_and(|t| !t.inline) {
-                        app.metrics.refused("forbidden");
-                        return Err(self.refuse(
-                            "permission_denied",
-                            Status::permission_denied(format!(
-                                "descriptors[{i}].limit: tenant {:?} may not name a limit's numbers (inline-limits is off)",
-                                tenant.map(|t| t.name.as_str()).unwrap_or_default()
-                            )),
-                        ));
-                    }
-                    Some(Found {
-                        limit: override_limit(o)
-                            .map_err(|m| invalid(format!("descriptors[{i}].limit: {m}")))?,
-                        name: String::new(),
-                        shadow: false,
-                    })
-                }
-                None => domain.and_then(|dm| dm.find(&entries)).map(|def| Found {
-                    limit: def.limit,
-                    name: def.name.clone(),
-                    shadow: def.shadow,
-                }),
-            };
+            let (entries, f) = self.descriptor_limit(i, d, tenant, domain)?;
             if let Some(f) = &f {
                 let hits = d
                     .hits_addend
@@ -179,7 +181,8 @@ impl RateLimitService for Rls {
                     .unwrap_or(1)
                     .max(1);
                 asks.push(Ask {
-                    key: app
+                    key: self
+                        .app
                         .decider
                         .key(&policy::descriptor_key(&r.domain, &entries)),
                     limit: f.limit,
@@ -190,35 +193,99 @@ impl RateLimitService for Rls {
             }
             found.push(f);
         }
-        let decided = app.decider.acquire(asks).await;
-        if let Some(fail) = decided.iter().find_map(|d| d.as_ref().err()) {
-            for _ in 0..decided.len() {
-                app.metrics.count("redis_error");
-            }
-            return match domain.and_then(|d| d.failure_mode) {
-                None => Err(self.refuse("unavailable", Status::unavailable(fail.to_string()))),
-                Some(mode) => {
-                    let code = if mode == FailureMode::Allow {
-                        self.count("ok");
-                        Code::Ok
-                    } else {
-                        self.count("over_limit");
-                        Code::OverLimit
-                    };
-                    Ok(Response::new(RateLimitResponse {
-                        overall_code: code as i32,
-                        statuses: found
-                            .iter()
-                            .map(|_| DescriptorStatus {
-                                code: code as i32,
-                                ..Default::default()
-                            })
-                            .collect(),
-                        ..Default::default()
-                    }))
-                }
-            };
+        Ok((found, asks))
+    }
+
+    /// Descriptor `i`'s entries, checked, and its limit: its own override
+    /// (open mode, or a tenant with `inline-limits`), else the domain's.
+    fn descriptor_limit(
+        &self,
+        i: usize,
+        d: &RateLimitDescriptor,
+        tenant: Option<&Tenant>,
+        domain: Option<&Domain>,
+    ) -> Result<(Entries, Option<Found>), Status> {
+        if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+            return Err(self.invalid(format!(
+                "descriptors[{i}]: must hold 1 to {MAX_ENTRIES} entries"
+            )));
         }
+        let mut entries = Vec::with_capacity(d.entries.len());
+        for (j, e) in d.entries.iter().enumerate() {
+            if e.key.is_empty() || e.key.len() > MAX_KEY || e.value.len() > MAX_KEY {
+                return Err(self.invalid(format!(
+                    "descriptors[{i}].entries[{j}]: a key of 1 to {MAX_KEY} bytes and a value of at most {MAX_KEY}"
+                )));
+            }
+            entries.push((e.key.clone(), e.value.clone()));
+        }
+        let f = match &d.limit {
+            Some(o) => {
+                if tenant.is_some_and(|t| !t.inline) {
+                    self.app.metrics.refused("forbidden");
+                    return Err(self.refuse(
+                        "permission_denied",
+                        Status::permission_denied(format!(
+                            "descriptors[{i}].limit: tenant {:?} may not name a limit's numbers (inline-limits is off)",
+                            tenant.map(|t| t.name.as_str()).unwrap_or_default()
+                        )),
+                    ));
+                }
+                Some(Found {
+                    limit: override_limit(o)
+                        .map_err(|m| self.invalid(format!("descriptors[{i}].limit: {m}")))?,
+                    name: String::new(),
+                    shadow: false,
+                })
+            }
+            None => domain.and_then(|dm| dm.find(&entries)).map(|def| Found {
+                limit: def.limit,
+                name: def.name.clone(),
+                shadow: def.shadow,
+            }),
+        };
+        Ok((entries, f))
+    }
+
+    /// The answer while Redis cannot decide: the domain's failure mode for
+    /// each of the `descriptors`, else `UNAVAILABLE`.
+    fn undecided(
+        &self,
+        domain: Option<&Domain>,
+        descriptors: usize,
+        fail: &Failed,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let Some(mode) = domain.and_then(|d| d.failure_mode) else {
+            return Err(self.refuse("unavailable", Status::unavailable(fail.to_string())));
+        };
+        let code = if mode == FailureMode::Allow {
+            self.count("ok");
+            Code::Ok
+        } else {
+            self.count("over_limit");
+            Code::OverLimit
+        };
+        Ok(Response::new(RateLimitResponse {
+            overall_code: code as i32,
+            statuses: (0..descriptors)
+                .map(|_| DescriptorStatus {
+                    code: code as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }))
+    }
+
+    /// The answer from Redis's decisions, one for each limited descriptor
+    /// of `found` in order: a shadow limit answers `OK` and counts what it
+    /// decided; the request is `OVER_LIMIT` when any descriptor is.
+    fn answer(
+        &self,
+        found: &[Option<Found>],
+        decided: Vec<Result<Granted, Failed>>,
+    ) -> RateLimitResponse {
+        let app = &self.app;
         let mut decided = decided.into_iter();
         let mut over = false;
         let statuses = found
@@ -234,7 +301,7 @@ impl RateLimitService for Rls {
                 let g = decided
                     .next()
                     .expect("an answer for each limited descriptor")
-                    .expect("failures answered above");
+                    .expect("failures answered before");
                 let outcome = if g.allowed { "allowed" } else { "denied" };
                 let code = if f.shadow {
                     app.metrics
@@ -266,11 +333,11 @@ impl RateLimitService for Rls {
             })
             .collect();
         self.count(if over { "over_limit" } else { "ok" });
-        Ok(Response::new(RateLimitResponse {
+        RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
             ..Default::default()
-        }))
+        }
     }
 }
 

@@ -21,8 +21,8 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    CALL_TIMEOUT, Fallback, Job, LEASE, PREFIX, SILENCE, SLOW, SYNC, Status,
-    book::{Book, Item, Settled, View},
+    CALL_TIMEOUT, Fallback, Job, LEASE, PREFIX, SILENCE, SLOW, SYNC, Snapshot, Status,
+    book::{Book, Item, Plan, Settled, View},
     link::{Link, MEMBERS},
 };
 use crate::kernel::monotonic_ns;
@@ -73,198 +73,278 @@ pub async fn run(
     status: watch::Sender<Status>,
     metrics: Metrics,
 ) {
-    let members = members_key(PREFIX);
-    let mut link = Link::new(url.clone());
-    let mut book = Book::default();
-    let mut view = View {
-        members: 1,
-        silent: 0,
-        fallback,
+    let mut sync = Syncer {
+        members: members_key(PREFIX),
+        link: Link::new(url.clone()),
+        book: Book::default(),
+        view: View {
+            members: 1,
+            silent: 0,
+            fallback,
+        },
+        st: Status {
+            redis: url,
+            daemons: 1,
+            fallback: Some(fallback),
+            ..Default::default()
+        },
+        said: Said::default(),
+        members_up: false,
+        first: true,
+        member,
+        jobs,
+        status,
+        metrics,
     };
-    let mut st = Status {
-        redis: url.clone(),
-        daemons: 1,
-        fallback: Some(fallback),
-        ..Default::default()
-    };
-    let mut said = Said::default();
-    let mut members_up = false;
     let mut tick = tokio::time::interval(SYNC);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut first = true;
-    link.first().await;
+    sync.link.first().await;
     loop {
         tick.tick().await;
-        link.refresh().await;
+        if sync.round().await.is_none() {
+            return;
+        }
+    }
+}
+
+/// The sync task's state from one round to the next.
+struct Syncer {
+    /// The members' key.
+    members: String,
+    /// This daemon's name among them.
+    member: String,
+    link: Link,
+    book: Book,
+    view: View,
+    st: Status,
+    said: Said,
+    /// Whether the last renewal of the members was answered.
+    members_up: bool,
+    /// The first round (it reads the pinned report cursors).
+    first: bool,
+    jobs: mpsc::Sender<Job>,
+    status: watch::Sender<Status>,
+    metrics: Metrics,
+}
+
+/// One round's calls, from sent to settled.
+#[derive(Default)]
+struct Round {
+    calls: JoinSet<Answer>,
+    /// Each group's items whose answer has not come.
+    pending: HashMap<u32, Vec<Item>>,
+    /// What is settled and not yet written to the loop.
+    settled: Settled,
+    failed_groups: u64,
+    /// When the last group's answer used came (monotonic ns).
+    last_answer: Option<u64>,
+}
+
+impl Syncer {
+    /// One sync; `None` once the daemon's loop is gone.
+    async fn round(&mut self) -> Option<()> {
+        self.link.refresh().await;
+        let snap = self.read().await?;
+        let plan = self.book.plan(&snap, snap.at, &self.view);
+        self.link.keep_groups(|g| plan.contains_key(&g));
+        let mut round = self.send(plan);
+        // What failed at once is written at once.
+        self.write(&mut round.settled).await?;
+        self.collect(&mut round).await?;
+        self.finish(round, &snap).await
+    }
+
+    /// The heartbeat and the counts, from the loop.
+    async fn read(&mut self) -> Option<Snapshot> {
         let (reply, answer) = oneshot::channel();
         let read = Job::Read {
-            members: view.members,
-            cursors: first,
+            members: self.view.members,
+            cursors: self.first,
             reply,
         };
-        if jobs.send(read).await.is_err() {
-            return;
-        }
-        let Ok(snap) = answer.await else {
-            return;
-        };
-        let plan = book.plan(&snap, snap.at, &view);
-        link.keep_groups(|g| plan.contains_key(&g));
+        self.jobs.send(read).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// The members' renewal (when due) and a call per key group that is
+    /// due; the others are judged by the fallback at once.
+    fn send(&mut self, plan: Plan) -> Round {
         let now = Instant::now();
-        let mut calls = JoinSet::new();
-        let mut pending: HashMap<u32, Vec<Item>> = HashMap::new();
-        let mut settled = Settled::default();
-        let mut failed_groups = 0u64;
-        match link.store() {
-            Some(store) => {
-                if link.due(MEMBERS, now) {
-                    let (s, key, m) = (store.clone(), members.clone(), member.clone());
-                    calls.spawn(async move {
-                        let call = s.fleet_members(&key, &m, LEASE, SILENCE);
-                        Answer::Members(within(call).await)
-                    });
-                }
-                for (group, mut items) in plan {
-                    if !link.due(group, now) {
-                        failed_groups += 1;
-                        settled.merge(book.failed(items, monotonic_ns(), &view));
-                        continue;
-                    }
-                    // The names go with the call (the books need them no more).
-                    let reports: Vec<Report> = items
-                        .iter_mut()
-                        .map(|i| Report {
-                            name: std::mem::take(&mut i.name),
-                            limit: i.limit,
-                            amount: i.amount,
-                            tallied: i.tally,
-                        })
-                        .collect();
-                    pending.insert(group, items);
-                    let s = store.clone();
-                    calls.spawn(async move {
-                        let sent = monotonic_ns();
-                        let result = within(s.fleet_sync(PREFIX, group, &reports)).await;
-                        Answer::Group {
-                            group,
-                            result,
-                            sent,
-                            answered: monotonic_ns(),
-                        }
-                    });
-                }
+        let mut round = Round::default();
+        let Some(store) = self.link.store() else {
+            self.members_up = false;
+            for (_, items) in plan {
+                round.failed_groups += 1;
+                round
+                    .settled
+                    .merge(self.book.failed(items, monotonic_ns(), &self.view));
             }
-            None => {
-                members_up = false;
-                for (_, items) in plan {
-                    failed_groups += 1;
-                    settled.merge(book.failed(items, monotonic_ns(), &view));
-                }
+            return round;
+        };
+        if self.link.due(MEMBERS, now) {
+            let (s, key, m) = (store.clone(), self.members.clone(), self.member.clone());
+            round.calls.spawn(async move {
+                let call = s.fleet_members(&key, &m, LEASE, SILENCE);
+                Answer::Members(within(call).await)
+            });
+        }
+        for (group, mut items) in plan {
+            if !self.link.due(group, now) {
+                round.failed_groups += 1;
+                round
+                    .settled
+                    .merge(self.book.failed(items, monotonic_ns(), &self.view));
+                continue;
             }
+            // The names go with the call (the books need them no more).
+            let reports: Vec<Report> = items
+                .iter_mut()
+                .map(|i| Report {
+                    name: std::mem::take(&mut i.name),
+                    limit: i.limit,
+                    amount: i.amount,
+                    tallied: i.tally,
+                })
+                .collect();
+            round.pending.insert(group, items);
+            let s = store.clone();
+            round.calls.spawn(async move {
+                let sent = monotonic_ns();
+                let result = within(s.fleet_sync(PREFIX, group, &reports)).await;
+                Answer::Group {
+                    group,
+                    result,
+                    sent,
+                    answered: monotonic_ns(),
+                }
+            });
         }
-        // What failed at once is written at once.
-        if !write(&jobs, &mut settled, &mut st).await {
-            return;
-        }
-        // Each answer is written as it comes; what has not come within
-        // SLOW is charged as under the fallback at once, and what has not
-        // come by the deadline is judged by the fallback.
+        round
+    }
+
+    /// Each answer written as it comes; what has not come within SLOW is
+    /// charged as under the fallback at once, and what has not come by the
+    /// deadline is judged by the fallback.
+    async fn collect(&mut self, round: &mut Round) -> Option<()> {
         let sent = tokio::time::Instant::now();
         let deadline = sent + CALL_TIMEOUT + Duration::from_millis(10);
         let mut late = false;
-        let mut last_answer = None;
         loop {
             let done = tokio::select! {
-                done = calls.join_next() => done,
-                () = tokio::time::sleep_until(sent + SLOW), if !late && !pending.is_empty() => {
+                done = round.calls.join_next() => done,
+                () = tokio::time::sleep_until(sent + SLOW), if !late && !round.pending.is_empty() => {
                     late = true;
                     let now = monotonic_ns();
-                    for items in pending.values_mut() {
-                        settled.merge(book.late(items, now, &view));
+                    for items in round.pending.values_mut() {
+                        round.settled.merge(self.book.late(items, now, &self.view));
                     }
-                    if !write(&jobs, &mut settled, &mut st).await {
-                        return;
-                    }
+                    self.write(&mut round.settled).await?;
                     continue;
                 }
                 () = tokio::time::sleep_until(deadline) => break,
             };
             let Some(done) = done else { break };
             let Ok(answer) = done else { continue };
-            match answer {
-                Answer::Members(Ok(m)) => {
-                    link.answered(MEMBERS);
-                    members_up = true;
-                    view.members = m.members.max(1);
-                    view.silent = m.silent.min(view.members - 1);
-                }
-                Answer::Members(Err(e)) => {
-                    link.failed(MEMBERS, e.as_ref(), Instant::now());
-                    members_up = false;
-                }
-                Answer::Group {
-                    group,
-                    result,
-                    sent,
-                    answered,
-                } => {
-                    let Some(items) = pending.remove(&group) else {
-                        continue;
-                    };
-                    let s = match result {
-                        Ok(debts) => {
-                            link.answered(group);
-                            last_answer = Some(answered);
-                            book.answered(items, &debts, sent, answered, &view)
-                        }
-                        Err(e) => {
-                            failed_groups += 1;
-                            link.failed(group, e.as_ref(), Instant::now());
-                            book.failed(items, answered, &view)
-                        }
-                    };
-                    settled.merge(s);
-                    if !write(&jobs, &mut settled, &mut st).await {
-                        return;
+            self.answered(round, answer);
+            self.write(&mut round.settled).await?;
+        }
+        round.calls.abort_all();
+        for (group, items) in round.pending.drain() {
+            round.failed_groups += 1;
+            self.link.failed(group, None, Instant::now());
+            round
+                .settled
+                .merge(self.book.failed(items, monotonic_ns(), &self.view));
+        }
+        Some(())
+    }
+
+    /// One call's answer into the books.
+    fn answered(&mut self, round: &mut Round, answer: Answer) {
+        match answer {
+            Answer::Members(Ok(m)) => {
+                self.link.answered(MEMBERS);
+                self.members_up = true;
+                self.view.members = m.members.max(1);
+                self.view.silent = m.silent.min(self.view.members - 1);
+            }
+            Answer::Members(Err(e)) => {
+                self.link.failed(MEMBERS, e.as_ref(), Instant::now());
+                self.members_up = false;
+            }
+            Answer::Group {
+                group,
+                result,
+                sent,
+                answered,
+            } => {
+                let Some(items) = round.pending.remove(&group) else {
+                    return;
+                };
+                let s = match result {
+                    Ok(debts) => {
+                        self.link.answered(group);
+                        round.last_answer = Some(answered);
+                        self.book
+                            .answered(items, &debts, sent, answered, &self.view)
                     }
-                }
+                    Err(e) => {
+                        round.failed_groups += 1;
+                        self.link.failed(group, e.as_ref(), Instant::now());
+                        self.book.failed(items, answered, &self.view)
+                    }
+                };
+                round.settled.merge(s);
             }
         }
-        calls.abort_all();
-        for (group, items) in pending.drain() {
-            failed_groups += 1;
-            link.failed(group, None, Instant::now());
-            settled.merge(book.failed(items, monotonic_ns(), &view));
-        }
-        // The report cursors, once a sync.
-        settled.cursors.extend(book.take_writes(monotonic_ns()));
-        if !write(&jobs, &mut settled, &mut st).await {
-            return;
-        }
+    }
+
+    /// The report cursors written, the status and the log brought up to
+    /// date.
+    async fn finish(&mut self, mut round: Round, snap: &Snapshot) -> Option<()> {
+        round
+            .settled
+            .cursors
+            .extend(self.book.take_writes(monotonic_ns()));
+        self.write(&mut round.settled).await?;
         let end = monotonic_ns();
-        if let Some(answered) = last_answer {
+        let st = &mut self.st;
+        if let Some(answered) = round.last_answer {
             let age = answered.saturating_sub(snap.at);
-            metrics.sync.observe(age as f64 / 1e9);
+            self.metrics.sync.observe(age as f64 / 1e9);
             st.redis_ms = age as f64 / 1e6;
         }
-        let counts = book.counts(&snap.rules, end);
-        st.redis_up = link.store().is_some() && failed_groups == 0 && members_up;
-        st.daemons = view.members;
-        st.silent_daemons = view.silent;
+        let counts = self.book.counts(&snap.rules, end);
+        st.redis_up = self.link.store().is_some() && round.failed_groups == 0 && self.members_up;
+        st.daemons = self.view.members;
+        st.silent_daemons = self.view.silent;
         st.keys = counts.keys;
         st.keys_over = counts.over;
         st.keys_fallback = counts.fallback;
         st.lag_ms = counts.lag_ns as f64 / 1e6;
-        st.groups_down = link.groups_down();
-        if failed_groups > 0 || link.store().is_none() {
+        st.groups_down = self.link.groups_down();
+        if round.failed_groups > 0 || self.link.store().is_none() {
             st.fallback_syncs += 1;
         }
-        if settled.slow > 0 {
+        if round.settled.slow > 0 {
             st.slow_syncs += 1;
         }
-        tell(&st, &view, failed_groups, settled.slow, &mut said, first);
-        let _ = status.send(st.clone());
-        first = false;
+        tell(
+            st,
+            &self.view,
+            round.failed_groups,
+            round.settled.slow,
+            &mut self.said,
+            self.first,
+        );
+        let _ = self.status.send(st.clone());
+        self.first = false;
+        Some(())
+    }
+
+    /// What is settled, to the loop; `None` once the loop is gone.
+    async fn write(&mut self, settled: &mut Settled) -> Option<()> {
+        write(&self.jobs, settled, &mut self.st).await.then_some(())
     }
 }
 

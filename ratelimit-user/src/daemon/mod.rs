@@ -303,43 +303,13 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     };
     let (jobs_tx, jobs_rx) = mpsc::channel::<control::Job>(64);
     tokio::spawn(control::serve(listener, jobs_tx));
-    let (fleet_tx, fleet_rx) = mpsc::channel::<crate::fleet::Job>(4);
-    let mut fleet_task = None;
-    if let Some(url) = daemon.opts.fleet.clone() {
-        let (status_tx, status_rx) = watch::channel(crate::fleet::Status::default());
-        daemon.fleet = Some(status_rx);
-        let metrics = crate::fleet::Metrics::default();
-        daemon.fleet_metrics = Some(metrics.clone());
-        // The same member across restarts of this daemon (no pid): a
-        // restart is not counted twice while the old lease runs.
-        let member = format!("{}/{}", hostname(), daemon.id);
-        info!(redis = %url, fallback = ?daemon.opts.fleet_fallback, "fleet-wide rules are kept in step through Redis");
-        let task = tokio::spawn(crate::fleet::run(
-            url.clone(),
-            daemon.opts.fleet_fallback,
-            member.clone(),
-            fleet_tx,
-            status_tx,
-            metrics,
-        ));
-        fleet_task = Some((task, url, member));
-    } else {
-        drop(fleet_tx);
-    }
-    let (crowdsec_tx, crowdsec_rx) = mpsc::channel::<crate::crowdsec::Job>(1);
-    if let Some(cs) = daemon.opts.crowdsec.clone() {
-        let (status_tx, status_rx) = watch::channel(crate::crowdsec::Status::default());
-        daemon.crowdsec = Some(status_rx);
-        info!(lapi = %cs.lapi.url, every = ?cs.every, "enforcing the decisions of a CrowdSec Local API");
-        tokio::spawn(crate::crowdsec::run(cs, crowdsec_tx, status_tx));
-    } else {
-        drop(crowdsec_tx);
-    }
+    let (fleet_rx, fleet_task) = daemon.start_fleet();
+    let crowdsec_rx = daemon.start_crowdsec();
     daemon
         .run_loop(shutdown, jobs_rx, metrics_rx, fleet_rx, crowdsec_rx)
         .await?;
     let keep = daemon.opts.keep_attached;
-    if let Some((task, url, member)) = fleet_task {
+    if let Some(FleetTask { task, url, member }) = fleet_task {
         task.abort();
         // With --keep-attached the program stays and charges by the
         // heartbeat: still a member while its lease runs. Without, it goes
@@ -354,7 +324,54 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     Ok(())
 }
 
+/// The fleet's sync task, its Redis and this daemon's member name (to
+/// leave the fleet when the daemon stops).
+struct FleetTask {
+    task: tokio::task::JoinHandle<()>,
+    url: String,
+    member: String,
+}
+
 impl Daemon {
+    /// The fleet's sync task, with `--fleet`: its jobs (none without), and
+    /// the task.
+    fn start_fleet(&mut self) -> (mpsc::Receiver<crate::fleet::Job>, Option<FleetTask>) {
+        let (fleet_tx, fleet_rx) = mpsc::channel::<crate::fleet::Job>(4);
+        let Some(url) = self.opts.fleet.clone() else {
+            return (fleet_rx, None);
+        };
+        let (status_tx, status_rx) = watch::channel(crate::fleet::Status::default());
+        self.fleet = Some(status_rx);
+        let metrics = crate::fleet::Metrics::default();
+        self.fleet_metrics = Some(metrics.clone());
+        // The same member across restarts of this daemon (no pid): a
+        // restart is not counted twice while the old lease runs.
+        let member = format!("{}/{}", hostname(), self.id);
+        info!(redis = %url, fallback = ?self.opts.fleet_fallback, "fleet-wide rules are kept in step through Redis");
+        let task = tokio::spawn(crate::fleet::run(
+            url.clone(),
+            self.opts.fleet_fallback,
+            member.clone(),
+            fleet_tx,
+            status_tx,
+            metrics,
+        ));
+        (fleet_rx, Some(FleetTask { task, url, member }))
+    }
+
+    /// The CrowdSec bouncer's task, with `--crowdsec`: its jobs (none
+    /// without).
+    fn start_crowdsec(&mut self) -> mpsc::Receiver<crate::crowdsec::Job> {
+        let (crowdsec_tx, crowdsec_rx) = mpsc::channel::<crate::crowdsec::Job>(1);
+        if let Some(cs) = self.opts.crowdsec.clone() {
+            let (status_tx, status_rx) = watch::channel(crate::crowdsec::Status::default());
+            self.crowdsec = Some(status_rx);
+            info!(lapi = %cs.lapi.url, every = ?cs.every, "enforcing the decisions of a CrowdSec Local API");
+            tokio::spawn(crate::crowdsec::run(cs, crowdsec_tx, status_tx));
+        }
+        crowdsec_rx
+    }
+
     /// The control socket and the metrics listener.
     async fn serve_setup(&mut self) -> Result<(UnixListener, mpsc::Receiver<SnapshotRequest>)> {
         let sock = socket_path(&self.id);

@@ -88,30 +88,49 @@ impl Params {
 const MASK: u64 = MAX_PERIODS - 1;
 const _: () = assert!(MAX_PERIODS.is_power_of_two());
 
-/// The count of period `q` in `state`: kept for the last `periods` periods up to
-/// the state's newest, zero before that.
+/// All ones when `a < b`, else zero, for `a` and `b` below 2^63, without a
+/// branch: the sign of `a - b`.
+///
+/// The loops below use it so that their bodies hold no branch and their trip
+/// counts are constants: the verifier then walks each loop once, on one path.
+/// With a branch in the body (a period in the window or not, the first
+/// period that frees enough) it walked every iteration's outcomes apart, and
+/// this algorithm alone cost it 613 k instructions on Linux 6.18 and 913 k on
+/// 7.2, against 1 M for the whole program. Every value compared here is
+/// below 2^63: periods ≤ 64, counts and the quota ≤ u32::MAX, period numbers
+/// ≤ the clock's nanoseconds.
 #[inline(always)]
-fn count(state: &State, params: &Params, q: u64) -> u64 {
-    if q <= state.period && state.period - q < params.periods {
-        u64::from(state.counts[(q & MASK) as usize])
-    } else {
-        0
-    }
+const fn mask_lt(a: u64, b: u64) -> u64 {
+    0u64.wrapping_sub(a.wrapping_sub(b) >> 63)
 }
 
 /// Decides one arrival of `cost` at `now_ns`; only an admission changes `state`
 /// (periods that left the window are cleared then).
+///
+/// A slot `j` of the ring holds the newest period `p ≤ state.period` with
+/// `p ≡ j (mod 64)`, `d = (state.period − j) mod 64` periods before the newest;
+/// it counts in the window when `d < w`, the number of periods from the
+/// newest back that are still in the window (and not before period 0).
 #[inline(always)]
 pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
     // A clock behind the state's newest period is judged in that period.
     let now_period = div(now_ns, params.period_ns).max(state.period);
-    let current = count(state, params, now_period);
+    let newest = state.period;
+    // Periods from the newest to now (0: now is the newest).
+    let gap = now_period - newest;
+    let w = params.periods.saturating_sub(gap).min(newest + 1);
     let mut total = 0u64;
-    let mut i = 0;
-    while i < MAX_PERIODS && i < params.periods && i <= now_period {
-        total += count(state, params, now_period - i);
-        i += 1;
+    let mut j = 0;
+    while j < MAX_PERIODS {
+        let d = newest.wrapping_sub(j) & MASK;
+        total += u64::from(state.counts[j as usize]) & mask_lt(d, w);
+        j += 1;
     }
+    let current = if gap == 0 {
+        u64::from(state.counts[(newest & MASK) as usize])
+    } else {
+        0
+    };
     let room = params
         .quota
         .saturating_sub(total)
@@ -120,32 +139,46 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
         return Decision::deny(room, NEVER);
     }
     if current + cost <= params.rate_cap && total + cost <= params.quota {
-        // Clear the ring slots of the periods after the state's newest.
-        let mut q = state.period + 1;
-        let mut n = 0;
-        while n < MAX_PERIODS && q <= now_period {
-            state.counts[(q & MASK) as usize] = 0;
-            q += 1;
-            n += 1;
+        // Clear the ring slots of the periods after the state's newest, up
+        // to now: slot `j` is `a = (j − newest − 1) mod 64` periods past it.
+        let ahead = gap.min(MAX_PERIODS);
+        let mut j = 0;
+        while j < MAX_PERIODS {
+            let a = j.wrapping_sub(newest + 1) & MASK;
+            state.counts[j as usize] &= !(mask_lt(a, ahead) as u32);
+            j += 1;
         }
         state.period = now_period;
         state.counts[(now_period & MASK) as usize] = (current + cost) as u32;
         return Decision::allow(room - cost);
     }
     // From the next period on the period cap is free (cost ≤ rate_cap); the
-    // quota frees as old periods leave the window, one per period.
+    // quota frees as old periods leave the window, one per period: `k`
+    // periods from now, period `now + k − periods` has left. The first `k`
+    // (1 to periods − 1) after which enough has left, else `periods`.
+    let periods = params.periods;
     let mut remaining = total;
+    let mut found = 0u64;
+    let mut first = 0u64;
     let mut k = 1;
-    while k < MAX_PERIODS && k < params.periods {
-        let leaving = now_period + k;
-        if leaving >= params.periods {
-            remaining -= count(state, params, leaving - params.periods).min(remaining);
-        }
-        if remaining + cost <= params.quota {
-            break;
-        }
+    while k < MAX_PERIODS {
+        // Distance of the leaving period from the newest: in the ring when
+        // 0 ≤ dist < w (periods + k ≥ gap, and it is not before period 0).
+        let back = periods.wrapping_sub(k);
+        let dist = back.wrapping_sub(gap);
+        let in_window = mask_lt(k, periods) & !mask_lt(back, gap) & mask_lt(dist, w);
+        let leaving_slot = (newest.wrapping_sub(dist) & MASK) as usize;
+        let leaving = u64::from(state.counts[leaving_slot]) & in_window;
+        // Never below zero (a count is in the total it leaves): the smaller
+        // of the two is taken off.
+        remaining -= remaining ^ ((leaving ^ remaining) & mask_lt(leaving, remaining));
+        let fits = !mask_lt(params.quota, remaining + cost);
+        let now_found = fits & mask_lt(k, periods) & !found;
+        first |= k & now_found;
+        found |= now_found;
         k += 1;
     }
+    let k = (first & found) | (periods.min(MAX_PERIODS).max(1) & !found);
     let ready = (now_period + k).saturating_mul(params.period_ns);
     Decision::deny(room, ready.saturating_sub(now_ns))
 }
@@ -176,6 +209,106 @@ pub fn refund(state: &mut State, params: &Params, now_ns: u64, cost: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The decision as it was written before the loops lost their branches
+    // (one period at a time, stopping at the first that frees enough): the
+    // reference the branch-free one must equal, decision and state alike.
+    /// The count of period `q` in `state`: kept for the last `periods` periods up to
+    /// the state's newest, zero before that.
+    fn reference_count(state: &State, params: &Params, q: u64) -> u64 {
+        if q <= state.period && state.period - q < params.periods {
+            u64::from(state.counts[(q & MASK) as usize])
+        } else {
+            0
+        }
+    }
+
+    /// Decides one arrival of `cost` at `now_ns`; only an admission changes `state`
+    /// (periods that left the window are cleared then).
+    fn reference_decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Decision {
+        // A clock behind the state's newest period is judged in that period.
+        let now_period = div(now_ns, params.period_ns).max(state.period);
+        let current = reference_count(state, params, now_period);
+        let mut total = 0u64;
+        let mut i = 0;
+        while i < MAX_PERIODS && i < params.periods && i <= now_period {
+            total += reference_count(state, params, now_period - i);
+            i += 1;
+        }
+        let room = params
+            .quota
+            .saturating_sub(total)
+            .min(params.rate_cap.saturating_sub(current));
+        if cost > params.rate_cap {
+            return Decision::deny(room, NEVER);
+        }
+        if current + cost <= params.rate_cap && total + cost <= params.quota {
+            // Clear the ring slots of the periods after the state's newest.
+            let mut q = state.period + 1;
+            let mut n = 0;
+            while n < MAX_PERIODS && q <= now_period {
+                state.counts[(q & MASK) as usize] = 0;
+                q += 1;
+                n += 1;
+            }
+            state.period = now_period;
+            state.counts[(now_period & MASK) as usize] = (current + cost) as u32;
+            return Decision::allow(room - cost);
+        }
+        // From the next period on the period cap is free (cost ≤ rate_cap); the
+        // quota frees as old periods leave the window, one per period.
+        let mut remaining = total;
+        let mut k = 1;
+        while k < MAX_PERIODS && k < params.periods {
+            let leaving = now_period + k;
+            if leaving >= params.periods {
+                remaining -=
+                    reference_count(state, params, leaving - params.periods).min(remaining);
+            }
+            if remaining + cost <= params.quota {
+                break;
+            }
+            k += 1;
+        }
+        let ready = (now_period + k).saturating_mul(params.period_ns);
+        Decision::deny(room, ready.saturating_sub(now_ns))
+    }
+
+    /// A small deterministic generator (no dependency for one test).
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    #[test]
+    fn equals_the_period_by_period_reference() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..3000 {
+            let periods = 1 + next(&mut x) % MAX_PERIODS;
+            let period = 1 + next(&mut x) % 1000;
+            let quota = 1 + next(&mut x) % 40;
+            let rate_cap = 1 + next(&mut x) % quota;
+            let p = Params::new(period * periods, period, quota, rate_cap).unwrap();
+            let (mut a, mut b) = (State::default(), State::default());
+            let mut t = next(&mut x) % (period * 200);
+            for _ in 0..60 {
+                // Mostly small steps, sometimes a jump past the window, and
+                // sometimes a clock behind the newest period.
+                t = match next(&mut x) % 10 {
+                    0 => t + period * (next(&mut x) % 140),
+                    1 => t.saturating_sub(next(&mut x) % (2 * period)),
+                    _ => t + next(&mut x) % period,
+                };
+                let cost = 1 + next(&mut x) % (rate_cap + 1);
+                let got = decide(&mut a, &p, t, cost);
+                let want = reference_decide(&mut b, &p, t, cost);
+                assert_eq!(got, want, "{p:?} at {t} cost {cost}");
+                assert_eq!(a, b, "{p:?} at {t} cost {cost}");
+            }
+        }
+    }
 
     const MS: u64 = 1_000_000;
 

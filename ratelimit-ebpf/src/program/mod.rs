@@ -19,9 +19,13 @@
 //! | [`clock`] | → now |
 //! | [`maps`] | every map, named as ratelimit-common's `MAP_*` consts |
 //!
-//! This module is the entry: [`ratelimit`] asks [`try_ratelimit`] for the
-//! frame's outcome (parse, classify, limit), then turns it into the verdict
-//! and the counted reason.
+//! This module is the entry: [`ratelimit`] calls three global functions in
+//! turn, none under another: [`rl_classify`] (parse and classify: a verdict
+//! already made, or the limit rule that judges the frame), [`rl_limit`] for
+//! a limit rule, and [`rl_verdict`] (dry run, the host's own connections,
+//! the counters and the drop log). Between them the outcome travels as one
+//! number ([`code`]), so the entry's own frame stays small: it sits under
+//! every chain of calls, and the verifier allows a chain 512 bytes.
 //!
 //! Fail-open or fail-closed, decided here and only here (for every stage):
 //! - frames that are not IP (ARP, LLDP, …; the kernel does not deliver them as
@@ -68,7 +72,13 @@ mod parse;
 mod untracked;
 mod wide;
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use core::ptr::read_volatile;
+
+use aya_ebpf::{
+    bindings::{xdp_action, xdp_md},
+    macros::xdp,
+    programs::XdpContext,
+};
 use aya_log_ebpf::warn;
 use ratelimit_common::{
     Config, DROP_SAMPLE, DropKey, Event, NO_RULE, RULE_COUNTERS, Reason, Words, action, addr_of,
@@ -82,8 +92,8 @@ use host::rl_host_connection;
 use key::reason_of;
 use levels::level_masked;
 use limit::rl_limit;
-use maps::RL_CONFIG;
-use parse::{JUDGED, Malformed, Parsed, TINY, parse};
+use maps::{RL_CONFIG, RL_RULE_TABLE};
+use parse::{JUDGED, Parsed, TINY, parse, source_at};
 
 /// The verdict before dry run is applied.
 struct Outcome {
@@ -126,114 +136,74 @@ impl Outcome {
     }
 }
 
-#[xdp]
-pub fn ratelimit(ctx: XdpContext) -> u32 {
-    let len = (ctx.data_end() - ctx.data()) as u64;
-    let Some(config) = RL_CONFIG.get(0) else {
-        return xdp_action::XDP_PASS;
-    };
-    let mut dropper = None;
-    let (reason, action) = match try_ratelimit(&ctx, len, config) {
-        Ok(Outcome {
-            reason,
-            dry_run,
-            source,
-            prefix,
-            level,
-            counters,
-            rule,
-            l3,
-        }) => {
-            let dry = dry_run || config.flags & config_flags::DRY_RUN != 0;
-            let (reason, action) = if reason.drops() {
-                // `top` ranks sources and networks: a drop for a shared budget
-                // says nothing about the source that happened to meet it.
-                // A would-drop is no drop: `top` ranks what is dropped.
-                if !dry
-                    && matches!(
-                        reason,
-                        Reason::Limited
-                            | Reason::Denied
-                            | Reason::NotAllowed
-                            | Reason::Level2Limited
-                            | Reason::Level3Limited
-                    )
-                {
-                    dropper = Some(DropKey {
-                        addr: addr_of(&source),
-                        prefix,
-                        level,
-                        _pad: [0; 2],
-                    });
-                }
-                // The drop log: drops and dry run's would-drops, by the
-                // reason that drops (or would); one compare when it is off.
-                if config.drop_log_rate != 0 {
-                    let dry_bit = if dry { WHAT_DRY_RUN } else { 0 };
-                    rl_drop_log(
-                        ctx.ctx,
-                        u64::from(l3) | dry_bit | (reason as u64) << WHAT_REASON_SHIFT,
-                        len,
-                        rule,
-                        config.drop_log_rate,
-                    );
-                }
-                if dry {
-                    (Reason::WouldDrop, xdp_action::XDP_PASS)
-                } else {
-                    (reason, xdp_action::XDP_DROP)
-                }
-            } else {
-                (reason, xdp_action::XDP_PASS)
-            };
-            count_rule(counters, reason, len);
-            (reason, action)
-        }
-        Err(Malformed) => {
-            let drop = config.flags & config_flags::DROP_MALFORMED != 0
-                && config.flags & config_flags::DRY_RUN == 0;
-            let action = if drop {
-                if config.drop_log_rate != 0 {
-                    // No header to read: neither source nor ports are sure.
-                    rl_drop_log(
-                        ctx.ctx,
-                        (Reason::Malformed as u64) << WHAT_REASON_SHIFT,
-                        len,
-                        NO_RULE,
-                        config.drop_log_rate,
-                    );
-                }
-                xdp_action::XDP_DROP
-            } else {
-                xdp_action::XDP_PASS
-            };
-            (Reason::Malformed, action)
-        }
-    };
-    let n = count(reason, len);
-
-    // `top` needs drops per source, but a hash update per dropped frame would
-    // double the cost of the drop path: one drop in DROP_SAMPLE (per CPU) is
-    // credited DROP_SAMPLE times to its source.
-    if let Some(key) = dropper
-        && n.is_multiple_of(DROP_SAMPLE)
-    {
-        count_drop(&key, DROP_SAMPLE);
-    }
-    if reason == Reason::StateFailed {
-        warn!(&ctx, "storing a promoted source's state failed; passed");
-    }
-    action
-}
+/// What [`rl_classify`] answers, in one number (a global function answers a
+/// scalar): the reason in bits 0-7 (when a limit is still to judge it,
+/// `Passed`), where the IP header starts in bits 8-15 (0: none to read), the
+/// family in bits 16-23, [`CODE_MALFORMED`], [`CODE_LIMIT`], and the rule's
+/// index in bits 32-63 ([`NO_RULE`]: no rule judged the frame).
+const CODE_L3_SHIFT: u64 = 8;
+const CODE_FAMILY_SHIFT: u64 = 16;
+/// The frame is truncated or malformed IP.
+const CODE_MALFORMED: u64 = 1 << 24;
+/// A limit rule judges the frame ([`rl_limit`]), then the verdict.
+const CODE_LIMIT: u64 = 1 << 25;
+const CODE_RULE_SHIFT: u64 = 32;
 
 #[inline(always)]
-fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome, Malformed> {
-    let Parsed {
+fn code(reason: Reason, l3: usize, family: u8, rule: u32) -> u64 {
+    reason as u64
+        | ((l3 as u64) & 0xff) << CODE_L3_SHIFT
+        | u64::from(family) << CODE_FAMILY_SHIFT
+        | u64::from(rule) << CODE_RULE_SHIFT
+}
+
+/// The entry: three stages, each a global function called from here, so
+/// that no stage's stack sits under another's. The entry keeps only the
+/// frame and a number across the calls; the deepest chain is then this
+/// frame, the limit and one of its stages (`rl_untracked`, or `rl_levels`
+/// and `rl_level`), within the 512 bytes even where each frame is rounded
+/// up to 32 (Linux 6.1; the figures are in `tests/kernels/budget.txt`).
+#[xdp]
+pub fn ratelimit(ctx: XdpContext) -> u32 {
+    let mut code = rl_classify(ctx.ctx);
+    if code & CODE_LIMIT != 0 {
+        let len = (ctx.data_end() - ctx.data()) as u64;
+        let l3 = (code >> CODE_L3_SHIFT) & 0xff;
+        let fam = (code >> CODE_FAMILY_SHIFT) & 0xff;
+        let reason = rl_limit(
+            ctx.ctx,
+            l3,
+            fam | (len << 16),
+            (code >> CODE_RULE_SHIFT) as u32,
+        );
+        code = (code & !(0xff | CODE_LIMIT)) | u64::from(reason & 0xff);
+    }
+    // Two constants: the verifier sees the program answer a verdict.
+    if rl_verdict(ctx.ctx, code) == xdp_action::XDP_DROP {
+        xdp_action::XDP_DROP
+    } else {
+        xdp_action::XDP_PASS
+    }
+}
+
+/// Parse and classify: the frame → the [`code`] of its outcome so far (a
+/// verdict already made, or the limit rule that is to judge it).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_classify(ctx: *mut xdp_md) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    let Some(config) = RL_CONFIG.get(0) else {
+        return code(Reason::Passed, 0, 0, NO_RULE);
+    };
+    let Ok(Parsed {
         family,
         source,
         l3,
         judged,
-    } = parse(ctx)?;
+    }) = parse(&ctx)
+    else {
+        return CODE_MALFORMED | code(Reason::Malformed, 0, 0, NO_RULE);
+    };
     if judged != JUDGED {
         // Judged here, once, by the policy; nothing below reads `judged`, so
         // the verifier walks the rest once for judged and unjudged frames.
@@ -256,30 +226,147 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
                 Reason::Unjudged
             };
             // With a source, the drop log can say whose it was.
-            let l3 = if family != 0 { l3 as u8 } else { 0 };
-            return Ok(Outcome {
-                l3,
-                ..Outcome::of(reason)
-            });
+            let l3 = if family != 0 { l3 } else { 0 };
+            return code(reason, l3, family, NO_RULE);
         }
     }
     if family == 0 {
-        return Ok(Outcome::of(Reason::NotIp));
+        return code(Reason::NotIp, 0, 0, NO_RULE);
     }
-    let Some(rule) = lookup_rule(ctx, l3, family, &source, config) else {
-        return Ok(Outcome::of(Reason::Passed));
+    let Some(rule) = lookup_rule(&ctx, l3, family, &source, config) else {
+        return code(Reason::Passed, 0, 0, NO_RULE);
     };
-    let mut reason = match rule.action {
-        action::LIMIT => reason_of(rl_limit(
-            ctx.ctx,
-            l3 as u64,
-            u64::from(family) | (len << 16),
-            rule.index,
-        )),
-        action::DENY => Reason::Denied,
-        action::ALLOW => Reason::Allowed,
+    match rule.action {
+        action::LIMIT => CODE_LIMIT | code(Reason::Passed, l3, family, rule.index),
+        action::DENY => code(Reason::Denied, l3, family, rule.index),
+        action::ALLOW => code(Reason::Allowed, l3, family, rule.index),
         // Allowlist-only mode: the daemon marks every other rule so.
-        _ => Reason::NotAllowed,
+        _ => code(Reason::NotAllowed, l3, family, rule.index),
+    }
+}
+
+/// The verdict: the outcome's [`code`] → `XDP_PASS` or `XDP_DROP`, with dry
+/// run applied, the host's own connections spared, and everything counted
+/// (by reason, by rule, for `top`, in the drop log).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_verdict(ctx: *mut xdp_md, code: u64) -> u32 {
+    let xdp = XdpContext::new(ctx);
+    let len = (xdp.data_end() - xdp.data()) as u64;
+    let Some(config) = RL_CONFIG.get(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    let mut dropper = None;
+    let (reason, action) = if code & CODE_MALFORMED == 0 {
+        let Outcome {
+            reason,
+            dry_run,
+            source,
+            prefix,
+            level,
+            counters,
+            rule,
+            l3,
+        } = outcome(&xdp, code, config);
+        let dry = dry_run || config.flags & config_flags::DRY_RUN != 0;
+        let (reason, action) = if reason.drops() {
+            // `top` ranks sources and networks: a drop for a shared budget
+            // says nothing about the source that happened to meet it.
+            // A would-drop is no drop: `top` ranks what is dropped.
+            if !dry
+                && matches!(
+                    reason,
+                    Reason::Limited
+                        | Reason::Denied
+                        | Reason::NotAllowed
+                        | Reason::Level2Limited
+                        | Reason::Level3Limited
+                )
+            {
+                dropper = Some(DropKey {
+                    addr: addr_of(&source),
+                    prefix,
+                    level,
+                    _pad: [0; 2],
+                });
+            }
+            // The drop log: drops and dry run's would-drops, by the
+            // reason that drops (or would); one compare when it is off.
+            if config.drop_log_rate != 0 {
+                let dry_bit = if dry { WHAT_DRY_RUN } else { 0 };
+                rl_drop_log(
+                    ctx,
+                    u64::from(l3) | dry_bit | (reason as u64) << WHAT_REASON_SHIFT,
+                    len,
+                    rule,
+                    config.drop_log_rate,
+                );
+            }
+            if dry {
+                (Reason::WouldDrop, xdp_action::XDP_PASS)
+            } else {
+                (reason, xdp_action::XDP_DROP)
+            }
+        } else {
+            (reason, xdp_action::XDP_PASS)
+        };
+        count_rule(counters, reason, len);
+        (reason, action)
+    } else {
+        let drop = config.flags & config_flags::DROP_MALFORMED != 0
+            && config.flags & config_flags::DRY_RUN == 0;
+        let action = if drop {
+            if config.drop_log_rate != 0 {
+                // No header to read: neither source nor ports are sure.
+                rl_drop_log(
+                    ctx,
+                    (Reason::Malformed as u64) << WHAT_REASON_SHIFT,
+                    len,
+                    NO_RULE,
+                    config.drop_log_rate,
+                );
+            }
+            xdp_action::XDP_DROP
+        } else {
+            xdp_action::XDP_PASS
+        };
+        (Reason::Malformed, action)
+    };
+    let n = count(reason, len);
+
+    // `top` needs drops per source, but a hash update per dropped frame would
+    // double the cost of the drop path: one drop in DROP_SAMPLE (per CPU) is
+    // credited DROP_SAMPLE times to its source.
+    if let Some(key) = dropper
+        && n.is_multiple_of(DROP_SAMPLE)
+    {
+        count_drop(&key, DROP_SAMPLE);
+    }
+    if reason == Reason::StateFailed {
+        warn!(&xdp, "storing a promoted source's state failed; passed");
+    }
+    action
+}
+
+/// The [`Outcome`] of a frame whose [`code`] says no more than its reason,
+/// the rule that judged it, and where its IP header starts: the host's own
+/// connections spared from a limit's drop, and what a drop is charged to.
+#[inline(always)]
+fn outcome(ctx: &XdpContext, code: u64, config: &Config) -> Outcome {
+    let mut reason = reason_of((code & 0xff) as u32);
+    let l3 = ((code >> CODE_L3_SHIFT) & 0xff) as usize;
+    let family = ((code >> CODE_FAMILY_SHIFT) & 0xff) as u8;
+    let index = (code >> CODE_RULE_SHIFT) as u32;
+    let rule = if index == NO_RULE {
+        None
+    } else {
+        RL_RULE_TABLE.get(index)
+    };
+    let Some(rule) = rule else {
+        return Outcome {
+            l3: l3 as u8,
+            ..Outcome::of(reason)
+        };
     };
     // A limit never drops the host's own connections; the check is made on
     // the drop path only, so frames within their limit pay nothing for it.
@@ -292,6 +379,11 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
     {
         reason = Reason::HostConnection;
     }
+    // The source read again where the parse read it (the same bytes; `[0;
+    // 4]` should they not read again, which they do).
+    // SAFETY: a local; see `rl_host_connection` on the mask.
+    let at = (unsafe { read_volatile(&l3) }) & 63;
+    let source = source_at(ctx, at).unwrap_or([0; 4]);
     // A source is charged whole: prefix 0 stands for all its bits.
     let (mut charged, mut prefix, mut level) = (source, 0u8, 1u8);
     if matches!(reason, Reason::Level2Limited | Reason::Level3Limited) {
@@ -309,7 +401,7 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
         };
         level = n as u8 + 2;
     }
-    Ok(Outcome {
+    Outcome {
         reason,
         dry_run: rule.flags & rule_flags::DRY_RUN != 0,
         source: charged,
@@ -318,7 +410,7 @@ fn try_ratelimit(ctx: &XdpContext, len: u64, config: &Config) -> Result<Outcome,
         counters: rule.slot.wrapping_mul(RULE_COUNTERS),
         rule: rule.index,
         l3: l3 as u8,
-    })
+    }
 }
 
 #[panic_handler]

@@ -18,6 +18,7 @@ pub mod net;
 pub mod redis;
 pub mod serve;
 pub mod testrun;
+pub mod verifier;
 
 use std::{
     path::PathBuf,
@@ -189,6 +190,11 @@ impl Drop for ChildGuard {
     }
 }
 
+/// How long a daemon may take to answer after its start: the verifier's
+/// walk alone takes up to two minutes in a VM under emulation (the kernel
+/// tier's `cargo xtask vm`); a daemon on the host answers in a second.
+pub const READY_WITHIN: Duration = Duration::from_secs(240);
+
 /// A running daemon in a namespace, with its own run directory.
 pub struct Daemon {
     /// The process.
@@ -250,9 +256,10 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the control socket answers, at most [`READY_WITHIN`].
     fn wait_ready(&mut self) {
         let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(20) {
+        while start.elapsed() < READY_WITHIN {
             if let Some(status) = self.child.exited() {
                 panic!(
                     "the daemon on {} exited ({status}) before answering; its output: {}",
@@ -272,7 +279,7 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "the daemon on {} did not answer within 20 s; its output: {}",
+            "the daemon on {} did not answer within {READY_WITHIN:?}; its output: {}",
             self.iface,
             self.output()
         );

@@ -2,7 +2,11 @@
 //! BPF_PROG_TEST_RUN, which aya 0.14 does not wrap: the call is the daemon's
 //! own (`ratelimit_user::kernel::sys`).
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
+    sync::{Mutex, MutexGuard, TryLockError},
+};
 
 use aya::{Ebpf, EbpfLoader, programs::Xdp};
 use ratelimit_common::{Counter, PROGRAM_NAME, REASON_COUNT, Reason};
@@ -16,41 +20,106 @@ pub const XDP_DROP: u32 = 1;
 /// Pass.
 pub const XDP_PASS: u32 = 2;
 
-/// The program and its maps, loaded fresh with small capacities.
+/// The program and its maps: [`Loaded::new`] shares one loaded object
+/// between the tests of a process (the kernel tier loads it once per kernel:
+/// under emulation a load takes up to a minute), [`Loaded::with_capacity`]
+/// loads one of its own.
 pub struct Loaded {
-    /// Keeps the program loaded.
-    pub ebpf: Ebpf,
-    /// The maps.
+    /// The maps, a view of this test's own.
     pub maps: Maps,
+    prog_fd: i32,
+    object: Object,
+}
+
+/// Who holds the loaded object.
+enum Object {
+    /// This test alone.
+    Own(Box<Ebpf>),
+    /// The process's shared object, held for as long as this test runs.
+    Shared(MutexGuard<'static, Option<Shared>>),
+}
+
+/// The process's shared object: the program and the first view of its
+/// maps, from which each test's view is opened again.
+pub struct Shared {
+    ebpf: Ebpf,
+    maps: Maps,
     prog_fd: i32,
 }
 
+/// The source capacity of the shared object.
+const SHARED_SOURCES: u32 = 4096;
+
+static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
+
+/// Loads the embedded object with room for `sources`: the program verified,
+/// the maps typed.
+fn load(sources: u32) -> (Ebpf, Maps, i32) {
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(ratelimit_common::MAP_STATE, sources)
+        .map_max_entries(ratelimit_common::MAP_STATE_V4, sources)
+        .load(ratelimit_user::EBPF_OBJECT)
+        .expect("loading the object");
+    let maps = Maps::from_ebpf(&mut ebpf).expect("maps");
+    let prog: &mut Xdp = ebpf
+        .program_mut(PROGRAM_NAME)
+        .expect("program in object")
+        .try_into()
+        .expect("an XDP program");
+    prog.load().expect("the verifier accepts the program");
+    let prog_fd = prog.fd().expect("fd").as_fd().as_raw_fd();
+    (ebpf, maps, prog_fd)
+}
+
 impl Loaded {
-    /// Loads the embedded object with room for 4096 sources and writes `rules`.
+    /// The shared object with room for 4096 sources, every map emptied, and
+    /// `rules` written: what a fresh load with them would be. A test that
+    /// already holds it (two at once) gets an object of its own.
     pub fn new(rules: &RuleSet) -> Self {
-        Self::with_capacity(rules, 4096)
+        let mut guard = match SHARED.try_lock() {
+            Ok(g) => g,
+            // A test that failed while holding it: the maps are emptied
+            // below all the same.
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Self::with_capacity(rules, SHARED_SOURCES),
+        };
+        let shared = guard.get_or_insert_with(|| {
+            let (ebpf, maps, prog_fd) = load(SHARED_SOURCES);
+            Shared {
+                ebpf,
+                maps,
+                prog_fd,
+            }
+        });
+        for (name, fd) in shared.maps.descriptors() {
+            clear_map(fd).unwrap_or_else(|e| panic!("emptying map {name}: {e}"));
+        }
+        let mut maps = shared.maps.reopen().expect("the maps opened again");
+        let prog_fd = shared.prog_fd;
+        maps.apply(rules).expect("writing rules");
+        Self {
+            maps,
+            prog_fd,
+            object: Object::Shared(guard),
+        }
     }
 
     /// Loads the embedded object with room for `sources` and writes `rules`.
     pub fn with_capacity(rules: &RuleSet, sources: u32) -> Self {
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(ratelimit_common::MAP_STATE, sources)
-            .map_max_entries(ratelimit_common::MAP_STATE_V4, sources)
-            .load(ratelimit_user::EBPF_OBJECT)
-            .expect("loading the object");
-        let mut maps = Maps::from_ebpf(&mut ebpf).expect("maps");
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROGRAM_NAME)
-            .expect("program in object")
-            .try_into()
-            .expect("an XDP program");
-        prog.load().expect("the verifier accepts the program");
-        let prog_fd = prog.fd().expect("fd").as_fd().as_raw_fd();
+        let (ebpf, mut maps, prog_fd) = load(sources);
         maps.apply(rules).expect("writing rules");
         Self {
-            ebpf,
             maps,
             prog_fd,
+            object: Object::Own(Box::new(ebpf)),
+        }
+    }
+
+    /// The loaded object.
+    pub fn ebpf(&self) -> &Ebpf {
+        match &self.object {
+            Object::Own(e) => e,
+            Object::Shared(g) => &g.as_ref().expect("loaded").ebpf,
         }
     }
 
@@ -69,7 +138,7 @@ impl Loaded {
     /// instructions after translation.
     pub fn verifier_stats(&self) -> (Option<u32>, Option<u32>) {
         let prog: &Xdp = self
-            .ebpf
+            .ebpf()
             .program(PROGRAM_NAME)
             .expect("program")
             .try_into()
@@ -162,5 +231,122 @@ pub fn unpin() {
             libc::CPU_SET(cpu, &mut set);
         }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// `bpf(2)` on `attr`.
+fn bpf_call<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a bpf_attr prefix of the size passed, valid for the
+    // call; the pointers in it are the caller's to keep valid.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T,
+            std::mem::size_of::<T>() as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+const ARRAY: u32 = 2;
+const PERCPU_ARRAY: u32 = 6;
+const RINGBUF: u32 = 27;
+
+#[repr(C)]
+#[derive(Default)]
+struct InfoAttr {
+    fd: u32,
+    len: u32,
+    info: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    fd: u32,
+    _pad: u32,
+    key: u64,
+    value_or_next: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Empties the map behind `fd` as a fresh one is: an array (per CPU or
+/// not) zeroed in one batch, a hash or a trie with every key deleted. A ring
+/// buffer is left as it is (its reader takes what it holds).
+pub fn clear_map(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // bpf_map_info's first fields: type, id, key_size, value_size, max_entries.
+    let mut info = [0u32; 20];
+    let mut attr = InfoAttr {
+        fd: fd.as_raw_fd() as u32,
+        len: std::mem::size_of_val(&info) as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    bpf_call(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let [kind, _, key_size, value_size, max_entries, ..] = info;
+    match kind {
+        RINGBUF => Ok(()),
+        ARRAY | PERCPU_ARRAY => {
+            let per = if kind == PERCPU_ARRAY {
+                let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+                (value_size as usize).div_ceil(8) * 8 * cpus
+            } else {
+                value_size as usize
+            };
+            let keys: Vec<u32> = (0..max_entries).collect();
+            let values = vec![0u8; per * max_entries as usize];
+            let mut attr = BatchAttr {
+                keys: keys.as_ptr() as u64,
+                values: values.as_ptr() as u64,
+                count: max_entries,
+                fd: fd.as_raw_fd() as u32,
+                ..Default::default()
+            };
+            bpf_call(BPF_MAP_UPDATE_BATCH, &mut attr).map(|_| ())
+        }
+        _ => {
+            let mut key = vec![0u8; key_size as usize];
+            loop {
+                // The first key each time: the one before it was deleted.
+                let mut attr = ElemAttr {
+                    fd: fd.as_raw_fd() as u32,
+                    value_or_next: key.as_mut_ptr() as u64,
+                    ..Default::default()
+                };
+                match bpf_call(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                let mut attr = ElemAttr {
+                    fd: fd.as_raw_fd() as u32,
+                    key: key.as_ptr() as u64,
+                    ..Default::default()
+                };
+                bpf_call(BPF_MAP_DELETE_ELEM, &mut attr)?;
+            }
+        }
     }
 }

@@ -208,6 +208,33 @@ impl Maps {
         })
     }
 
+    /// The same maps opened again on descriptors of their own, with nothing
+    /// of this view's record of what it wrote (as [`Maps::from_pins`] opens
+    /// a daemon's pins): the kernel tier's tests share one loaded object and
+    /// start each from its maps emptied, with a view of its own.
+    pub fn reopen(&self) -> Result<Self> {
+        Self::from_maps(|name| {
+            let map = self.named(name).ok_or_else(|| Error::Map {
+                op: "finding",
+                map: name,
+                source: aya::maps::MapError::InvalidName {
+                    name: name.to_string(),
+                },
+            })?;
+            let data = dup_map(map.fd(), name)?;
+            Map::from_map_data(data).map_err(map_err("opening", name))
+        })
+    }
+
+    /// Each map's descriptor, by name (every one of [`common::PINNED_MAPS`]).
+    pub fn descriptors(&self) -> Vec<(&'static str, std::os::fd::BorrowedFd<'_>)> {
+        use std::os::fd::AsFd as _;
+        common::PINNED_MAPS
+            .iter()
+            .filter_map(|&name| self.named(name).map(|m| (name, m.fd().as_fd())))
+            .collect()
+    }
+
     /// The map named `name` (one of [`common::PINNED_MAPS`]).
     fn named(&self, name: &str) -> Option<&MapData> {
         Some(match name {

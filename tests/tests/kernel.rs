@@ -1,26 +1,41 @@
-//! The real XDP object under BPF_PROG_TEST_RUN: verdicts and counters for crafted
-//! frames, keys, rules, dry run, and exactness across two CPUs.
+//! The kernel tier: everything that asks the kernel itself, in one test
+//! binary that `cargo xtask vm` (and `cargo xtask test`, on Debian 12's 6.1
+//! and the newest sid kernel) also runs inside a VM per kernel. The real XDP
+//! object under BPF_PROG_TEST_RUN (verdicts and counters for crafted frames,
+//! keys, rules, dry run, every algorithm, the flood path, exactness across
+//! two CPUs), the verifier's figures against the budget in
+//! `tests/kernels.txt`, and a daemon attached to a veth pair.
 //!
-//! One test binary (cargo links one per file directly in `tests/`): its tests
-//! by subject in `prog_test_run/`, the frames and checks they share here. A test
-//! root looks for its modules beside itself, hence the `#[path]`s.
+//! The tests share one loaded object ([`Loaded::new`] empties its maps
+//! between them): under emulation a load takes up to a minute.
+//!
+//! Its tests by subject in `kernel/`, the frames and checks they share here.
+//! A test root looks for its modules beside itself, hence the `#[path]`s.
 
-#[path = "prog_test_run/actions.rs"]
+#[path = "kernel/actions.rs"]
 mod actions;
-#[path = "prog_test_run/fleet.rs"]
+#[path = "kernel/algorithms.rs"]
+mod algorithms;
+#[path = "kernel/budget.rs"]
+mod budget;
+#[path = "kernel/fleet.rs"]
 mod fleet;
-#[path = "prog_test_run/fragments.rs"]
+#[path = "kernel/flood.rs"]
+mod flood;
+#[path = "kernel/fragments.rs"]
 mod fragments;
-#[path = "prog_test_run/host_connections.rs"]
+#[path = "kernel/host_connections.rs"]
 mod host_connections;
-#[path = "prog_test_run/limits.rs"]
+#[path = "kernel/limits.rs"]
 mod limits;
-#[path = "prog_test_run/matches.rs"]
+#[path = "kernel/matches.rs"]
 mod matches;
-#[path = "prog_test_run/object.rs"]
+#[path = "kernel/object.rs"]
 mod object;
-#[path = "prog_test_run/parse.rs"]
+#[path = "kernel/parse.rs"]
 mod parse;
+#[path = "kernel/veth.rs"]
+mod veth;
 
 use std::net::IpAddr;
 

@@ -199,7 +199,14 @@ fn lock(id: &Identity) -> Result<Lock> {
 /// Runs the daemon on `opts.iface` until `shutdown` completes.
 pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
     crate::host::slots::raise_nofile();
+    // A kernel below the core's minimum is refused before anything is
+    // touched; the optional features it lacks are named once known.
+    let release = crate::host::kernel::release();
+    crate::host::kernel::check(&release)?;
     let id = Identity::here(&opts.iface)?;
+    for m in crate::host::kernel::missing() {
+        warn!(kernel = %release, "{m}");
+    }
     // Everything the user gave is checked before anything else is touched.
     let given = opts.given()?;
     rundir::secure(&id)?;

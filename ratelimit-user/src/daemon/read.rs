@@ -289,7 +289,10 @@ pub(super) fn status_of(
     let (v4_keys, v6_keys, wide_keys) = maps.tracked_by_map()?;
     let tracked = v4_keys + v6_keys + wide_keys;
     let sizes = maps.capacities();
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = crate::host::kernel::missing()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let (interface, daemon, offline) = match teller {
         Teller::Pins {
             interface,

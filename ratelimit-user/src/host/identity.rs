@@ -69,8 +69,19 @@ pub const HOST_NETNS: u64 = 4_026_531_840;
 /// `SO_NETNS_COOKIE` (Linux 5.14), not in the libc crate.
 const SO_NETNS_COOKIE: libc::c_int = 71;
 
-/// The cookie of the calling thread's network namespace.
+/// Set in an identity made from a namespace's inode instead of its cookie
+/// (a kernel without the cookie): the two never name the same directory.
+const INODE_ID: u64 = 1 << 63;
+
+/// The cookie of the calling thread's network namespace; on a kernel
+/// without one (before 5.14), its inode with [`INODE_ID`] set, and the lack
+/// noted ([`super::kernel::lacks`]).
 pub(crate) fn netns_cookie() -> Result<u64> {
+    use super::kernel::{NO_NETNS_COOKIE, lacks, switched_off};
+    if switched_off("netns-cookie") {
+        lacks(NO_NETNS_COOKIE);
+        return netns_inode_id();
+    }
     // SAFETY: plain socket(2); the fd is owned below.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -94,13 +105,25 @@ pub(crate) fn netns_cookie() -> Result<u64> {
         )
     };
     if rc != 0 {
+        let source = std::io::Error::last_os_error();
+        // A kernel that does not know the option.
+        if source.raw_os_error() == Some(libc::ENOPROTOOPT) {
+            lacks(NO_NETNS_COOKIE);
+            return netns_inode_id();
+        }
         return Err(Error::Io {
-            what: "reading the network namespace's cookie (SO_NETNS_COOKIE needs Linux 5.14)"
-                .into(),
-            source: std::io::Error::last_os_error(),
+            what: "reading the network namespace's cookie".into(),
+            source,
         });
     }
     Ok(cookie)
+}
+
+/// The calling thread's network namespace by its inode, marked [`INODE_ID`].
+fn netns_inode_id() -> Result<u64> {
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .map(|m| m.ino() | INODE_ID)
+        .map_err(Error::io("reading /proc/thread-self/ns/net"))
 }
 
 const BPFFS: &str = "/sys/fs/bpf";

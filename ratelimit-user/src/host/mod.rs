@@ -1,12 +1,13 @@
 //! What the daemon, the service and the CLI take from the host, below any
 //! rule: the wall clock ([`clock`]), who a daemon is ([`identity`]), its run directory ([`rundir`]), the
-//! files an operator names ([`input`]), the addresses to listen on
+//! files an operator names ([`input`]), what the kernel has ([`kernel`]), the addresses to listen on
 //! ([`listen`]), the connection slots of a listener ([`slots`]) and the logs
 //! ([`logs`]).
 
 pub mod clock;
 pub mod identity;
 pub mod input;
+pub mod kernel;
 pub mod listen;
 pub mod logs;
 pub mod rundir;

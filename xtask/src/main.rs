@@ -1,16 +1,21 @@
 //! `cargo xtask`: orchestration only.
 //!
-//! - `setup`: the nightly toolchain, its `rust-src`, and `bpf-linker` built against
-//!   nightly's own libLLVM. Idempotent; `run`, `test` and `bench` call it.
+//! - `setup`: the dated nightly toolchain, its `rust-src`, and `bpf-linker`
+//!   built against that nightly's own libLLVM, as `ratelimit-ebpf/toolchain.toml`
+//!   names them. Idempotent; `run`, `test`, `bench` and `vm` call it.
 //! - `run --iface IFACE [-- ARGS]`: build, then `ratelimit run --iface IFACE ARGS`
 //!   as root.
 //! - `test`: fmt, clippy (host and eBPF), unit tests, then the privileged
 //!   integration tests one at a time.
 //! - `install [--prefix DIR]`: the release binary, its man pages and shell
 //!   completions, and the systemd unit (see `install.rs`).
+//! - `vm [--kernel NAME]... [--all] [--refresh] [-- COMMAND...]`: a command,
+//!   or a smoke check, in qemu guests booted on Debian's kernels, with the
+//!   host's root shared read-only (see `vm/`).
 
 mod install;
 mod setup;
+mod vm;
 
 use std::{
     env,
@@ -70,6 +75,34 @@ enum Task {
         #[arg(long, value_name = "SECTION")]
         only: Option<String>,
     },
+    /// The kernel tier (or a command, or a smoke check) in qemu guests
+    /// booted on Debian's kernels, the host's root shared read-only.
+    Vm {
+        /// A kernel to boot (6.1, 6.12, sid); repeat for several. Default:
+        /// 6.1 and sid.
+        #[arg(long = "kernel", value_name = "NAME")]
+        kernels: Vec<String>,
+        /// Every kernel of the table.
+        #[arg(long, conflicts_with = "kernels")]
+        all: bool,
+        /// Ask Debian for newer kernel packages than the ones cached.
+        #[arg(long)]
+        refresh: bool,
+        /// The time limit of each guest, in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 900)]
+        timeout: u64,
+        /// The smoke check (the kernel boots, BTF, a veth pair) instead of
+        /// the kernel tier.
+        #[arg(long, conflicts_with = "command")]
+        smoke: bool,
+        /// Write each kernel's verifier figures into tests/kernels.txt.
+        #[arg(long)]
+        record: bool,
+        /// The command to run in each guest, in the current directory
+        /// (default: the kernel tier).
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -115,6 +148,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
             binary,
         } => install(&prefix, &unit_dir, binary),
         Task::Bench { quick, only } => bench(quick, only.as_deref()),
+        Task::Vm {
+            kernels,
+            all,
+            refresh,
+            timeout,
+            smoke,
+            record,
+            command,
+        } => vm::vm(&vm::Args {
+            kernels,
+            all,
+            refresh,
+            timeout: std::time::Duration::from_secs(timeout),
+            command,
+            smoke,
+            record,
+        }),
     }
 }
 
@@ -352,7 +402,7 @@ fn test() -> Result<ExitCode> {
             .current_dir(workspace_root())
             .args([
                 "run",
-                "nightly",
+                &setup::pin()?.nightly,
                 "cargo",
                 "clippy",
                 "--package",

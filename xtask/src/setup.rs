@@ -1,6 +1,7 @@
-//! The toolchain pieces the eBPF build needs, installed when missing:
+//! The toolchain pieces the eBPF build needs, installed when missing, as
+//! `ratelimit-ebpf/toolchain.toml` names them ([`pin`]):
 //!
-//! 1. the nightly toolchain (`-Z build-std=core` for `bpfel-unknown-none`);
+//! 1. the dated nightly toolchain (`-Z build-std=core` for `bpfel-unknown-none`);
 //! 2. its `rust-src` component (the source `build-std` compiles);
 //! 3. `bpf-linker`, built against **nightly's own libLLVM**, so no system LLVM is
 //!    needed and the LLVM versions always match: a prefix directory whose `lib/`
@@ -23,7 +24,32 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-const BPF_LINKER_VERSION: &str = "0.13";
+/// The toolchain of the XDP object, as `ratelimit-ebpf/toolchain.toml`
+/// names it.
+pub struct Pin {
+    /// The dated nightly, like `nightly-2026-05-20`.
+    pub nightly: String,
+    /// bpf-linker's exact version.
+    pub bpf_linker: String,
+}
+
+/// Reads `ratelimit-ebpf/toolchain.toml`.
+pub fn pin() -> Result<Pin> {
+    let path = crate::workspace_root().join("ratelimit-ebpf/toolchain.toml");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let value = |key: &str| {
+        text.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+            })
+            .with_context(|| format!("{}: no `{key} = \"…\"` line", path.display()))
+    };
+    Ok(Pin {
+        nightly: value("nightly")?,
+        bpf_linker: value("bpf-linker")?,
+    })
+}
 
 /// Ensures every piece is there. `verbose` reports pieces already present too.
 pub fn setup(verbose: bool) -> Result<()> {
@@ -40,9 +66,10 @@ pub fn setup(verbose: bool) -> Result<()> {
             "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): ratelimit needs Linux 5.18 or later built with CONFIG_DEBUG_INFO_BTF=y"
         );
     }
-    nightly(verbose)?;
-    rust_src(verbose)?;
-    bpf_linker(verbose)?;
+    let pin = pin()?;
+    nightly(&pin, verbose)?;
+    rust_src(&pin, verbose)?;
+    bpf_linker(&pin, verbose)?;
     packages()?;
     envoy(verbose)?;
     Ok(())
@@ -110,8 +137,10 @@ struct Package {
 /// `systemd-analyze` to verify the unit and score its exposure, and `strace`
 /// to check its system call filter (tests/tests/service.rs); `crowdsec` (its
 /// Local API and `cscli`) for the bouncer's tests (tests/tests/crowdsec.rs);
-/// `nft` to cut a fleet's daemon off from Redis (tests/tests/fleet/faults.rs).
-const PACKAGES: [Package; 6] = [
+/// `nft` to cut a fleet's daemon off from Redis (tests/tests/fleet/faults.rs);
+/// qemu, a static busybox (the guests' initramfs), and `xz` and `zstd` (to
+/// decompress the kernels' modules) for `cargo xtask vm` (vm/).
+const PACKAGES: [Package; 10] = [
     Package {
         name: "redis-server",
         file: "/usr/bin/redis-server",
@@ -141,6 +170,26 @@ const PACKAGES: [Package; 6] = [
         name: "nftables",
         file: "/usr/sbin/nft",
         why: "the fleet's partition test",
+    },
+    Package {
+        name: "qemu-system-x86",
+        file: "/usr/bin/qemu-system-x86_64",
+        why: "`cargo xtask vm`",
+    },
+    Package {
+        name: "busybox-static",
+        file: "/bin/busybox",
+        why: "`cargo xtask vm`",
+    },
+    Package {
+        name: "xz-utils",
+        file: "/usr/bin/xz",
+        why: "`cargo xtask vm`",
+    },
+    Package {
+        name: "zstd",
+        file: "/usr/bin/zstd",
+        why: "`cargo xtask vm`",
     },
 ];
 
@@ -185,8 +234,9 @@ fn crowdsec_offline() -> Result<()> {
     Ok(())
 }
 
-/// Installs the missing [`PACKAGES`] with apt-get, as root.
-fn packages() -> Result<()> {
+/// Installs the missing [`PACKAGES`] with apt-get, as root (`cargo xtask vm`
+/// calls it alone).
+pub fn packages() -> Result<()> {
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         crowdsec_offline()?;
@@ -240,9 +290,9 @@ fn run(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn nightly_rustc_vv() -> Option<String> {
+fn nightly_rustc_vv(pin: &Pin) -> Option<String> {
     let out = rustup()
-        .args(["run", "nightly", "rustc", "-vV"])
+        .args(["run", &pin.nightly, "rustc", "-vV"])
         .output()
         .ok()?;
     out.status
@@ -250,22 +300,28 @@ fn nightly_rustc_vv() -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn nightly(verbose: bool) -> Result<()> {
-    if nightly_rustc_vv().is_some() {
+fn nightly(pin: &Pin, verbose: bool) -> Result<()> {
+    if nightly_rustc_vv(pin).is_some() {
         if verbose {
-            eprintln!("xtask setup: nightly toolchain: present");
+            eprintln!("xtask setup: {}: present", pin.nightly);
         }
         return Ok(());
     }
     run(
-        rustup().args(["toolchain", "install", "nightly", "--profile", "minimal"]),
-        "installing the nightly toolchain",
+        rustup().args(["toolchain", "install", &pin.nightly, "--profile", "minimal"]),
+        &format!("installing the toolchain {}", pin.nightly),
     )
 }
 
-fn rust_src(verbose: bool) -> Result<()> {
+fn rust_src(pin: &Pin, verbose: bool) -> Result<()> {
     let out = rustup()
-        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .args([
+            "component",
+            "list",
+            "--toolchain",
+            &pin.nightly,
+            "--installed",
+        ])
         .output()
         .context("running rustup component list")?;
     if String::from_utf8_lossy(&out.stdout)
@@ -273,24 +329,35 @@ fn rust_src(verbose: bool) -> Result<()> {
         .any(|l| l.trim() == "rust-src")
     {
         if verbose {
-            eprintln!("xtask setup: rust-src (nightly): present");
+            eprintln!("xtask setup: rust-src ({}): present", pin.nightly);
         }
         return Ok(());
     }
     run(
-        rustup().args(["component", "add", "rust-src", "--toolchain", "nightly"]),
-        "adding rust-src to the nightly toolchain",
+        rustup().args(["component", "add", "rust-src", "--toolchain", &pin.nightly]),
+        &format!("adding rust-src to {}", pin.nightly),
     )
 }
 
-/// Whether `bpf-linker --version` runs, outside rustup's environment.
-fn bpf_linker_works() -> bool {
-    Command::new("bpf-linker")
+/// Whether `bpf-linker --version` runs, outside rustup's environment, and
+/// is the pinned version built against the pinned nightly's LLVM (its
+/// prefix's library is a link into that toolchain: see [`bpf_linker`]).
+fn bpf_linker_works(pin: &Pin) -> bool {
+    let Ok(out) = Command::new("bpf-linker")
         .arg("--version")
         .env_remove("LD_LIBRARY_PATH")
         .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    else {
+        return false;
+    };
+    let version = String::from_utf8_lossy(&out.stdout);
+    let against = cargo_home()
+        .map(|h| h.join("ratelimit-llvm").join("toolchain"))
+        .and_then(|p| Ok(fs::read_to_string(p)?))
+        .unwrap_or_default();
+    out.status.success()
+        && version.split_whitespace().nth(1) == Some(pin.bpf_linker.as_str())
+        && against.trim() == pin.nightly
 }
 
 fn cargo_home() -> Result<PathBuf> {
@@ -301,14 +368,15 @@ fn cargo_home() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".cargo"))
 }
 
-fn bpf_linker(verbose: bool) -> Result<()> {
-    if bpf_linker_works() {
+fn bpf_linker(pin: &Pin, verbose: bool) -> Result<()> {
+    if bpf_linker_works(pin) {
         if verbose {
             eprintln!("xtask setup: bpf-linker: present and runs");
         }
         return Ok(());
     }
-    let vv = nightly_rustc_vv().context("nightly rustc does not run")?;
+    let vv =
+        nightly_rustc_vv(pin).with_context(|| format!("{}'s rustc does not run", pin.nightly))?;
     let major = vv
         .lines()
         .find_map(|l| l.strip_prefix("LLVM version: "))
@@ -317,7 +385,7 @@ fn bpf_linker(verbose: bool) -> Result<()> {
         .trim()
         .to_string();
     let sysroot = rustup()
-        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .args(["run", &pin.nightly, "rustc", "--print", "sysroot"])
         .output()
         .context("asking nightly rustc for its sysroot")?;
     let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
@@ -348,7 +416,9 @@ fn bpf_linker(verbose: bool) -> Result<()> {
             .with_context(|| format!("linking {} to {}", link.display(), libllvm.display()))?;
     }
     eprintln!(
-        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {major} ({}); this takes a minute or two",
+        "xtask setup: building bpf-linker {} against {}'s LLVM {major} ({}); this takes a minute or two",
+        pin.bpf_linker,
+        pin.nightly,
         libllvm.display()
     );
     run(
@@ -359,7 +429,7 @@ fn bpf_linker(verbose: bool) -> Result<()> {
                 "--force",
                 "bpf-linker",
                 "--version",
-                &format!("~{BPF_LINKER_VERSION}"),
+                &format!("={}", pin.bpf_linker),
                 "--no-default-features",
                 "--features",
                 &format!("llvm-{major}"),
@@ -367,7 +437,9 @@ fn bpf_linker(verbose: bool) -> Result<()> {
             .env("LLVM_PREFIX", &prefix),
         "cargo install bpf-linker",
     )?;
-    if !bpf_linker_works() {
+    fs::write(prefix.join("../toolchain"), &pin.nightly)
+        .context("recording which toolchain bpf-linker was built against")?;
+    if !bpf_linker_works(pin) {
         bail!(
             "bpf-linker was installed but `bpf-linker --version` does not run: is {} on PATH, and does {} exist?",
             cargo_home()?.join("bin").display(),

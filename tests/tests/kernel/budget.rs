@@ -4,6 +4,8 @@
 //! against `tests/kernels.txt`. Prints the line `cargo xtask vm --record`
 //! keeps.
 
+use std::io::Write as _;
+
 use ratelimit_tests::{
     privileged,
     verifier::{Figures, check_budget, parse_budget, stack_report},
@@ -37,8 +39,9 @@ fn the_verifier_figures_stay_within_the_budget() {
         ),
         stack: u64::from(stack.combined),
     };
-    // For `cargo xtask vm --record`, and for the reader of the output.
-    println!("{}", now.line());
+    // For `cargo xtask vm --record`, and for the reader of the output:
+    // written to stdout itself, which the test harness does not capture.
+    let _ = writeln!(std::io::stdout(), "{}", now.line());
     eprintln!("deepest chain: {}", stack.chain_text());
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels.txt");
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));

@@ -178,7 +178,7 @@ pub fn decide(state: &mut State, params: &Params, now_ns: u64, cost: u64) -> Dec
         found |= now_found;
         k += 1;
     }
-    let k = (first & found) | (periods.min(MAX_PERIODS).max(1) & !found);
+    let k = (first & found) | (periods.clamp(1, MAX_PERIODS) & !found);
     let ready = (now_period + k).saturating_mul(params.period_ns);
     Decision::deny(room, ready.saturating_sub(now_ns))
 }

@@ -155,7 +155,7 @@ pub fn stack_report(object: &[u8], entry: &str) -> Result<StackReport, String> {
             name.to_string(),
         ));
     }
-    funcs.sort_by(|a, b| (a.0.0, a.1).cmp(&(b.0.0, b.1)));
+    funcs.sort_by_key(|f| (f.0.0, f.1));
     let find = |section: SectionIndex, at: usize| {
         funcs
             .iter()

@@ -5,8 +5,9 @@
 //!   names them. Idempotent; `run`, `test`, `bench` and `vm` call it.
 //! - `run --iface IFACE [-- ARGS]`: build, then `ratelimit run --iface IFACE ARGS`
 //!   as root.
-//! - `test`: fmt, clippy (host and eBPF), unit tests, then the privileged
-//!   integration tests one at a time.
+//! - `test`: fmt, clippy (host and eBPF), unit tests, the privileged
+//!   integration tests one at a time, then the kernel tier in VMs on Debian
+//!   12's 6.1 and the newest sid kernel (`vm/`).
 //! - `install [--prefix DIR]`: the release binary, its man pages and shell
 //!   completions, and the systemd unit (see `install.rs`).
 //! - `vm [--kernel NAME]... [--all] [--refresh] [-- COMMAND...]`: a command,
@@ -78,11 +79,11 @@ enum Task {
     /// The kernel tier (or a command, or a smoke check) in qemu guests
     /// booted on Debian's kernels, the host's root shared read-only.
     Vm {
-        /// A kernel to boot (6.1, 6.12, sid); repeat for several. Default:
-        /// 6.1 and sid.
+        /// A kernel to boot (6.1, 6.12, sid; 5.10, below the minimum, to see
+        /// it refused); repeat for several. Default: 6.1 and sid.
         #[arg(long = "kernel", value_name = "NAME")]
         kernels: Vec<String>,
-        /// Every kernel of the table.
+        /// Every supported kernel of the table, and this machine's.
         #[arg(long, conflicts_with = "kernels")]
         all: bool,
         /// Ask Debian for newer kernel packages than the ones cached.
@@ -491,6 +492,32 @@ fn test() -> Result<ExitCode> {
             .env("RATELIMIT_BIN", &bin),
         "privileged integration tests (one at a time)",
     )?;
+    // The kernel tier again on the kernels operators run: Debian 12's
+    // 6.1 and the newest sid kernel, booted in qemu.
+    let tier = vm::Tier::build()?;
+    for name in vm::DEFAULT_KERNELS {
+        let kernel = vm::kernel(name, false)?;
+        eprintln!(
+            "xtask: the kernel tier on {name} ({}), in a VM",
+            kernel.release
+        );
+        let (run, figures) = vm::kernel_tier(&kernel, &tier, VM_TIMEOUT)?;
+        tally.add(&run.console);
+        if run.exit_code != 0 {
+            tally.print();
+            bail!(
+                "the kernel tier failed on {name} ({}): exit {}",
+                kernel.release,
+                run.exit_code
+            );
+        }
+        eprintln!(
+            "xtask: the kernel tier passed on {name} ({}) in {:.0} s{}",
+            kernel.release,
+            run.elapsed.as_secs_f64(),
+            figures.map(|f| format!(": {f}")).unwrap_or_default()
+        );
+    }
     bench_smoke(&bin)?;
     tally.print();
     Ok(ExitCode::SUCCESS)
@@ -535,6 +562,10 @@ fn build_artifact(cmd: &mut Command, name: &str) -> Result<PathBuf> {
         .with_context(|| format!("cargo did not report the {name} executable"))
 }
 
+/// The time limit of one guest of `cargo xtask test`'s kernel tier (it
+/// takes 3 to 4 minutes under TCG).
+const VM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1200);
+
 /// Test counts over several `cargo test` runs, for one closing line.
 #[derive(Default)]
 struct Tally {
@@ -566,6 +597,17 @@ impl Tally {
             bail!("{what} failed ({status})");
         }
         Ok(())
+    }
+
+    /// Adds up the `test result:` lines of a guest's console.
+    fn add(&mut self, console: &[String]) {
+        for line in console {
+            if let Some(i) = line.find("test result: ") {
+                let rest = &line[i + "test result: ".len()..];
+                self.passed += count_before(rest, " passed");
+                self.failed += count_before(rest, " failed");
+            }
+        }
     }
 
     fn print(&self) {

@@ -79,7 +79,7 @@ fn a_kernel_without_the_netns_cookie_is_named_and_still_enforced() {
     let _without = WithoutCookie::set();
     let h = ratelimit_tests::fixture::Host::bare("nocookie");
     let cmd = h.daemon_command(&["--rate", "1/h", "--burst", "10"]);
-    let d = ratelimit_tests::Daemon::spawn(cmd, &h.pair.rx, &h.pair.rx_if, &h.run_dir());
+    let d = ratelimit_tests::Daemon::spawn(cmd, &h.pair.rx, &h.pair.rx_if, h.run_dir());
     let said = "lacks the network namespace's cookie (SO_NETNS_COOKIE) (Linux 5.14)";
     assert!(
         d.output().contains(said),

@@ -41,6 +41,9 @@ pub struct Spec {
     suites: &'static [Suite],
     /// The ABI package's name must start with this (`linux-image-6.1.`).
     image_prefix: &'static str,
+    /// In the matrix (`--all`): a kernel the program supports. One below
+    /// the minimum is booted only when named, to see it refused.
+    pub supported: bool,
 }
 
 /// A suite and the archive it lives in.
@@ -58,7 +61,26 @@ const SECURITY: &str = "http://deb.debian.org/debian-security";
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 /// The kernels `cargo xtask vm` knows.
-pub const TABLE: [Spec; 3] = [
+pub const TABLE: [Spec; 4] = [
+    Spec {
+        name: "5.10",
+        suites: &[
+            Suite {
+                archive: DEBIAN,
+                suite: "bullseye",
+            },
+            Suite {
+                archive: DEBIAN,
+                suite: "bullseye-updates",
+            },
+            Suite {
+                archive: SECURITY,
+                suite: "bullseye-security",
+            },
+        ],
+        image_prefix: "linux-image-5.10.",
+        supported: false,
+    },
     Spec {
         name: "6.1",
         suites: &[
@@ -76,6 +98,7 @@ pub const TABLE: [Spec; 3] = [
             },
         ],
         image_prefix: "linux-image-6.1.",
+        supported: true,
     },
     Spec {
         name: "6.12",
@@ -94,6 +117,7 @@ pub const TABLE: [Spec; 3] = [
             },
         ],
         image_prefix: "linux-image-6.12.",
+        supported: true,
     },
     Spec {
         name: "sid",
@@ -102,6 +126,7 @@ pub const TABLE: [Spec; 3] = [
             suite: "sid",
         }],
         image_prefix: "linux-image-",
+        supported: true,
     },
 ];
 

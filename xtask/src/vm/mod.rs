@@ -33,7 +33,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-pub use kernels::Kernel;
+pub use kernels::{DEFAULT as DEFAULT_KERNELS, Kernel};
 pub use qemu::{GuestRun, run_in_guest};
 
 /// What `cargo xtask vm` was asked.
@@ -58,7 +58,11 @@ pub struct Args {
 pub fn vm(args: &Args) -> Result<ExitCode> {
     tools()?;
     let names: Vec<&str> = if args.all {
-        kernels::TABLE.iter().map(|s| s.name).collect()
+        kernels::TABLE
+            .iter()
+            .filter(|s| s.supported)
+            .map(|s| s.name)
+            .collect()
     } else if args.kernels.is_empty() {
         kernels::DEFAULT.to_vec()
     } else {
@@ -262,9 +266,16 @@ const FIGURES: &str = "ratelimit-kernel-figures ";
 /// The kernel tier on `kernel`, in a guest: every test of the binary, one at
 /// a time, as root, with `CI` set (a privileged test that would skip fails
 /// instead). Answers the run and the figures line the tier printed.
-pub fn kernel_tier(kernel: &Kernel, tier: &Tier, timeout: Duration) -> Result<(GuestRun, Option<String>)> {
+pub fn kernel_tier(
+    kernel: &Kernel,
+    tier: &Tier,
+    timeout: Duration,
+) -> Result<(GuestRun, Option<String>)> {
     let env = [
-        ("RATELIMIT_BIN".to_string(), tier.daemon.display().to_string()),
+        (
+            "RATELIMIT_BIN".to_string(),
+            tier.daemon.display().to_string(),
+        ),
         ("CI".to_string(), "true".to_string()),
         ("RUST_BACKTRACE".to_string(), "1".to_string()),
     ];
@@ -317,9 +328,14 @@ pub fn record(line: &str) -> Result<()> {
             .map(str::to_string)
             .with_context(|| format!("no {key} in {line:?}"))
     };
-    let (release, instructions, stack) = (field("release=")?, field("instructions=")?, field("stack=")?);
+    let (release, instructions, stack) = (
+        field("release=")?,
+        field("instructions=")?,
+        field("stack=")?,
+    );
     let path = crate::workspace_root().join("tests/kernels.txt");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let today = today()?;
     let new = format!("{release:<30} {instructions:<13} {stack:<6} {today}");
     let mut lines: Vec<String> = text
@@ -328,7 +344,8 @@ pub fn record(line: &str) -> Result<()> {
         .map(str::to_string)
         .collect();
     lines.push(new);
-    std::fs::write(&path, lines.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(&path, lines.join("\n") + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("xtask vm: recorded {release}: {instructions} instructions, {stack} bytes of stack");
     Ok(())
 }

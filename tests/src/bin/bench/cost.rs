@@ -348,6 +348,7 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
         insns.map_or("?".into(), |n| n.to_string()),
         xlated.map_or("?".into(), |n| n.to_string())
     );
+    verifier_by_kernel(report, insns);
     println!(
         "P1 {p1:.2}× lru floor ({}); IPv6 {:+.1} %; VLAN {:+.1} %; verifier {insns:?} insns, {xlated:?} xlated",
         met(p1 <= 1.3),
@@ -359,5 +360,48 @@ pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
         json!({"repeat": repeat, "rounds": rounds, "rows": json_rows,
             "p1_x_lru": p1, "ipv6_vs_ipv4": ipv6_x, "vlan_vs_ipv4": vlan_x,
             "verified_insns": insns, "xlated_insns": xlated}),
+    );
+}
+
+/// The verifier's figures per kernel of the last matrix run
+/// (`tests/kernels.txt`, written by `cargo xtask vm --record`) beside this
+/// machine's, measured now.
+fn verifier_by_kernel(report: &mut Report, host: Option<u32>) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels.txt");
+    let recorded = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| ratelimit_tests::verifier::parse_budget(&t));
+    let stack = ratelimit_tests::verifier::stack_report(
+        ratelimit_user::EBPF_OBJECT,
+        ratelimit_common::PROGRAM_NAME,
+    )
+    .map(|r| (r.combined, r.chain_text()));
+    let _ = writeln!(
+        report.md,
+        "Verifier figures per kernel (the last `cargo xtask vm --all --record`, in `tests/kernels.txt`), and this machine's now:\n\n| kernel | instructions processed | combined stack (32-byte frames) |\n|---|---:|---:|"
+    );
+    match &recorded {
+        Ok(rows) => {
+            for f in rows {
+                let _ = writeln!(
+                    report.md,
+                    "| {} | {} | {} B |",
+                    f.release, f.instructions, f.stack
+                );
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(report.md, "| ({path}: {e}) | | |");
+        }
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let _ = writeln!(
+        report.md,
+        "| this machine, now: {} | {} | {} |\n",
+        release.trim(),
+        host.map_or("?".into(), |n| n.to_string()),
+        stack
+            .as_ref()
+            .map_or_else(|e| e.clone(), |(b, chain)| format!("{b} B ({chain})"))
     );
 }

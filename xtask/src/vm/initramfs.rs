@@ -42,7 +42,7 @@ pub const MODULES: &[&str] = &[
     "virtio",
     "virtio_ring",
     "virtio_pci",
-    "netfs",
+    // netfs comes as 9p's dependency where it has one (6.x; 5.10 has none).
     "9pnet",
     "9pnet_virtio",
     "9p",

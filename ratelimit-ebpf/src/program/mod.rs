@@ -178,6 +178,22 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
         );
         code = (code & !(0xff | CODE_LIMIT)) | u64::from(reason & 0xff);
     }
+    // A frame that passes (most of them) is counted here: nothing of the
+    // verdict's (dry run, the host's connections, `top`, the drop log)
+    // concerns it, and a call less is a tenth of its cost. The rest go to
+    // the verdict.
+    let reason = reason_of((code & 0xff) as u32);
+    if code & CODE_MALFORMED == 0 && !reason.drops() && reason != Reason::StateFailed {
+        let len = (ctx.data_end() - ctx.data()) as u64;
+        let index = (code >> CODE_RULE_SHIFT) as u32;
+        if index != NO_RULE
+            && let Some(rule) = RL_RULE_TABLE.get(index)
+        {
+            count_rule(rule.slot.wrapping_mul(RULE_COUNTERS), reason, len);
+        }
+        count(reason, len);
+        return xdp_action::XDP_PASS;
+    }
     // Two constants: the verifier sees the program answer a verdict.
     if rl_verdict(ctx.ctx, code) == xdp_action::XDP_DROP {
         xdp_action::XDP_DROP

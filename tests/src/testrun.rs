@@ -3,7 +3,6 @@
 //! own (`ratelimit_user::kernel::sys`).
 
 use std::{
-    io,
     os::fd::{AsFd, AsRawFd, BorrowedFd},
     sync::{Mutex, MutexGuard, TryLockError},
 };
@@ -92,7 +91,7 @@ impl Loaded {
             }
         });
         for (name, fd) in shared.maps.descriptors() {
-            clear_map(fd).unwrap_or_else(|e| panic!("emptying map {name}: {e}"));
+            sys::clear_map(fd).unwrap_or_else(|e| panic!("emptying map {name}: {e}"));
         }
         let mut maps = shared.maps.reopen().expect("the maps opened again");
         let prog_fd = shared.prog_fd;
@@ -231,122 +230,5 @@ pub fn unpin() {
             libc::CPU_SET(cpu, &mut set);
         }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
-/// `bpf(2)` on `attr`.
-fn bpf_call<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a bpf_attr prefix of the size passed, valid for the
-    // call; the pointers in it are the caller's to keep valid.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut T,
-            std::mem::size_of::<T>() as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-
-const ARRAY: u32 = 2;
-const PERCPU_ARRAY: u32 = 6;
-const RINGBUF: u32 = 27;
-
-#[repr(C)]
-#[derive(Default)]
-struct InfoAttr {
-    fd: u32,
-    len: u32,
-    info: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct ElemAttr {
-    fd: u32,
-    _pad: u32,
-    key: u64,
-    value_or_next: u64,
-    flags: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-/// Empties the map behind `fd` as a fresh one is: an array (per CPU or
-/// not) zeroed in one batch, a hash or a trie with every key deleted. A ring
-/// buffer is left as it is (its reader takes what it holds).
-pub fn clear_map(fd: BorrowedFd<'_>) -> io::Result<()> {
-    // bpf_map_info's first fields: type, id, key_size, value_size, max_entries.
-    let mut info = [0u32; 20];
-    let mut attr = InfoAttr {
-        fd: fd.as_raw_fd() as u32,
-        len: std::mem::size_of_val(&info) as u32,
-        info: info.as_mut_ptr() as u64,
-    };
-    bpf_call(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let [kind, _, key_size, value_size, max_entries, ..] = info;
-    match kind {
-        RINGBUF => Ok(()),
-        ARRAY | PERCPU_ARRAY => {
-            let per = if kind == PERCPU_ARRAY {
-                let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-                (value_size as usize).div_ceil(8) * 8 * cpus
-            } else {
-                value_size as usize
-            };
-            let keys: Vec<u32> = (0..max_entries).collect();
-            let values = vec![0u8; per * max_entries as usize];
-            let mut attr = BatchAttr {
-                keys: keys.as_ptr() as u64,
-                values: values.as_ptr() as u64,
-                count: max_entries,
-                fd: fd.as_raw_fd() as u32,
-                ..Default::default()
-            };
-            bpf_call(BPF_MAP_UPDATE_BATCH, &mut attr).map(|_| ())
-        }
-        _ => {
-            let mut key = vec![0u8; key_size as usize];
-            loop {
-                // The first key each time: the one before it was deleted.
-                let mut attr = ElemAttr {
-                    fd: fd.as_raw_fd() as u32,
-                    value_or_next: key.as_mut_ptr() as u64,
-                    ..Default::default()
-                };
-                match bpf_call(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-                    Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-                    Err(e) => return Err(e),
-                }
-                let mut attr = ElemAttr {
-                    fd: fd.as_raw_fd() as u32,
-                    key: key.as_ptr() as u64,
-                    ..Default::default()
-                };
-                bpf_call(BPF_MAP_DELETE_ELEM, &mut attr)?;
-            }
-        }
     }
 }

@@ -2,7 +2,7 @@
 //! `ratelimit-ebpf/toolchain.toml` names them ([`pin`]):
 //!
 //! 1. the dated nightly toolchain (`-Z build-std=core` for `bpfel-unknown-none`);
-//! 2. its `rust-src` component (the source `build-std` compiles);
+//! 2. its `rust-src` component (the source `build-std` compiles) and `clippy`;
 //! 3. `bpf-linker`, built against **nightly's own libLLVM**, so no system LLVM is
 //!    needed and the LLVM versions always match: a prefix directory whose `lib/`
 //!    links to the `libLLVM*.so*` in nightly's sysroot, and
@@ -68,7 +68,7 @@ pub fn setup(verbose: bool) -> Result<()> {
     }
     let pin = pin()?;
     nightly(&pin, verbose)?;
-    rust_src(&pin, verbose)?;
+    components(&pin, verbose)?;
     bpf_linker(&pin, verbose)?;
     packages()?;
     envoy(verbose)?;
@@ -313,7 +313,12 @@ fn nightly(pin: &Pin, verbose: bool) -> Result<()> {
     )
 }
 
-fn rust_src(pin: &Pin, verbose: bool) -> Result<()> {
+/// The pinned nightly's components the build and `cargo xtask test` use:
+/// `rust-src` (what `build-std` compiles) and `clippy` (the eBPF crate's
+/// lint).
+const COMPONENTS: [&str; 2] = ["rust-src", "clippy"];
+
+fn components(pin: &Pin, verbose: bool) -> Result<()> {
     let out = rustup()
         .args([
             "component",
@@ -324,19 +329,26 @@ fn rust_src(pin: &Pin, verbose: bool) -> Result<()> {
         ])
         .output()
         .context("running rustup component list")?;
-    if String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .any(|l| l.trim() == "rust-src")
-    {
-        if verbose {
-            eprintln!("xtask setup: rust-src ({}): present", pin.nightly);
+    let installed = String::from_utf8_lossy(&out.stdout).into_owned();
+    for component in COMPONENTS {
+        // Listed with the host's triple (`clippy-x86_64-…`) or, for
+        // rust-src, without.
+        let present = installed.lines().any(|l| {
+            let l = l.trim();
+            l == component || l.starts_with(&format!("{component}-"))
+        });
+        if present {
+            if verbose {
+                eprintln!("xtask setup: {component} ({}): present", pin.nightly);
+            }
+            continue;
         }
-        return Ok(());
+        run(
+            rustup().args(["component", "add", component, "--toolchain", &pin.nightly]),
+            &format!("adding {component} to {}", pin.nightly),
+        )?;
     }
-    run(
-        rustup().args(["component", "add", "rust-src", "--toolchain", &pin.nightly]),
-        &format!("adding rust-src to {}", pin.nightly),
-    )
+    Ok(())
 }
 
 /// Whether `bpf-linker --version` runs, outside rustup's environment, and

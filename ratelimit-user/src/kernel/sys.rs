@@ -1,7 +1,8 @@
 //! The `bpf(2)` commands aya 0.14 does not wrap, in one place: opening a
 //! pinned object and a link by id, pinning an fd, an XDP link's info,
-//! counting a hash map's entries in batches, and `BPF_PROG_TEST_RUN` (for
-//! the tests and the bench). Each builds its `union bpf_attr` member as a
+//! counting a hash map's entries in batches, emptying a map (for the
+//! tests' shared object), and `BPF_PROG_TEST_RUN` (for the tests and the
+//! bench). Each builds its `union bpf_attr` member as a
 //! `#[repr(C)]` struct and goes through [`bpf`], the one `unsafe` call.
 //!
 //! Called by [`super::enforcer`] (links and pins), [`super::Maps`] (counts)
@@ -22,6 +23,9 @@ const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 
 /// Calls `bpf(cmd, attr, size_of::<A>())`: its return value, or the error.
@@ -123,7 +127,7 @@ pub fn xdp_link_info(fd: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
     Ok((word(4), word(16)))
 }
 
-/// `union bpf_attr` for BPF_MAP_LOOKUP_BATCH.
+/// `union bpf_attr` for BPF_MAP_LOOKUP_BATCH and BPF_MAP_UPDATE_BATCH.
 #[repr(C)]
 #[derive(Default)]
 struct BatchAttr {
@@ -254,4 +258,90 @@ pub fn test_run_live(
     };
     // SAFETY: the frame and the context outlive the call.
     unsafe { bpf(BPF_PROG_TEST_RUN, &mut attr) }.map(drop)
+}
+
+/// `union bpf_attr` for BPF_MAP_GET_NEXT_KEY and BPF_MAP_DELETE_ELEM.
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    next_key: u64,
+    flags: u64,
+}
+
+const MAP_TYPE_ARRAY: u32 = 2;
+const MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+const MAP_TYPE_RINGBUF: u32 = 27;
+
+/// Empties the map `fd` as a fresh one is: an array (per CPU or not) zeroed
+/// in one batch, a hash or a trie with every key deleted. A ring buffer is
+/// left as it is (its reader takes what it holds). For the tests, which
+/// share one loaded object and start each test from its maps emptied.
+pub fn clear_map(fd: BorrowedFd<'_>) -> io::Result<()> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    // struct bpf_map_info: type, id, key_size, value_size, max_entries, …
+    let mut info = [0u32; 20];
+    let mut attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: size_of_val(&info) as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    // SAFETY: the buffer is `info_len` bytes and outlives the call.
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    let [kind, _, key_size, value_size, max_entries, ..] = info;
+    match kind {
+        MAP_TYPE_RINGBUF => Ok(()),
+        MAP_TYPE_ARRAY | MAP_TYPE_PERCPU_ARRAY => {
+            let per = if kind == MAP_TYPE_PERCPU_ARRAY {
+                let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+                (value_size as usize).div_ceil(8) * 8 * cpus
+            } else {
+                value_size as usize
+            };
+            let keys: Vec<u32> = (0..max_entries).collect();
+            let values = vec![0u8; per * max_entries as usize];
+            let mut attr = BatchAttr {
+                keys: keys.as_ptr() as u64,
+                values: values.as_ptr() as u64,
+                count: max_entries,
+                map_fd: fd.as_raw_fd() as u32,
+                ..Default::default()
+            };
+            // SAFETY: `count` keys and values, both outliving the call.
+            unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) }.map(|_| ())
+        }
+        _ => {
+            let mut key = vec![0u8; key_size as usize];
+            loop {
+                // The first key each time (a null key): the one before it
+                // was deleted.
+                let mut attr = ElemAttr {
+                    map_fd: fd.as_raw_fd() as u32,
+                    next_key: key.as_mut_ptr() as u64,
+                    ..Default::default()
+                };
+                // SAFETY: `next_key` has the map's key size and outlives the call.
+                match unsafe { bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) } {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                let mut attr = ElemAttr {
+                    map_fd: fd.as_raw_fd() as u32,
+                    key: key.as_ptr() as u64,
+                    ..Default::default()
+                };
+                // SAFETY: as above.
+                unsafe { bpf(BPF_MAP_DELETE_ELEM, &mut attr) }?;
+            }
+        }
+    }
 }

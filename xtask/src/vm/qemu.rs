@@ -4,8 +4,8 @@
 //! environment and the command, and a time limit. What leaves: a
 //! [`GuestRun`], with the command's exit status (parsed from the guest's
 //! `RATELIMIT-VM-EXIT=` line), the console's lines, and the times. Called by
-//! `vm/mod.rs` (the smoke check, a command given to `cargo xtask vm`) and,
-//! later, by the kernel tier of the tests.
+//! `vm/mod.rs` (the kernel tier, the smoke check, a command given to
+//! `cargo xtask vm`), for `cargo xtask vm` and `cargo xtask test`.
 //!
 //! The guest: `qemu-system-x86_64`, 2 GiB, 2 vCPUs, no display, no network
 //! card (`-nic none`), no reboot, the kernel's console on ttyS0, which is

@@ -77,9 +77,24 @@ done
 ip link set lo up || fail "ip link set lo up"
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroot /newroot \
     || fail "mounting the host's root over 9p"
+# The host's paths under /tmp, /run or /var/tmp the command needs (its
+# directory, its binaries: a checkout in /tmp): held aside before the
+# guest's tmpfs covers them, then put back in place, read-only.
+n=0
+while read -r p; do
+    n=$((n + 1))
+    mkdir -p "/held/$n"
+    mount -o bind "/newroot$p" "/held/$n" || fail "holding $p"
+done < /keep
 for d in tmp run var/tmp; do
     mount -t tmpfs -o mode=1777 tmpfs "/newroot/$d" || fail "tmpfs on /$d"
 done
+n=0
+while read -r p; do
+    n=$((n + 1))
+    mkdir -p "/newroot$p"
+    mount -o bind "/held/$n" "/newroot$p" || fail "keeping $p"
+done < /keep
 chmod 755 /newroot/run
 mount -t proc proc /newroot/proc || fail "proc"
 mount -t sysfs sysfs /newroot/sys || fail "sysfs"
@@ -108,8 +123,10 @@ const APPLETS: &[&str] = &[
 
 const BUSYBOX: &str = "/usr/bin/busybox";
 
-/// The archive for `kernel`, with `script` as `/cmd`.
-pub fn build(kernel: &Kernel, script: &str) -> Result<Vec<u8>> {
+/// The archive for `kernel`, with `script` as `/cmd` and `keep` (host
+/// paths under /tmp, /run or /var/tmp that stay visible over the guest's
+/// tmpfs) as `/keep`.
+pub fn build(kernel: &Kernel, script: &str, keep: &[String]) -> Result<Vec<u8>> {
     let mut cpio = Cpio::default();
     for dir in ["bin", "dev", "lib", "lib/modules", "proc", "sys", "newroot"] {
         cpio.dir(dir);
@@ -136,6 +153,11 @@ pub fn build(kernel: &Kernel, script: &str) -> Result<Vec<u8>> {
     cpio.file("modules", 0o644, order.as_bytes());
     cpio.file("init", 0o755, INIT.as_bytes());
     cpio.file("cmd", 0o644, script.as_bytes());
+    let mut kept = keep.join("\n");
+    if !kept.is_empty() {
+        kept.push('\n');
+    }
+    cpio.file("keep", 0o644, kept.as_bytes());
     Ok(cpio.finish())
 }
 

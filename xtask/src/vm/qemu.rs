@@ -101,7 +101,7 @@ pub fn run_in_guest(
         bail!("{k:?} is not a name sh can export");
     }
     let script = script(cwd, env, command);
-    let archive = initramfs::build(kernel, &script)?;
+    let archive = initramfs::build(kernel, &script, &kept(cwd, env, command))?;
     let dir = crate::workspace_root().join("target/vm/run");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     static RUN: AtomicU32 = AtomicU32::new(0);
@@ -182,6 +182,29 @@ fn script(cwd: &Path, env: &[(String, String)], command: &[String]) -> String {
     let words: Vec<String> = command.iter().map(|w| quote(w)).collect();
     s.push_str(&format!("exec {}\n", words.join(" ")));
     s
+}
+
+/// The host directories under the guest's tmpfs mounts (/tmp, /run,
+/// /var/tmp) that the command needs: its working directory and the
+/// directories of the absolute paths among its words and its environment's
+/// values; none inside another.
+fn kept(cwd: &Path, env: &[(String, String)], command: &[String]) -> Vec<String> {
+    let covered = |p: &Path| ["/tmp", "/run", "/var/tmp"].iter().any(|d| p.starts_with(d) && p != Path::new(d));
+    let mut dirs: Vec<std::path::PathBuf> = vec![cwd.to_path_buf()];
+    for word in command.iter().chain(env.iter().map(|(_, v)| v)) {
+        let p = Path::new(word);
+        if p.is_absolute()
+            && let Some(dir) = p.parent()
+        {
+            dirs.push(dir.to_path_buf());
+        }
+    }
+    dirs.retain(|d| covered(d) && d.is_dir());
+    dirs.sort();
+    dirs.dedup();
+    let all = dirs.clone();
+    dirs.retain(|d| !all.iter().any(|o| o != d && d.starts_with(o)));
+    dirs.iter().map(|d| d.display().to_string()).collect()
 }
 
 /// `word` in single quotes for sh.

@@ -189,7 +189,11 @@ fn script(cwd: &Path, env: &[(String, String)], command: &[String]) -> String {
 /// directories of the absolute paths among its words and its environment's
 /// values; none inside another.
 fn kept(cwd: &Path, env: &[(String, String)], command: &[String]) -> Vec<String> {
-    let covered = |p: &Path| ["/tmp", "/run", "/var/tmp"].iter().any(|d| p.starts_with(d) && p != Path::new(d));
+    let covered = |p: &Path| {
+        ["/tmp", "/run", "/var/tmp"]
+            .iter()
+            .any(|d| p.starts_with(d) && p != Path::new(d))
+    };
     let mut dirs: Vec<std::path::PathBuf> = vec![cwd.to_path_buf()];
     for word in command.iter().chain(env.iter().map(|(_, v)| v)) {
         let p = Path::new(word);

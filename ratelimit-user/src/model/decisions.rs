@@ -70,6 +70,13 @@ pub struct Decisions {
     /// decision ended keeps its empty list, and its counter, while the
     /// daemon runs).
     lists: BTreeMap<String, List>,
+    /// Each origin's list name: [`list_name`], with `-2`, `-3`, … after it
+    /// when another origin has that name already (`a b` and `a_b`, or two
+    /// origins alike in their first 48 characters), so that one origin's
+    /// list never overwrites another's.
+    names: BTreeMap<Arc<str>, String>,
+    /// The names given, for finding a free one.
+    used: std::collections::BTreeSet<String>,
 }
 
 /// What a change did.
@@ -221,6 +228,23 @@ impl Decisions {
         Arc::ptr_eq(&self.by_id, &other.by_id)
     }
 
+    /// The list name of `origin`, given once and kept (see `names`).
+    fn name_of(&mut self, origin: &Arc<str>) -> String {
+        if let Some(name) = self.names.get(origin) {
+            return name.clone();
+        }
+        let base = list_name(origin);
+        let mut name = base.clone();
+        let mut n = 2;
+        while self.used.contains(&name) {
+            name = format!("{base}-{n}");
+            n += 1;
+        }
+        self.used.insert(name.clone());
+        self.names.insert(origin.clone(), name.clone());
+        name
+    }
+
     /// Makes the lists of `origins` anew from the decisions.
     fn rebuild(&mut self, mut origins: Vec<Arc<str>>) {
         origins.sort_unstable();
@@ -234,8 +258,9 @@ impl Decisions {
                 .collect();
             entries.sort_unstable();
             entries.dedup();
+            let name = self.name_of(&origin);
             self.lists.insert(
-                list_name(&origin),
+                name,
                 List {
                     action: ListAction::Deny,
                     source: format!("CrowdSec, origin {origin}"),
@@ -355,6 +380,26 @@ mod tests {
             }
         );
         assert!(ds.is_empty());
+    }
+
+    #[test]
+    fn origins_whose_names_collide_keep_a_list_each() {
+        let long = "x".repeat(60);
+        let longer = format!("{long}y");
+        let all = Decisions::of([
+            d(1, "198.18.0.1", "a b", 1_000),
+            d(2, "198.18.0.2", "a_b", 1_000),
+            d(3, "198.18.0.3", &long, 1_000),
+            d(4, "198.18.0.4", &longer, 1_000),
+        ]);
+        let lists = all.lists();
+        assert_eq!(lists.len(), 4, "{:?}", lists.keys().collect::<Vec<_>>());
+        let held: usize = lists.values().map(|l| l.entries.len()).sum();
+        assert_eq!(held, 4, "every decision in a list of its origin's");
+        for (name, list) in lists {
+            assert_eq!(list.entries.len(), 1, "{name}");
+        }
+        assert!(lists.contains_key("crowdsec:a_b") && lists.contains_key("crowdsec:a_b-2"));
     }
 
     #[test]

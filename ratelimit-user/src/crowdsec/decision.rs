@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
-use crate::model::{decisions::Decision, prefix::Prefix};
+use crate::model::{decisions::Decision, matching::contains, prefix::Prefix};
 
 /// One decision of `GET /v1/decisions/stream` (`new` or `deleted`).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -63,6 +63,10 @@ pub struct Filter {
     pub broad_origins: Vec<String>,
     /// The longest a ban is held, ms: a longer one is held this long.
     pub longest_ms: u64,
+    /// What must stay reachable: loopback, the host's own addresses and
+    /// the Local API's (the bouncer sets them at each pull). A decision
+    /// that covers one, or lies within one, is not applied.
+    pub protected: Vec<Prefix>,
 }
 
 /// [`Filter::widest_v4`]'s default: no feed bans more than a /8.
@@ -83,12 +87,21 @@ impl Default for Filter {
             widest_v6: WIDEST_V6,
             broad_origins: Vec::new(),
             longest_ms: LONGEST_MS,
+            protected: loopback(),
         }
     }
 }
 
+/// Loopback, IPv4 and IPv6.
+pub fn loopback() -> Vec<Prefix> {
+    ["127.0.0.0/8", "::1/128"]
+        .iter()
+        .filter_map(|p| Prefix::parse("loopback", p).ok())
+        .collect()
+}
+
 /// Why a decision was not applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Ignored {
     /// A type not in `--crowdsec-types` (`captcha`, by default).
     Type,
@@ -107,6 +120,9 @@ pub enum Ignored {
     /// A duration that is not one (`1e3s`, `NaNs`, `.s`): not applied, and
     /// counted rather than taken for ended.
     Duration,
+    /// Covers what must stay reachable ([`Filter::protected`]): loopback,
+    /// the host's own addresses, the Local API's.
+    Protected,
 }
 
 /// A decision the daemon applies.
@@ -150,6 +166,13 @@ impl Filter {
         };
         if prefix.len < widest && !self.broad_origins.contains(&lower(&raw.origin)) {
             return Err(Ignored::TooBroad);
+        }
+        if self
+            .protected
+            .iter()
+            .any(|p| contains(&prefix, p) || contains(p, &prefix))
+        {
+            return Err(Ignored::Protected);
         }
         let left_ms = go_duration_ms(&raw.duration).ok_or(Ignored::Duration)?;
         if left_ms <= 0 {
@@ -330,8 +353,13 @@ mod tests {
         };
         assert!(
             trusted
-                .decide(&raw("Range", "0.0.0.0/0", "ban", "4h"), 0)
+                .decide(&raw("Range", "128.0.0.0/1", "ban", "4h"), 0)
                 .is_ok()
+        );
+        // Trusted or not, nothing bans loopback.
+        assert_eq!(
+            trusted.decide(&raw("Range", "0.0.0.0/0", "ban", "4h"), 0),
+            Err(Ignored::Protected)
         );
         for bad in ["1e3s", ".s", "NaNs", "infs", "1..2s", ""] {
             assert_eq!(
@@ -340,6 +368,33 @@ mod tests {
                 "{bad:?}"
             );
         }
+        let mut guarded = Filter::default();
+        guarded
+            .protected
+            .push(Prefix::parse("t", "198.18.0.2").unwrap());
+        for value in [
+            "127.0.0.1",
+            "::1",
+            "198.18.0.2",
+            "198.18.0.0/24",
+            "0.0.0.0/1",
+        ] {
+            let scope = if value.contains('/') { "Range" } else { "Ip" };
+            let trusted = Filter {
+                broad_origins: vec!["cscli".into()],
+                ..guarded.clone()
+            };
+            assert_eq!(
+                trusted.decide(&raw(scope, value, "ban", "4h"), 0),
+                Err(Ignored::Protected),
+                "{value}"
+            );
+        }
+        assert!(
+            guarded
+                .decide(&raw("Ip", "198.18.0.3", "ban", "4h"), 0)
+                .is_ok()
+        );
         let d = f
             .decide(&raw("Ip", "198.18.0.5", "ban", "99999999999999999999h"), 0)
             .unwrap();

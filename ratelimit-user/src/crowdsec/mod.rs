@@ -111,6 +111,30 @@ pub struct Options {
     pub filter: Filter,
 }
 
+/// What a feed may never deny, now: loopback, the addresses of this
+/// namespace's interfaces, and the Local API's (its host resolved).
+async fn protected(lapi: &Lapi) -> Vec<crate::model::prefix::Prefix> {
+    use crate::model::prefix::Prefix;
+    let mut out = decision::loopback();
+    let mut addrs = crate::host::addresses::own();
+    if let Ok(found) = tokio::net::lookup_host(lapi.authority()).await {
+        addrs.extend(found.map(|a| a.ip()));
+    }
+    for a in addrs {
+        let len = if a.is_ipv4() { 32 } else { 128 };
+        // An IPv4-mapped address as the IPv4 one, as decisions are.
+        let a = match a {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        let len = if a.is_ipv4() { 32 } else { len };
+        if let Ok(p) = Prefix::parse("address", &format!("{a}/{len}")) {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// `--crowdsec-widest`'s `/V4,/V6` (the slashes optional): prefix lengths
 /// 0-32 and 0-128.
 fn widest(s: &str) -> Result<(u8, u8)> {
@@ -359,6 +383,9 @@ pub struct IgnoredCounts {
     /// With a duration that cannot be read.
     #[serde(default)]
     pub bad_duration: u64,
+    /// Covering loopback, an address of the host or the Local API's.
+    #[serde(default)]
+    pub protected: u64,
 }
 
 impl IgnoredCounts {
@@ -369,6 +396,7 @@ impl IgnoredCounts {
             Ignored::Filtered => self.filtered += 1,
             Ignored::TooBroad => self.too_broad += 1,
             Ignored::Duration => self.bad_duration += 1,
+            Ignored::Protected => self.protected += 1,
             Ignored::Ended => {}
         }
     }
@@ -406,14 +434,18 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
     let mut down: Option<bool> = None;
     // The origins whose too-broad decisions were logged.
     let mut warned = std::collections::HashSet::new();
+    let mut filter = opts.filter.clone();
     loop {
         tick.tick().await;
         let now = now_ms();
+        // What must stay reachable, read again at each pull: the host's
+        // addresses change.
+        filter.protected = protected(&opts.lapi).await;
         let outcome = match opts.lapi.pull(&opts.key, startup).await {
             Ok(stream) => {
                 let mut keep = |raw: Vec<decision::RawDecision>| -> Vec<Decision> {
                     raw.iter()
-                        .filter_map(|r| match opts.filter.decide(r, now) {
+                        .filter_map(|r| match filter.decide(r, now) {
                             Ok(kept) => {
                                 if kept.clipped {
                                     st.clipped += 1;
@@ -422,11 +454,18 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
                             }
                             Err(why) => {
                                 st.ignored.count(why);
-                                if why == Ignored::TooBroad && warned.insert(r.origin.clone()) {
+                                if why == Ignored::TooBroad && warned.insert((why, r.origin.clone())) {
                                     warn!(
                                         origin = %r.origin,
                                         value = %r.value,
                                         "a CrowdSec decision wider than --crowdsec-widest is not applied (counted as too_broad; logged once per origin): --crowdsec-broad-origins lets an origin ban wider networks"
+                                    );
+                                }
+                                if why == Ignored::Protected && warned.insert((why, r.origin.clone())) {
+                                    warn!(
+                                        origin = %r.origin,
+                                        value = %r.value,
+                                        "a CrowdSec decision that covers loopback, an address of this host or the Local API's is not applied (counted as protected; logged once per origin)"
                                     );
                                 }
                                 None

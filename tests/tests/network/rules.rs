@@ -303,6 +303,24 @@ fn each_list_counts_the_frames_it_judged() {
     d.stop(libc::SIGKILL);
     let more = h.pair.probe_sent(&[bad], 200, Duration::from_millis(300))[0];
     assert!(more.0 > 0 && more.1 == 0, "listed, no daemon: {more:?}");
+    // With no daemon, `list --stats` answers from the pins, the lists'
+    // counters included.
+    let out = h
+        .command(&["list", "--stats", "--json", "--iface", &h.pair.rx_if])
+        .output()
+        .expect("ratelimit list");
+    let offline: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("list --stats --json with no daemon ({e}): {out:?}"));
+    assert_eq!(offline["daemon"], false, "{offline}");
+    let counted = offline["lists"]
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["name"] == "scanners"))
+        .map(|l| l["counters"]["packets"].clone());
+    assert_eq!(
+        counted.and_then(|c| c.as_u64()),
+        Some(b.0 + more.0),
+        "the deny list's drops read from the pins with no daemon: {offline}"
+    );
     let d = h.daemon(&["--metrics", ADDR]);
     let lists = d.json(&["list", "--stats"])["lists"].clone();
     let scanners = lists

@@ -339,3 +339,33 @@ fn each_list_counts_the_frames_it_judged() {
     );
     assert!(!log.contains("(removed rule)"), "{log}");
 }
+
+/// A hand-made deny that covers the host's own address (or loopback) is
+/// applied, as asked, and the command says what it covers; one that does
+/// not says nothing more.
+#[test]
+fn a_deny_covering_the_host_is_applied_and_said() {
+    privileged!("a_deny_covering_the_host_is_applied_and_said");
+    let (h, d) = Host::start("denyhost", &[]);
+    let out = d.cli(&["deny", "198.18.0.0/24"]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "warning: this deny covers this host's {}",
+            h.pair.rx_v4
+        )),
+        "{err}"
+    );
+    let listed = d.json(&["list"]);
+    assert!(
+        listed.to_string().contains("198.18.0.0/24"),
+        "applied: {listed}"
+    );
+    let out = d.cli(&["deny", "198.18.5.0/24"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{out:?}"
+    );
+}

@@ -474,3 +474,65 @@ fn an_https_local_api_is_followed_with_its_ca_and_refused_under_another() {
     // What it held from the saved decisions stays; nothing new lands.
     assert_dropped(&h, &[ip("198.18.0.5")], &[ip("198.18.0.7")]);
 }
+
+/// A Local API that bans the whole Internet (0.0.0.0/0, ::/0) does not cut
+/// the host off: those decisions are not applied, counted as too_broad and
+/// logged once with their origin, while a ban of one address lands.
+#[test]
+fn bans_of_the_whole_internet_are_refused_counted_and_named() {
+    needs_crowdsec!("bans_of_the_whole_internet_are_refused_counted_and_named");
+    let (h, lapi, d) = start("cs-broad", &[]);
+    lapi.cscli_ok(&[
+        "decisions",
+        "add",
+        "--range",
+        "0.0.0.0/0",
+        "--duration",
+        "1h",
+    ]);
+    lapi.cscli_ok(&["decisions", "add", "--range", "::/0", "--duration", "1h"]);
+    lapi.cscli_ok(&["decisions", "add", "--ip", "198.18.0.5", "--duration", "1h"]);
+    wait_entries(&d, "crowdsec:cscli", 1, LANDS_WITHIN);
+    let status = poll_status(&d, |c| c["ignored"]["too_broad"].as_u64() >= Some(2));
+    assert_eq!(
+        status["crowdsec"]["decisions"], 1,
+        "only the ban of one address is held: {status}"
+    );
+    assert_dropped(
+        &h,
+        &[ip("198.18.0.5")],
+        &[ip("198.18.0.6"), ip("198.18.0.1")],
+    );
+    let out = d.output();
+    let said = out
+        .lines()
+        .filter(|l| l.contains("wider than --crowdsec-widest") && l.contains("cscli"))
+        .count();
+    assert_eq!(said, 1, "logged once for the origin cscli: {out}");
+}
+
+/// Bans of what must stay reachable, loopback and the host's own address
+/// (the Local API's is loopback here), are not applied: counted as
+/// protected and logged once with their origin.
+#[test]
+fn bans_of_loopback_and_the_hosts_own_address_are_refused() {
+    needs_crowdsec!("bans_of_loopback_and_the_hosts_own_address_are_refused");
+    let (h, lapi, d) = start("cs-own", &[]);
+    let own = h.pair.rx_v4.to_string();
+    lapi.cscli_ok(&["decisions", "add", "--ip", &own, "--duration", "1h"]);
+    lapi.cscli_ok(&["decisions", "add", "--ip", "127.0.0.1", "--duration", "1h"]);
+    lapi.cscli_ok(&["decisions", "add", "--ip", "198.18.0.5", "--duration", "1h"]);
+    wait_entries(&d, "crowdsec:cscli", 1, LANDS_WITHIN);
+    let status = poll_status(&d, |c| c["ignored"]["protected"].as_u64() >= Some(2));
+    assert_eq!(
+        status["crowdsec"]["decisions"], 1,
+        "only the ban of another address is held: {status}"
+    );
+    assert_dropped(&h, &[ip("198.18.0.5")], &[ip("198.18.0.6")]);
+    let out = d.output();
+    let said = out
+        .lines()
+        .filter(|l| l.contains("covers loopback, an address of this host") && l.contains("cscli"))
+        .count();
+    assert_eq!(said, 1, "logged once for the origin cscli: {out}");
+}

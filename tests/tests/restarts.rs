@@ -728,3 +728,53 @@ fn detach_stops_a_program_left_without_a_daemon() {
         "{out:?}"
     );
 }
+
+/// A rule deleted from the pinned maps by hand while no daemon runs
+/// (`bpftool map delete pinned …`) comes back with the next daemon that
+/// adopts the pins: the saved record holds the acknowledged rule, and it
+/// wins over the tampered kernel.
+#[test]
+fn a_rule_deleted_from_the_pins_by_hand_comes_back_with_the_adoption() {
+    privileged!("a_rule_deleted_from_the_pins_by_hand_comes_back_with_the_adoption");
+    let (h, d) = Host::start("tamper", &["--keep-attached"]);
+    let banned = ip("198.18.0.5");
+    d.cli_ok(&["deny", "198.18.0.5", "-q"]);
+    let pins = PathBuf::from(
+        d.json(&["status"])["pins"]
+            .as_str()
+            .expect("status names the pins"),
+    );
+    assert!(d.stop(libc::SIGTERM).success(), "a clean stop");
+    // The hand: the rule's entry deleted from the trie the program reads.
+    {
+        let maps = ratelimit_user::kernel::Maps::from_pins(&pins).expect("the pinned maps");
+        let active = maps.config().expect("config").active_rules & 1;
+        let name = if active == 0 {
+            ratelimit_common::MAP_RULES
+        } else {
+            ratelimit_common::MAP_RULES_B
+        };
+        let data = aya::maps::MapData::from_pin(pins.join(name)).expect("the pinned trie");
+        let mut trie: aya::maps::LpmTrie<_, ratelimit_common::RuleAddr, u32> =
+            aya::maps::LpmTrie::try_from(aya::maps::Map::LpmTrie(data)).expect("an LPM trie");
+        let (bits, addr) = ratelimit_user::model::prefix::Prefix::parse("t", "198.18.0.5")
+            .expect("prefix")
+            .lpm();
+        trie.remove(&aya::maps::lpm_trie::Key::new(bits, addr))
+            .expect("deleting the rule's entry");
+    }
+    let got = h.pair.probe_sent(&[banned], 100, Duration::from_millis(400))[0];
+    assert!(got.0 > 0 && got.1 == got.0, "tampered: the deny no longer drops: {got:?}");
+    let d = h.daemon(&[]);
+    let got = h.pair.probe_sent(&[banned], 100, Duration::from_millis(400))[0];
+    assert!(got.0 > 0 && got.1 == 0, "adopted: the deny is back: {got:?}");
+    assert!(
+        d.output().contains("the saved rules are put back"),
+        "the adoption says so: {}",
+        d.output()
+    );
+    assert!(
+        d.json(&["list"]).to_string().contains("198.18.0.5/32"),
+        "the acknowledged deny is listed"
+    );
+}

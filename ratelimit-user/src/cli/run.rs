@@ -96,6 +96,33 @@ async fn set(a: SetArgs) -> Result<()> {
     change(daemon, &checked.request()?, a.change.quiet).await
 }
 
+/// What `source` covers of what must stay reachable: loopback and the
+/// addresses of this namespace's interfaces (where the CLI runs, the
+/// daemon's), as `loopback 127.0.0.1` or `this host's 198.18.0.2`.
+fn reachable_covered(source: &crate::model::prefix::Prefix) -> Vec<String> {
+    use crate::model::{matching::contains, prefix::Prefix};
+    let mut out = Vec::new();
+    let mut addrs: Vec<std::net::IpAddr> = vec![
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::Ipv6Addr::LOCALHOST.into(),
+    ];
+    addrs.extend(crate::host::addresses::own());
+    addrs.sort_unstable();
+    addrs.dedup();
+    for a in addrs {
+        let len = if a.is_ipv4() { 32 } else { 128 };
+        if Prefix::parse("address", &format!("{a}/{len}")).is_ok_and(|p| contains(source, &p)) {
+            let who = if a.is_loopback() {
+                "loopback"
+            } else {
+                "this host's"
+            };
+            out.push(format!("{who} {a}"));
+        }
+    }
+    out
+}
+
 /// `allow` or `deny`: one CIDR, or a list of `action` (`--from`).
 async fn listable(a: ListableArgs, action: ListAction) -> Result<()> {
     let for_ms = a.change.for_ms()?;
@@ -105,11 +132,20 @@ async fn listable(a: ListableArgs, action: ListAction) -> Result<()> {
         };
         let daemon = protocol::connect(&iface(&a.target)?).await?;
         let rule = a.matches.selector(cidr)?;
+        let covers = (action == ListAction::Deny).then(|| reachable_covered(&rule.source));
         let request = match action {
             ListAction::Allow => Request::Allow { rule, for_ms },
             ListAction::Deny => Request::Deny { rule, for_ms },
         };
-        return change(daemon, &request, a.change.quiet).await;
+        change(daemon, &request, a.change.quiet).await?;
+        // Applied as asked (the operator may mean it), but said.
+        if let Some(covered) = covers.filter(|c| !c.is_empty()) {
+            eprintln!(
+                "warning: this deny covers {}: frames from there are dropped too (`ratelimit unset` removes it)",
+                covered.join(", ")
+            );
+        }
+        return Ok(());
     };
     if a.matches.any() {
         return Err(Error::invalid(

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
-use crate::model::{decisions::Decision, prefix::Prefix};
+use crate::model::{decisions::Decision, matching::contains, prefix::Prefix};
 
 /// One decision of `GET /v1/decisions/stream` (`new` or `deleted`).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -54,7 +54,27 @@ pub struct Filter {
     pub scenarios: Vec<String>,
     /// No scenario that contains one of these (lower case).
     pub not_scenarios: Vec<String>,
+    /// The widest IPv4 network a decision may ban (its prefix length; an
+    /// IPv4-mapped range is judged as IPv4).
+    pub widest_v4: u8,
+    /// The widest IPv6 network a decision may ban.
+    pub widest_v6: u8,
+    /// Origins (lower case) whose decisions may be wider.
+    pub broad_origins: Vec<String>,
+    /// The longest a ban is held, ms: a longer one is held this long.
+    pub longest_ms: u64,
+    /// What must stay reachable: loopback, the host's own addresses and
+    /// the Local API's (the bouncer sets them at each pull). A decision
+    /// that covers one, or lies within one, is not applied.
+    pub protected: Vec<Prefix>,
 }
+
+/// [`Filter::widest_v4`]'s default: no feed bans more than a /8.
+pub const WIDEST_V4: u8 = 8;
+/// [`Filter::widest_v6`]'s default: no feed bans more than a /32.
+pub const WIDEST_V6: u8 = 32;
+/// [`Filter::longest_ms`]'s default: 30 days.
+pub const LONGEST_MS: u64 = 30 * 24 * 3600 * 1000;
 
 impl Default for Filter {
     fn default() -> Self {
@@ -63,12 +83,25 @@ impl Default for Filter {
             origins: Vec::new(),
             scenarios: Vec::new(),
             not_scenarios: Vec::new(),
+            widest_v4: WIDEST_V4,
+            widest_v6: WIDEST_V6,
+            broad_origins: Vec::new(),
+            longest_ms: LONGEST_MS,
+            protected: loopback(),
         }
     }
 }
 
+/// Loopback, IPv4 and IPv6.
+pub fn loopback() -> Vec<Prefix> {
+    ["127.0.0.0/8", "::1/128"]
+        .iter()
+        .filter_map(|p| Prefix::parse("loopback", p).ok())
+        .collect()
+}
+
 /// Why a decision was not applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Ignored {
     /// A type not in `--crowdsec-types` (`captcha`, by default).
     Type,
@@ -80,12 +113,31 @@ pub enum Ignored {
     Filtered,
     /// Already ended.
     Ended,
+    /// A network wider than `--crowdsec-widest` from an origin not in
+    /// `--crowdsec-broad-origins`: a ban that would cut off most of the
+    /// Internet (0.0.0.0/0, ::/0), never one source's.
+    TooBroad,
+    /// A duration that is not one (`1e3s`, `NaNs`, `.s`): not applied, and
+    /// counted rather than taken for ended.
+    Duration,
+    /// Covers what must stay reachable ([`Filter::protected`]): loopback,
+    /// the host's own addresses, the Local API's.
+    Protected,
+}
+
+/// A decision the daemon applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// The decision.
+    pub decision: Decision,
+    /// Its duration was longer than `--crowdsec-longest` and was cut to it.
+    pub clipped: bool,
 }
 
 impl Filter {
     /// The decision `raw` as the daemon applies it (ending its time left
     /// after `now_ms`), or why not.
-    pub fn decide(&self, raw: &RawDecision, now_ms: u64) -> Result<Decision, Ignored> {
+    pub fn decide(&self, raw: &RawDecision, now_ms: u64) -> Result<Kept, Ignored> {
         let lower = |s: &str| s.to_ascii_lowercase();
         if !self.types.contains(&lower(&raw.kind)) {
             return Err(Ignored::Type);
@@ -107,17 +159,36 @@ impl Filter {
             _ => None,
         }
         .ok_or(Ignored::Scope)?;
-        let left_ms = go_duration_ms(&raw.duration).ok_or(Ignored::Ended)?;
+        let widest = if prefix.addr.is_ipv4() {
+            self.widest_v4
+        } else {
+            self.widest_v6
+        };
+        if prefix.len < widest && !self.broad_origins.contains(&lower(&raw.origin)) {
+            return Err(Ignored::TooBroad);
+        }
+        if self
+            .protected
+            .iter()
+            .any(|p| contains(&prefix, p) || contains(p, &prefix))
+        {
+            return Err(Ignored::Protected);
+        }
+        let left_ms = go_duration_ms(&raw.duration).ok_or(Ignored::Duration)?;
         if left_ms <= 0 {
             return Err(Ignored::Ended);
         }
-        Ok(Decision::new(
-            raw.id,
-            prefix,
-            &raw.origin,
-            now_ms,
-            left_ms as u64,
-        ))
+        let clipped = left_ms as u64 > self.longest_ms;
+        Ok(Kept {
+            decision: Decision::new(
+                raw.id,
+                prefix,
+                &raw.origin,
+                now_ms,
+                (left_ms as u64).min(self.longest_ms),
+            ),
+            clipped,
+        })
     }
 }
 
@@ -160,7 +231,13 @@ pub fn go_duration_ms(s: &str) -> Option<i64> {
         let digits = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().ok()?;
+        // Digits and one dot only: `f64`'s parser also takes `1e3`, `NaN`
+        // and `.`-less forms Go's does not.
+        let text = &rest[..digits];
+        if text.is_empty() || text == "." || text.matches('.').count() > 1 {
+            return None;
+        }
+        let number: f64 = text.parse().ok()?;
         rest = &rest[digits..];
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')
@@ -216,7 +293,7 @@ mod tests {
         ] {
             assert_eq!(go_duration_ms(s), Some(ms), "{s}");
         }
-        for bad in ["", "1", "1d", "h", "1x", "--1s"] {
+        for bad in ["", "1", "1d", "h", "1x", "--1s", "1e3s", ".s", "NaNs"] {
             assert_eq!(go_duration_ms(bad), None, "{bad}");
         }
     }
@@ -227,19 +304,102 @@ mod tests {
         let d = f
             .decide(&raw("Ip", "198.18.0.5", "ban", "2m"), 1_000)
             .unwrap();
-        assert_eq!(d.prefix.to_string(), "198.18.0.5/32");
-        assert_eq!(d.until_ms, 121_000);
+        assert_eq!(d.decision.prefix.to_string(), "198.18.0.5/32");
+        assert_eq!(d.decision.until_ms, 121_000);
+        assert!(!d.clipped);
         let d = f
             .decide(&raw("Range", "198.18.7.0/24", "ban", "1h"), 0)
             .unwrap();
-        assert_eq!(d.prefix.to_string(), "198.18.7.0/24");
+        assert_eq!(d.decision.prefix.to_string(), "198.18.7.0/24");
         // Lower-case scopes (some versions), IPv6, IPv4-mapped.
         let d = f.decide(&raw("ip", "2001:db8::5", "ban", "1h"), 0).unwrap();
-        assert_eq!(d.prefix.to_string(), "2001:db8::5/128");
+        assert_eq!(d.decision.prefix.to_string(), "2001:db8::5/128");
         let d = f
             .decide(&raw("range", "::ffff:198.18.9.0/120", "ban", "1h"), 0)
             .unwrap();
-        assert_eq!(d.prefix.to_string(), "198.18.9.0/24");
+        assert_eq!(d.decision.prefix.to_string(), "198.18.9.0/24");
+    }
+
+    /// Bans too broad to be bans (the Internet, a /7) are refused unless
+    /// their origin is trusted with them; IPv4-mapped ranges are judged as
+    /// IPv4; a duration that is not one is counted, never taken for ended;
+    /// one past the longest is held that long.
+    #[test]
+    fn guard_rails_too_broad_unreadable_and_endless() {
+        let f = Filter::default();
+        let why = |r: RawDecision| f.decide(&r, 0).unwrap_err();
+        for (scope, value) in [
+            ("Range", "0.0.0.0/0"),
+            ("Range", "::/0"),
+            ("Range", "::ffff:0.0.0.0/96"),
+            ("Range", "198.0.0.0/7"),
+            ("Range", "2001:d00::/24"),
+        ] {
+            assert_eq!(
+                why(raw(scope, value, "ban", "4h")),
+                Ignored::TooBroad,
+                "{value}"
+            );
+        }
+        for value in ["198.0.0.0/8", "2001:db8::/32", "198.18.0.0/15"] {
+            assert!(
+                f.decide(&raw("Range", value, "ban", "4h"), 0).is_ok(),
+                "{value}"
+            );
+        }
+        let trusted = Filter {
+            broad_origins: vec!["cscli".into()],
+            ..Filter::default()
+        };
+        assert!(
+            trusted
+                .decide(&raw("Range", "128.0.0.0/1", "ban", "4h"), 0)
+                .is_ok()
+        );
+        // Trusted or not, nothing bans loopback.
+        assert_eq!(
+            trusted.decide(&raw("Range", "0.0.0.0/0", "ban", "4h"), 0),
+            Err(Ignored::Protected)
+        );
+        for bad in ["1e3s", ".s", "NaNs", "infs", "1..2s", ""] {
+            assert_eq!(
+                why(raw("Ip", "198.18.0.5", "ban", bad)),
+                Ignored::Duration,
+                "{bad:?}"
+            );
+        }
+        let mut guarded = Filter::default();
+        guarded
+            .protected
+            .push(Prefix::parse("t", "198.18.0.2").unwrap());
+        for value in [
+            "127.0.0.1",
+            "::1",
+            "198.18.0.2",
+            "198.18.0.0/24",
+            "0.0.0.0/1",
+        ] {
+            let scope = if value.contains('/') { "Range" } else { "Ip" };
+            let trusted = Filter {
+                broad_origins: vec!["cscli".into()],
+                ..guarded.clone()
+            };
+            assert_eq!(
+                trusted.decide(&raw(scope, value, "ban", "4h"), 0),
+                Err(Ignored::Protected),
+                "{value}"
+            );
+        }
+        assert!(
+            guarded
+                .decide(&raw("Ip", "198.18.0.3", "ban", "4h"), 0)
+                .is_ok()
+        );
+        let d = f
+            .decide(&raw("Ip", "198.18.0.5", "ban", "99999999999999999999h"), 0)
+            .unwrap();
+        assert!(d.clipped);
+        assert_eq!(d.decision.until_ms, LONGEST_MS);
     }
 
     #[test]

@@ -79,6 +79,11 @@ impl PartialEq for Tls {
 impl Eq for Tls {}
 
 impl Lapi {
+    /// `HOST:PORT`, as it is connected to.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
     /// Reads `url` (`http://127.0.0.1:8080`, `https://lapi.internal:8080/`);
     /// a message says what is wrong with it. An `https://` one needs
     /// [`Lapi::trusting`] before it can be pulled.

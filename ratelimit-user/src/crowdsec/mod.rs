@@ -81,6 +81,19 @@ pub struct Args {
     /// comma-separated.
     #[arg(long, value_name = "WORDS", help_heading = "CrowdSec")]
     pub crowdsec_not_scenarios: Option<String>,
+    /// The widest networks a decision may ban, IPv4 and IPv6 prefix
+    /// lengths: a wider one (0.0.0.0/0, a /7) is not applied and is counted
+    /// as too_broad [default: /8,/32].
+    #[arg(long, value_name = "/V4,/V6", help_heading = "CrowdSec")]
+    pub crowdsec_widest: Option<String>,
+    /// Origins whose decisions may ban wider networks than
+    /// --crowdsec-widest, comma-separated [default: none].
+    #[arg(long, value_name = "ORIGINS", help_heading = "CrowdSec")]
+    pub crowdsec_broad_origins: Option<String>,
+    /// The longest a decision is held; a longer one is held this long and
+    /// counted as clipped [default: 30d].
+    #[arg(long, value_name = "DURATION", help_heading = "CrowdSec")]
+    pub crowdsec_longest: Option<String>,
 }
 
 /// The bouncer's options, checked.
@@ -96,6 +109,53 @@ pub struct Options {
     pub every: Duration,
     /// Which decisions are applied.
     pub filter: Filter,
+}
+
+/// What a feed may never deny, now: loopback, the addresses of this
+/// namespace's interfaces, and the Local API's (its host resolved).
+async fn protected(lapi: &Lapi) -> Vec<crate::model::prefix::Prefix> {
+    use crate::model::prefix::Prefix;
+    let mut out = decision::loopback();
+    let mut addrs = crate::host::addresses::own();
+    if let Ok(found) = tokio::net::lookup_host(lapi.authority()).await {
+        addrs.extend(found.map(|a| a.ip()));
+    }
+    for a in addrs {
+        let len = if a.is_ipv4() { 32 } else { 128 };
+        // An IPv4-mapped address as the IPv4 one, as decisions are.
+        let a = match a {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        let len = if a.is_ipv4() { 32 } else { len };
+        if let Ok(p) = Prefix::parse("address", &format!("{a}/{len}")) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// `--crowdsec-widest`'s `/V4,/V6` (the slashes optional): prefix lengths
+/// 0-32 and 0-128.
+fn widest(s: &str) -> Result<(u8, u8)> {
+    let bad = || {
+        Error::invalid(
+            "--crowdsec-widest",
+            format!(
+                "{s:?} is not two prefix lengths: IPv4's (0 to 32) and IPv6's (0 to 128), like /8,/32"
+            ),
+        )
+    };
+    let (v4, v6) = s.split_once(',').ok_or_else(bad)?;
+    let len = |t: &str, max: u8| {
+        t.trim()
+            .trim_start_matches('/')
+            .parse::<u8>()
+            .ok()
+            .filter(|l| *l <= max)
+            .ok_or_else(bad)
+    };
+    Ok((len(v4, 32)?, len(v6, 128)?))
 }
 
 /// A comma-separated option: its words, lower case, without blanks.
@@ -123,6 +183,12 @@ impl Args {
                     "--crowdsec-not-scenarios",
                     self.crowdsec_not_scenarios.is_some(),
                 ),
+                ("--crowdsec-widest", self.crowdsec_widest.is_some()),
+                (
+                    "--crowdsec-broad-origins",
+                    self.crowdsec_broad_origins.is_some(),
+                ),
+                ("--crowdsec-longest", self.crowdsec_longest.is_some()),
             ] {
                 if given {
                     return Err(Error::invalid(
@@ -168,10 +234,31 @@ impl Args {
                 every
             }
         };
+        let (widest_v4, widest_v6) = match &self.crowdsec_widest {
+            None => (decision::WIDEST_V4, decision::WIDEST_V6),
+            Some(s) => widest(s)?,
+        };
+        let longest_ms = match &self.crowdsec_longest {
+            None => decision::LONGEST_MS,
+            Some(s) => {
+                let ns = crate::model::rate::parse_duration("--crowdsec-longest", s)?;
+                if ns < 1_000_000_000 {
+                    return Err(Error::invalid(
+                        "--crowdsec-longest",
+                        format!("{s:?} is too short: at least 1s, like 30d or 12h"),
+                    ));
+                }
+                ns / 1_000_000
+            }
+        };
         let mut filter = Filter {
             origins: words(&self.crowdsec_origins),
             scenarios: words(&self.crowdsec_scenarios),
             not_scenarios: words(&self.crowdsec_not_scenarios),
+            widest_v4,
+            widest_v6,
+            broad_origins: words(&self.crowdsec_broad_origins),
+            longest_ms,
             ..Filter::default()
         };
         if self.crowdsec_types.is_some() {
@@ -266,6 +353,10 @@ pub struct Status {
     pub resyncs: u64,
     /// Decisions not applied since the daemon started, by why.
     pub ignored: IgnoredCounts,
+    /// Decisions held for `--crowdsec-longest` instead of their longer
+    /// duration, since the daemon started.
+    #[serde(default)]
+    pub clipped: u64,
     /// Seconds between two pulls.
     pub every_s: f64,
     /// The decisions held now, and per origin with its drops: filled in by
@@ -286,6 +377,15 @@ pub struct IgnoredCounts {
     pub by_scope: u64,
     /// Left out by the origin and scenario filters.
     pub filtered: u64,
+    /// Wider than `--crowdsec-widest`, from an origin not trusted with it.
+    #[serde(default)]
+    pub too_broad: u64,
+    /// With a duration that cannot be read.
+    #[serde(default)]
+    pub bad_duration: u64,
+    /// Covering loopback, an address of the host or the Local API's.
+    #[serde(default)]
+    pub protected: u64,
 }
 
 impl IgnoredCounts {
@@ -294,6 +394,9 @@ impl IgnoredCounts {
             Ignored::Type => self.by_type += 1,
             Ignored::Scope => self.by_scope += 1,
             Ignored::Filtered => self.filtered += 1,
+            Ignored::TooBroad => self.too_broad += 1,
+            Ignored::Duration => self.bad_duration += 1,
+            Ignored::Protected => self.protected += 1,
             Ignored::Ended => {}
         }
     }
@@ -329,17 +432,42 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
     let mut startup = true;
     // Whether the last pull failed, for logging each transition once.
     let mut down: Option<bool> = None;
+    // The origins whose too-broad decisions were logged.
+    let mut warned = std::collections::HashSet::new();
+    let mut filter = opts.filter.clone();
     loop {
         tick.tick().await;
         let now = now_ms();
+        // What must stay reachable, read again at each pull: the host's
+        // addresses change.
+        filter.protected = protected(&opts.lapi).await;
         let outcome = match opts.lapi.pull(&opts.key, startup).await {
             Ok(stream) => {
                 let mut keep = |raw: Vec<decision::RawDecision>| -> Vec<Decision> {
                     raw.iter()
-                        .filter_map(|r| match opts.filter.decide(r, now) {
-                            Ok(d) => Some(d),
+                        .filter_map(|r| match filter.decide(r, now) {
+                            Ok(kept) => {
+                                if kept.clipped {
+                                    st.clipped += 1;
+                                }
+                                Some(kept.decision)
+                            }
                             Err(why) => {
                                 st.ignored.count(why);
+                                if why == Ignored::TooBroad && warned.insert((why, r.origin.clone())) {
+                                    warn!(
+                                        origin = %r.origin,
+                                        value = %r.value,
+                                        "a CrowdSec decision wider than --crowdsec-widest is not applied (counted as too_broad; logged once per origin): --crowdsec-broad-origins lets an origin ban wider networks"
+                                    );
+                                }
+                                if why == Ignored::Protected && warned.insert((why, r.origin.clone())) {
+                                    warn!(
+                                        origin = %r.origin,
+                                        value = %r.value,
+                                        "a CrowdSec decision that covers loopback, an address of this host or the Local API's is not applied (counted as protected; logged once per origin)"
+                                    );
+                                }
                                 None
                             }
                         })
@@ -413,5 +541,22 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
             }
         }
         let _ = status.send(st.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_widest_bans_are_read_and_a_bad_value_named() {
+        assert_eq!(widest("/8,/32").unwrap(), (8, 32));
+        assert_eq!(widest("16, 48").unwrap(), (16, 48));
+        assert_eq!(widest("/0,/0").unwrap(), (0, 0));
+        for bad in ["/8", "/33,/32", "/8,/129", "x,/32", ""] {
+            let e = widest(bad).unwrap_err().to_string();
+            assert!(e.starts_with("--crowdsec-widest:"), "{bad:?}: {e}");
+            assert!(e.contains("like /8,/32"), "{bad:?}: {e}");
+        }
     }
 }

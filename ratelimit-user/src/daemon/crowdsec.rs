@@ -54,10 +54,7 @@ impl Daemon {
             .map(|(name, list)| {
                 let dropped = counted.get(name).copied().unwrap_or_default();
                 OriginStatus {
-                    origin: name
-                        .strip_prefix(crate::model::decisions::LIST_PREFIX)
-                        .unwrap_or(name)
-                        .to_string(),
+                    origin: self.rules.decisions.origin_of(name),
                     list: name.clone(),
                     entries: list.entries.len(),
                     dropped_packets: dropped.packets,

@@ -327,7 +327,7 @@ fn crowdsec(
     counter(
         encoder,
         "ratelimit_crowdsec_ignored",
-        "Decisions not applied, by why: type (not in --crowdsec-types), scope (not Ip or Range), filtered (origin or scenario).",
+        "Decisions not applied, by why: type (not in --crowdsec-types), scope (not Ip or Range), filtered (origin or scenario), too_broad (wider than --crowdsec-widest), bad_duration (a duration that cannot be read), protected (covers loopback, the host's addresses or the Local API's).",
         vec![
             (
                 vec![iface.clone(), ("why", "type".into())],
@@ -341,7 +341,25 @@ fn crowdsec(
                 vec![iface.clone(), ("why", "filtered".into())],
                 c.ignored.filtered,
             ),
+            (
+                vec![iface.clone(), ("why", "too_broad".into())],
+                c.ignored.too_broad,
+            ),
+            (
+                vec![iface.clone(), ("why", "bad_duration".into())],
+                c.ignored.bad_duration,
+            ),
+            (
+                vec![iface.clone(), ("why", "protected".into())],
+                c.ignored.protected,
+            ),
         ],
+    )?;
+    counter(
+        encoder,
+        "ratelimit_crowdsec_clipped",
+        "Decisions held for --crowdsec-longest instead of their longer duration.",
+        vec![(vec![iface.clone()], c.clipped)],
     )
 }
 

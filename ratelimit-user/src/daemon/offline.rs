@@ -78,7 +78,7 @@ impl Pinned {
         if !dir.join(LINK_PIN).exists() {
             return Ok(None);
         }
-        let maps = Maps::from_pins(&dir)?;
+        let mut maps = Maps::from_pins(&dir)?;
         let kernel = maps.rule_set()?;
         // The saved record knows what the maps cannot say (where a rule came
         // from, when a temporary one ends), if it matches what is enforced.
@@ -86,6 +86,9 @@ impl Pinned {
             Found::Rules(saved) if saved.effective().same_in_kernel(&kernel) => (*saved, false),
             _ => (Layers::of(kernel), true),
         };
+        // The counted lists' rules, found by their entries: `list --stats`
+        // then shows each list's counters as the daemon would.
+        maps.recover_counted(&rules.effective())?;
         Ok(Some(Self {
             shown: identity::pin_dir(&root.shown, &id),
             id,

@@ -11,10 +11,12 @@
 //! file when the daemon is given the config file).
 //!
 //! A daemon that adopts a running program and is given no rules continues with
-//! the saved base and live changes; if the saved record is damaged or does not
-//! match what the kernel enforces, it takes the rules the kernel enforces (the
-//! pinned maps are the truth) and logs why, loudly. It never falls back to the
-//! defaults in silence. The record outlives a clean stop (it lives in /run, so
+//! the saved base and live changes. If the record does not match what the
+//! kernel enforces, the record wins and is written back (it holds only
+//! acknowledged changes: the kernel is ahead of it by a change never
+//! acknowledged, or was edited by hand), with a warning; if the record is
+//! damaged, it takes the rules the kernel enforces and logs why, loudly. It
+//! never falls back to the defaults in silence. The record outlives a clean stop (it lives in /run, so
 //! not a reboot): live changes come back with the next start.
 
 use std::{path::Path, sync::Arc};
@@ -561,11 +563,16 @@ pub fn initial(
             if !ended.expire(now_ms()).is_empty() && ended.effective().same_in_kernel(&k) {
                 return Ok(ended);
             }
+            // The record wins: it holds only acknowledged changes. The
+            // kernel differs from it by a change never acknowledged (a
+            // daemon killed between writing the maps and the record) or by
+            // a hand's edit of the pinned maps (a rule deleted): either way
+            // the acknowledged rules are put back.
             warn!(
                 record = %where_.display(),
-                "the saved rules differ from what the kernel enforces (a daemon killed between a change and its record?); keeping what the kernel enforces"
+                "the saved rules differ from what the kernel enforces (a daemon killed between a change and its record, or the pinned maps edited by hand); the saved rules are put back: they hold only acknowledged changes"
             );
-            Ok(Layers::of(k))
+            Ok(ended)
         }
         (None, Found::Rules(saved), Some(_)) => Ok(*saved),
         // Nothing runs: the base is what was given (nothing: the defaults), the
@@ -784,6 +791,29 @@ mod tests {
             got.expires(&p("198.18.2.0/24")),
             Some(far),
             "the other ban lost its end: {got:?}"
+        );
+    }
+
+    #[test]
+    fn an_acknowledged_rule_deleted_from_the_kernel_by_hand_comes_back() {
+        let id = Identity {
+            netns: 1,
+            netns_inode: crate::host::identity::HOST_NETNS,
+            iface: "rltest0".into(),
+        };
+        let mut saved = Layers::of(RuleSet::default());
+        saved.set_live(
+            p("198.18.3.0/24"),
+            Some(Action::Deny { dry_run: false }),
+            None,
+        );
+        // The pinned trie lost the rule (`bpftool map delete …`).
+        let kernel = RuleSet::default();
+        let got = initial(&id, None, Found::Rules(Box::new(saved)), Some(kernel)).unwrap();
+        assert_eq!(
+            got.effective().rules.get(&p("198.18.3.0/24")),
+            Some(&Action::Deny { dry_run: false }),
+            "the acknowledged deny was dropped: {got:?}"
         );
     }
 

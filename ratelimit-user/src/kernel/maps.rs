@@ -505,48 +505,7 @@ impl Maps {
             .collect::<Result<_>>()?;
         let counted = match &self.counted {
             Some(c) => c.clone(),
-            None => {
-                // Pins adopted: a counted list's rule is known by the list
-                // whose entries point at it (so it keeps its id, slot and
-                // counters, and the drop log's records name it); one no list
-                // of `set` points at keeps a placeholder name.
-                let own = self.own_entries(self.read_trie(active)?.iter())?;
-                let at: BTreeMap<Prefix, u32> = own
-                    .iter()
-                    .filter(|(s, _)| s.is_plain())
-                    .map(|(s, i)| (s.source, *i))
-                    .collect();
-                let rules = self.counted_rules(&own)?;
-                // The rule most of a list's entries point at, among those of
-                // its action (an entry may be another list's: shadowed by an
-                // allow entry, or in two lists).
-                let mut by_index: BTreeMap<u32, &String> = BTreeMap::new();
-                for (name, l) in set.lists.iter().filter(|(_, l)| l.counted) {
-                    let action = if l.action == ListAction::Allow {
-                        common::action::ALLOW
-                    } else {
-                        common::action::DENY
-                    };
-                    let mut votes: BTreeMap<u32, usize> = BTreeMap::new();
-                    for i in l.entries.iter().filter_map(|p| at.get(p)) {
-                        if rules.get(i).is_some_and(|r| r.action == action) {
-                            *votes.entry(*i).or_default() += 1;
-                        }
-                    }
-                    if let Some((i, _)) = votes.into_iter().max_by_key(|(_, n)| *n) {
-                        by_index.entry(i).or_insert(name);
-                    }
-                }
-                rules
-                    .into_iter()
-                    .map(|(i, r)| {
-                        let name = by_index
-                            .get(&i)
-                            .map_or_else(|| format!("#{i}"), |n| (*n).clone());
-                        (name, (i, r))
-                    })
-                    .collect()
-            }
+            None => self.counted_in_kernel(set, active)?,
         };
         Ok(plan::Current {
             default: self.table_rule(config.default_rule)?,
@@ -559,6 +518,65 @@ impl Maps {
             seen_slots: self.seen.len(),
             list_capacity: self.list_capacity(),
         })
+    }
+
+    /// The counted lists' policy rules the program reads, found again in the
+    /// kernel (pins adopted, or read by the CLI with no daemon): a counted
+    /// list's rule is known by the list whose entries point at it (so it
+    /// keeps its id, slot and counters, and the drop log's records name it);
+    /// one no list of `set` points at keeps a placeholder name.
+    fn counted_in_kernel(
+        &self,
+        set: &RuleSet,
+        active: usize,
+    ) -> Result<BTreeMap<String, (u32, common::Rule)>> {
+        let own = self.own_entries(self.read_trie(active)?.iter())?;
+        let at: BTreeMap<Prefix, u32> = own
+            .iter()
+            .filter(|(s, _)| s.is_plain())
+            .map(|(s, i)| (s.source, *i))
+            .collect();
+        let rules = self.counted_rules(&own)?;
+        // The rule most of a list's entries point at, among those of
+        // its action (an entry may be another list's: shadowed by an
+        // allow entry, or in two lists).
+        let mut by_index: BTreeMap<u32, &String> = BTreeMap::new();
+        for (name, l) in set.lists.iter().filter(|(_, l)| l.counted) {
+            let action = if l.action == ListAction::Allow {
+                common::action::ALLOW
+            } else {
+                common::action::DENY
+            };
+            let mut votes: BTreeMap<u32, usize> = BTreeMap::new();
+            for i in l.entries.iter().filter_map(|p| at.get(p)) {
+                if rules.get(i).is_some_and(|r| r.action == action) {
+                    *votes.entry(*i).or_default() += 1;
+                }
+            }
+            if let Some((i, _)) = votes.into_iter().max_by_key(|(_, n)| *n) {
+                by_index.entry(i).or_insert(name);
+            }
+        }
+        Ok(rules
+            .into_iter()
+            .map(|(i, r)| {
+                let name = by_index
+                    .get(&i)
+                    .map_or_else(|| format!("#{i}"), |n| (*n).clone());
+                (name, (i, r))
+            })
+            .collect())
+    }
+
+    /// Finds the counted lists' rules of `set` in the kernel, for
+    /// [`Maps::list_counters`], when this view did not write them (the CLI
+    /// answering from the pins with no daemon).
+    pub fn recover_counted(&mut self, set: &RuleSet) -> Result<()> {
+        if self.counted.is_none() {
+            let active = (self.config()?.active_rules & 1) as usize;
+            self.counted = Some(self.counted_in_kernel(set, active)?);
+        }
+        Ok(())
     }
 
     /// Writes `set` whole, or nothing: [`plan::plan`] computes and checks

@@ -28,6 +28,14 @@ use crate::model::{
 /// not allowed in the operator's list names, so none can collide.
 pub const LIST_PREFIX: &str = "crowdsec:";
 
+/// Origins with a deny list of their own, at most: each list takes a rule,
+/// and the origins are free text from the Local API. The decisions of every
+/// origin past these share one list, [`OTHER_LIST`].
+pub const MAX_ORIGINS: usize = 64;
+
+/// The list of the origins past [`MAX_ORIGINS`].
+pub const OTHER_LIST: &str = "crowdsec:other";
+
 /// Ends are kept in whole seconds (rounded up): decisions that end within
 /// the same second end together, with one change of the rules.
 const END_GRANULE_MS: u64 = 1000;
@@ -70,6 +78,14 @@ pub struct Decisions {
     /// decision ended keeps its empty list, and its counter, while the
     /// daemon runs).
     lists: BTreeMap<String, List>,
+    /// Each origin's list name: [`list_name`], with `-2`, `-3`, … after it
+    /// when another origin has that name already (`a b` and `a_b`, or two
+    /// origins alike in their first 48 characters), so that one origin's
+    /// list never overwrites another's; [`OTHER_LIST`] for the origins past
+    /// [`MAX_ORIGINS`].
+    names: BTreeMap<Arc<str>, String>,
+    /// The names given, for finding a free one.
+    used: std::collections::BTreeSet<String>,
 }
 
 /// What a change did.
@@ -221,29 +237,89 @@ impl Decisions {
         Arc::ptr_eq(&self.by_id, &other.by_id)
     }
 
+    /// The list name of `origin`, given once and kept (see `names`); past
+    /// [`MAX_ORIGINS`] origins, [`OTHER_LIST`].
+    fn name_of(&mut self, origin: &Arc<str>) -> String {
+        if let Some(name) = self.names.get(origin) {
+            return name.clone();
+        }
+        // `used` holds OTHER_LIST (reserved below) and each own name.
+        if self.used.len() > MAX_ORIGINS {
+            self.names.insert(origin.clone(), OTHER_LIST.to_string());
+            return OTHER_LIST.to_string();
+        }
+        // The shared list's name is never an origin's own.
+        self.used.insert(OTHER_LIST.to_string());
+        let base = list_name(origin);
+        let mut name = base.clone();
+        let mut n = 2;
+        while self.used.contains(&name) {
+            name = format!("{base}-{n}");
+            n += 1;
+        }
+        self.used.insert(name.clone());
+        self.names.insert(origin.clone(), name.clone());
+        name
+    }
+
     /// Makes the lists of `origins` anew from the decisions.
     fn rebuild(&mut self, mut origins: Vec<Arc<str>>) {
         origins.sort_unstable();
         origins.dedup();
-        for origin in origins {
+        let names: std::collections::BTreeSet<String> =
+            origins.iter().map(|o| self.name_of(o)).collect();
+        for name in names {
+            let members: std::collections::HashSet<&str> = self
+                .names
+                .iter()
+                .filter(|(_, n)| **n == name)
+                .map(|(o, _)| &**o)
+                .collect();
             let mut entries: Vec<Prefix> = self
                 .by_id
                 .values()
-                .filter(|d| d.origin == origin)
+                .filter(|d| members.contains(&*d.origin))
                 .map(|d| d.prefix)
                 .collect();
             entries.sort_unstable();
             entries.dedup();
+            let source = if name == OTHER_LIST {
+                format!(
+                    "CrowdSec, {} origins past the first {MAX_ORIGINS}",
+                    members.len()
+                )
+            } else {
+                let origin = members.iter().next().copied().unwrap_or_default();
+                format!("CrowdSec, origin {origin}")
+            };
             self.lists.insert(
-                list_name(&origin),
+                name,
                 List {
                     action: ListAction::Deny,
-                    source: format!("CrowdSec, origin {origin}"),
+                    source,
                     entries: entries.into(),
                     counted: true,
                 },
             );
         }
+    }
+
+    /// The origin a list of decisions is named for, as `status` shows it
+    /// (`other (N origins)` for [`OTHER_LIST`]).
+    pub fn origin_of(&self, list: &str) -> String {
+        if list == OTHER_LIST {
+            let n = self.names.values().filter(|n| *n == OTHER_LIST).count();
+            return format!("other ({n} origins past the first {MAX_ORIGINS})");
+        }
+        self.names.iter().find(|(_, n)| *n == list).map_or_else(
+            || list.strip_prefix(LIST_PREFIX).unwrap_or(list).to_string(),
+            |(o, _)| o.to_string(),
+        )
+    }
+
+    /// Origins whose decisions share [`OTHER_LIST`].
+    pub fn merged_origins(&self) -> usize {
+        self.names.values().filter(|n| *n == OTHER_LIST).count()
     }
 }
 
@@ -355,6 +431,57 @@ mod tests {
             }
         );
         assert!(ds.is_empty());
+    }
+
+    #[test]
+    fn origins_whose_names_collide_keep_a_list_each() {
+        let long = "x".repeat(60);
+        let longer = format!("{long}y");
+        let all = Decisions::of([
+            d(1, "198.18.0.1", "a b", 1_000),
+            d(2, "198.18.0.2", "a_b", 1_000),
+            d(3, "198.18.0.3", &long, 1_000),
+            d(4, "198.18.0.4", &longer, 1_000),
+        ]);
+        let lists = all.lists();
+        assert_eq!(lists.len(), 4, "{:?}", lists.keys().collect::<Vec<_>>());
+        let held: usize = lists.values().map(|l| l.entries.len()).sum();
+        assert_eq!(held, 4, "every decision in a list of its origin's");
+        for (name, list) in lists {
+            assert_eq!(list.entries.len(), 1, "{name}");
+        }
+        assert!(lists.contains_key("crowdsec:a_b") && lists.contains_key("crowdsec:a_b-2"));
+    }
+
+    #[test]
+    fn origins_past_the_cap_share_one_list_and_every_decision_is_held() {
+        let all = Decisions::of((0..100u64).map(|i| {
+            d(
+                i,
+                &format!("198.18.{}.{}", i / 250, i % 250 + 1),
+                &format!("origin {i:03}"),
+                1_000,
+            )
+        }));
+        let lists = all.lists();
+        assert_eq!(
+            lists.len(),
+            MAX_ORIGINS + 1,
+            "{:?}",
+            lists.keys().collect::<Vec<_>>()
+        );
+        let held: usize = lists.values().map(|l| l.entries.len()).sum();
+        assert_eq!(held, 100, "every decision in a list");
+        assert_eq!(lists[OTHER_LIST].entries.len(), 100 - MAX_ORIGINS);
+        assert_eq!(all.merged_origins(), 100 - MAX_ORIGINS);
+        assert_eq!(all.origin_of("crowdsec:origin_000"), "origin 000");
+        // An origin called other keeps a list of its own.
+        let mine = Decisions::of([d(1, "198.18.0.1", "other", 1_000)]);
+        assert!(
+            mine.lists().contains_key("crowdsec:other-2"),
+            "{:?}",
+            mine.lists().keys()
+        );
     }
 
     #[test]

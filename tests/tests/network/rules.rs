@@ -303,6 +303,24 @@ fn each_list_counts_the_frames_it_judged() {
     d.stop(libc::SIGKILL);
     let more = h.pair.probe_sent(&[bad], 200, Duration::from_millis(300))[0];
     assert!(more.0 > 0 && more.1 == 0, "listed, no daemon: {more:?}");
+    // With no daemon, `list --stats` answers from the pins, the lists'
+    // counters included.
+    let out = h
+        .command(&["list", "--stats", "--json", "--iface", &h.pair.rx_if])
+        .output()
+        .expect("ratelimit list");
+    let offline: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("list --stats --json with no daemon ({e}): {out:?}"));
+    assert_eq!(offline["daemon"], false, "{offline}");
+    let counted = offline["lists"]
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["name"] == "scanners"))
+        .map(|l| l["counters"]["packets"].clone());
+    assert_eq!(
+        counted.and_then(|c| c.as_u64()),
+        Some(b.0 + more.0),
+        "the deny list's drops read from the pins with no daemon: {offline}"
+    );
     let d = h.daemon(&["--metrics", ADDR]);
     let lists = d.json(&["list", "--stats"])["lists"].clone();
     let scanners = lists
@@ -320,4 +338,34 @@ fn each_list_counts_the_frames_it_judged() {
         "the drop log names the list after the restart:\n{log}"
     );
     assert!(!log.contains("(removed rule)"), "{log}");
+}
+
+/// A hand-made deny that covers the host's own address (or loopback) is
+/// applied, as asked, and the command says what it covers; one that does
+/// not says nothing more.
+#[test]
+fn a_deny_covering_the_host_is_applied_and_said() {
+    privileged!("a_deny_covering_the_host_is_applied_and_said");
+    let (h, d) = Host::start("denyhost", &[]);
+    let out = d.cli(&["deny", "198.18.0.0/24"]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "warning: this deny covers this host's {}",
+            h.pair.rx_v4
+        )),
+        "{err}"
+    );
+    let listed = d.json(&["list"]);
+    assert!(
+        listed.to_string().contains("198.18.0.0/24"),
+        "applied: {listed}"
+    );
+    let out = d.cli(&["deny", "198.18.5.0/24"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{out:?}"
+    );
 }

@@ -763,11 +763,21 @@ fn a_rule_deleted_from_the_pins_by_hand_comes_back_with_the_adoption() {
         trie.remove(&aya::maps::lpm_trie::Key::new(bits, addr))
             .expect("deleting the rule's entry");
     }
-    let got = h.pair.probe_sent(&[banned], 100, Duration::from_millis(400))[0];
-    assert!(got.0 > 0 && got.1 == got.0, "tampered: the deny no longer drops: {got:?}");
+    let got = h
+        .pair
+        .probe_sent(&[banned], 100, Duration::from_millis(400))[0];
+    assert!(
+        got.0 > 0 && got.1 == got.0,
+        "tampered: the deny no longer drops: {got:?}"
+    );
     let d = h.daemon(&[]);
-    let got = h.pair.probe_sent(&[banned], 100, Duration::from_millis(400))[0];
-    assert!(got.0 > 0 && got.1 == 0, "adopted: the deny is back: {got:?}");
+    let got = h
+        .pair
+        .probe_sent(&[banned], 100, Duration::from_millis(400))[0];
+    assert!(
+        got.0 > 0 && got.1 == 0,
+        "adopted: the deny is back: {got:?}"
+    );
     assert!(
         d.output().contains("the saved rules are put back"),
         "the adoption says so: {}",

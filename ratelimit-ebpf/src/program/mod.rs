@@ -162,7 +162,8 @@ fn code(reason: Reason, l3: usize, family: u8, rule: u32) -> u64 {
 /// frame and a number across the calls; the deepest chain is then this
 /// frame, the limit and one of its stages (`rl_untracked`, or `rl_levels`
 /// and `rl_level`), within the 512 bytes even where each frame is rounded
-/// up to 32 (Linux 6.1; the figures are in `tests/kernels/budget.txt`).
+/// up to 32 (Linux 6.1; the figures are in `tests/kernels.txt`). A frame
+/// that passes is counted here, without the verdict's call.
 #[xdp]
 pub fn ratelimit(ctx: XdpContext) -> u32 {
     let mut code = rl_classify(ctx.ctx);

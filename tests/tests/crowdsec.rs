@@ -536,3 +536,28 @@ fn bans_of_loopback_and_the_hosts_own_address_are_refused() {
         .count();
     assert_eq!(said, 1, "logged once for the origin cscli: {out}");
 }
+
+/// Past `--crowdsec-max-decisions` the newest decisions are not applied:
+/// counted as over_cap, logged once, the oldest held and enforced.
+#[test]
+fn decisions_past_the_cap_are_counted_and_the_oldest_held() {
+    needs_crowdsec!("decisions_past_the_cap_are_counted_and_the_oldest_held");
+    let (h, lapi, d) = start("cs-cap", &["--crowdsec-max-decisions", "2"]);
+    for a in ["198.18.0.5", "198.18.0.6", "198.18.0.7"] {
+        lapi.cscli_ok(&["decisions", "add", "--ip", a, "--duration", "1h"]);
+    }
+    let status = poll_status(&d, |c| c["over_cap"].as_u64() >= Some(1));
+    assert_eq!(status["crowdsec"]["decisions"], 2, "{status}");
+    assert_dropped(
+        &h,
+        &[ip("198.18.0.5"), ip("198.18.0.6")],
+        &[ip("198.18.0.7")],
+    );
+    let out = d.output();
+    assert_eq!(
+        out.matches("more decisions than --crowdsec-max-decisions")
+            .count(),
+        1,
+        "logged once: {out}"
+    );
+}

@@ -45,6 +45,11 @@ use lapi::Lapi;
 /// The default time between two pulls.
 pub const DEFAULT_EVERY: Duration = Duration::from_secs(10);
 
+/// The default of `--crowdsec-max-decisions`: the community blocklist and a
+/// busy site's own bans fit many times over, within the list entries a
+/// daemon holds by default (a million, `--max-list-entries`).
+pub const DEFAULT_MAX_DECISIONS: usize = 500_000;
+
 /// `run`'s CrowdSec options, as typed.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct Args {
@@ -94,6 +99,10 @@ pub struct Args {
     /// counted as clipped [default: 30d].
     #[arg(long, value_name = "DURATION", help_heading = "CrowdSec")]
     pub crowdsec_longest: Option<String>,
+    /// The most decisions held; past it the newest are not applied and are
+    /// counted as over_cap [default: 500000].
+    #[arg(long, value_name = "N", help_heading = "CrowdSec")]
+    pub crowdsec_max_decisions: Option<usize>,
 }
 
 /// The bouncer's options, checked.
@@ -109,6 +118,8 @@ pub struct Options {
     pub every: Duration,
     /// Which decisions are applied.
     pub filter: Filter,
+    /// The most decisions held.
+    pub max_decisions: usize,
 }
 
 /// What a feed may never deny, now: loopback, the addresses of this
@@ -189,6 +200,10 @@ impl Args {
                     self.crowdsec_broad_origins.is_some(),
                 ),
                 ("--crowdsec-longest", self.crowdsec_longest.is_some()),
+                (
+                    "--crowdsec-max-decisions",
+                    self.crowdsec_max_decisions.is_some(),
+                ),
             ] {
                 if given {
                     return Err(Error::invalid(
@@ -270,12 +285,23 @@ impl Args {
                 ));
             }
         }
+        let max_decisions = match self.crowdsec_max_decisions {
+            None => DEFAULT_MAX_DECISIONS,
+            Some(n) if (1..=10_000_000).contains(&n) => n,
+            Some(n) => {
+                return Err(Error::invalid(
+                    "--crowdsec-max-decisions",
+                    format!("{n} is out of range: 1 to 10000000, like 500000"),
+                ));
+            }
+        };
         Ok(Some(Options {
             lapi,
             key,
             key_file,
             every,
             filter,
+            max_decisions,
         }))
     }
 }
@@ -319,6 +345,8 @@ pub struct Job {
     pub update: Update,
     /// What was applied, or why not.
     pub reply: oneshot::Sender<std::result::Result<Applied, String>>,
+    /// The most decisions held (`--crowdsec-max-decisions`).
+    pub max: usize,
 }
 
 /// Decisions to apply.
@@ -357,6 +385,10 @@ pub struct Status {
     /// duration, since the daemon started.
     #[serde(default)]
     pub clipped: u64,
+    /// Decisions not applied because `--crowdsec-max-decisions` were held
+    /// (counted at each pull that sends them).
+    #[serde(default)]
+    pub over_cap: u64,
     /// Seconds between two pulls.
     pub every_s: f64,
     /// The decisions held now, and per origin with its drops: filled in by
@@ -486,7 +518,8 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
                     Update::Delta { new, deleted }
                 };
                 let (reply, answer) = oneshot::channel();
-                if jobs.send(Job { update, reply }).await.is_err() {
+                let max = opts.max_decisions;
+                if jobs.send(Job { update, reply, max }).await.is_err() {
                     return;
                 }
                 match answer.await {
@@ -501,6 +534,15 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
             Ok(applied) => {
                 if startup {
                     st.resyncs += 1;
+                }
+                if applied.over_cap > 0 {
+                    if st.over_cap == 0 {
+                        warn!(
+                            max = opts.max_decisions,
+                            "crowdsec: more decisions than --crowdsec-max-decisions: the newest are not applied (counted as over_cap)"
+                        );
+                    }
+                    st.over_cap += applied.over_cap as u64;
                 }
                 match down {
                     Some(true) => info!(

@@ -17,10 +17,11 @@ impl Daemon {
     /// Applies the bouncer's update; answers what it did, or why not.
     pub(super) fn crowdsec_job(&mut self, job: Job) {
         let mut next = self.rules.clone();
-        let applied = match job.update {
+        let mut applied = match job.update {
             Update::Resync(all) => next.decisions.resync(all),
             Update::Delta { new, deleted } => next.decisions.apply(new, deleted),
         };
+        applied.over_cap = next.decisions.trim(job.max);
         let result = if applied == Applied::default() {
             Ok(applied)
         } else {

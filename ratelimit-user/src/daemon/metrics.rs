@@ -360,6 +360,12 @@ fn crowdsec(
         "ratelimit_crowdsec_clipped",
         "Decisions held for --crowdsec-longest instead of their longer duration.",
         vec![(vec![iface.clone()], c.clipped)],
+    )?;
+    counter(
+        encoder,
+        "ratelimit_crowdsec_over_cap",
+        "Decisions not applied because --crowdsec-max-decisions were held (counted at each pull that sends them).",
+        vec![(vec![iface.clone()], c.over_cap)],
     )
 }
 

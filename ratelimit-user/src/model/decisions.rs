@@ -95,6 +95,8 @@ pub struct Applied {
     pub added: usize,
     /// Decisions removed.
     pub removed: usize,
+    /// Decisions not held: past the cap ([`Decisions::trim`]).
+    pub over_cap: usize,
 }
 
 /// The list name of `origin`: [`LIST_PREFIX`] and the origin, with any
@@ -174,7 +176,22 @@ impl Decisions {
             .collect();
         self.by_id = Arc::new(by_id);
         self.rebuild(touched);
-        Applied { added, removed }
+        Applied {
+            added,
+            removed,
+            over_cap: 0,
+        }
+    }
+
+    /// Keeps at most `max` decisions, the oldest (lowest ids: the Local API
+    /// numbers them as it makes them); answers how many newer ones were
+    /// let go.
+    pub fn trim(&mut self, max: usize) -> usize {
+        if self.by_id.len() <= max {
+            return 0;
+        }
+        let newest: Vec<u64> = self.by_id.keys().skip(max).copied().collect();
+        self.apply([], newest).removed
     }
 
     /// Removes every decision and list.
@@ -360,7 +377,8 @@ mod tests {
             got,
             Applied {
                 added: 4,
-                removed: 0
+                removed: 0,
+                over_cap: 0,
             }
         );
         assert_eq!(
@@ -416,7 +434,8 @@ mod tests {
             got,
             Applied {
                 added: 1,
-                removed: 0
+                removed: 0,
+                over_cap: 0,
             }
         );
         assert!(!ds.same(&before));
@@ -427,7 +446,8 @@ mod tests {
             ds.resync([]),
             Applied {
                 added: 0,
-                removed: 2
+                removed: 2,
+                over_cap: 0,
             }
         );
         assert!(ds.is_empty());
@@ -482,6 +502,21 @@ mod tests {
             "{:?}",
             mine.lists().keys()
         );
+    }
+
+    #[test]
+    fn past_the_cap_the_newest_decisions_are_let_go() {
+        let mut all =
+            Decisions::of((1..=10u64).map(|i| d(i, &format!("198.18.0.{i}"), "cscli", 1_000)));
+        assert_eq!(all.trim(10), 0);
+        assert_eq!(all.trim(7), 3);
+        assert_eq!(all.len(), 7);
+        assert_eq!(
+            all.iter().map(|d| d.id).max(),
+            Some(7),
+            "the oldest are kept"
+        );
+        assert_eq!(all.lists()["crowdsec:cscli"].entries.len(), 7);
     }
 
     #[test]

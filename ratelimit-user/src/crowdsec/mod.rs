@@ -132,13 +132,12 @@ async fn protected(lapi: &Lapi) -> Vec<crate::model::prefix::Prefix> {
         addrs.extend(found.map(|a| a.ip()));
     }
     for a in addrs {
-        let len = if a.is_ipv4() { 32 } else { 128 };
         // An IPv4-mapped address as the IPv4 one, as decisions are.
         let a = match a {
             std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, std::net::IpAddr::V4),
             v4 => v4,
         };
-        let len = if a.is_ipv4() { 32 } else { len };
+        let len = if a.is_ipv4() { 32 } else { 128 };
         if let Ok(p) = Prefix::parse("address", &format!("{a}/{len}")) {
             out.push(p);
         }

@@ -103,16 +103,18 @@ pub fn link_by_id(id: u32) -> io::Result<OwnedFd> {
     unsafe { bpf(BPF_LINK_GET_FD_BY_ID, &mut attr) }.map(owned)
 }
 
+/// `union bpf_attr` for BPF_OBJ_GET_INFO_BY_FD.
+#[repr(C)]
+#[derive(Default)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
 /// An XDP link's id and interface index (0 once its interface is gone)
 /// (BPF_OBJ_GET_INFO_BY_FD).
 pub fn xdp_link_info(fd: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
     // struct bpf_link_info: type, id, prog_id, then (8-aligned) the union whose
     // xdp member starts with the ifindex.
     let mut info = [0u8; 64];
@@ -280,13 +282,6 @@ const MAP_TYPE_RINGBUF: u32 = 27;
 /// left as it is (its reader takes what it holds). For the tests, which
 /// share one loaded object and start each test from its maps emptied.
 pub fn clear_map(fd: BorrowedFd<'_>) -> io::Result<()> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
     // struct bpf_map_info: type, id, key_size, value_size, max_entries, …
     let mut info = [0u32; 20];
     let mut attr = InfoAttr {

@@ -9,6 +9,7 @@
 pub mod check;
 pub mod crowdsec;
 pub mod envoy;
+pub mod feed;
 pub mod fixture;
 pub mod fleet;
 pub mod frames;
@@ -90,15 +91,19 @@ pub fn ratelimit_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("RATELIMIT_BIN") {
         return PathBuf::from(p);
     }
+    // The release build, as operators run it (`cargo xtask test` builds it):
+    // the tests' figures (an answer within 100 ms under a flood of
+    // decisions) are the release build's.
     let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
+    let target = exe
         .parent()
         .and_then(|d| d.parent())
+        .and_then(|d| d.parent())
         .expect("test executable in target/<profile>/deps");
-    let bin = dir.join("ratelimit");
+    let bin = target.join("release").join("ratelimit");
     assert!(
         bin.exists(),
-        "{} not found: build it (`cargo build -p ratelimit-user`) or set RATELIMIT_BIN; `cargo xtask test` does both",
+        "{} not found: build it (`cargo build --release -p ratelimit-user --bin ratelimit`) or set RATELIMIT_BIN; `cargo xtask test` does both",
         bin.display()
     );
     bin
@@ -289,6 +294,40 @@ impl Daemon {
     pub fn stop(self, sig: i32) -> std::process::ExitStatus {
         self.child.signal(sig);
         self.child.wait(Duration::from_secs(10)).status
+    }
+
+    /// Asks the daemon `request` (a JSON line of the control protocol, like
+    /// `{"cmd":"status"}`) on its control socket, as the CLI does but without
+    /// starting a process: how long the answer took, and the answer.
+    pub fn ask(&self, request: &str) -> (Duration, serde_json::Value) {
+        use std::io::{BufRead as _, Write as _};
+        // RUN_DIR/NETNS/IFACE.sock
+        let sock = std::fs::read_dir(&self.run_dir)
+            .expect("reading the run directory")
+            .flatten()
+            .map(|e| e.path().join(format!("{}.sock", self.iface)))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no control socket of {} in {}",
+                    self.iface,
+                    self.run_dir.display()
+                )
+            });
+        let t0 = Instant::now();
+        let mut conn = std::os::unix::net::UnixStream::connect(&sock).expect("connecting");
+        conn.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        conn.write_all(format!("{request}\n").as_bytes())
+            .expect("asking");
+        let mut line = String::new();
+        std::io::BufReader::new(conn)
+            .read_line(&mut line)
+            .expect("reading the answer");
+        let took = t0.elapsed();
+        let answer = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the daemon answered {line:?}: {e}"));
+        (took, answer)
     }
 
     /// Runs a CLI command against this daemon (`--iface` is added).

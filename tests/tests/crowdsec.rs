@@ -16,6 +16,10 @@ use std::{
 
 use ratelimit_tests::{check::ip, crowdsec::Lapi, fixture::Host, privileged, require_tool};
 
+// A test root looks for its modules beside itself, hence the `#[path]`.
+#[path = "crowdsec/feed.rs"]
+mod feed;
+
 /// Time between two pulls in these tests (the default is 10 s).
 const EVERY: &str = "1s";
 /// How long a decision may take to land: an interval, the pull, the

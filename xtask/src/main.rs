@@ -441,8 +441,9 @@ fn test() -> Result<ExitCode> {
         "unit tests",
     )?;
 
-    // The integration tests run the real daemon binary.
-    let bin = build_bin(false)?;
+    // The integration tests run the real daemon binary, built as operators
+    // build it.
+    let bin = build_bin(true)?;
     if !is_root() {
         let out = cargo()
             .args([

@@ -259,7 +259,11 @@ impl Lapi {
             .to_bytes();
         conn.abort();
         match status {
-            StatusCode::OK => serde_json::from_slice(&body)
+            // Tens of megabytes from a big feed: read off the runtime's
+            // threads.
+            StatusCode::OK => tokio::task::spawn_blocking(move || serde_json::from_slice(&body))
+                .await
+                .map_err(|e| format!("reading the answer: {e}"))?
                 .map_err(|e| format!("the answer is not a decision stream ({e})")),
             StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => Err(format!(
                 "the bouncer key was refused ({status}): check --crowdsec-key-file against `cscli bouncers list`"

@@ -25,6 +25,7 @@
 //! What leaves: jobs, and the bouncer's view ([`Status`]) on a watch
 //! channel for `status`, `stats` and the metrics. Called by `daemon::run`.
 
+pub mod change;
 pub mod decision;
 pub mod lapi;
 
@@ -337,28 +338,18 @@ impl Args {
     }
 }
 
-/// What the bouncer asks of the daemon's loop: apply an update, and say
-/// what it did (or why it could not).
+/// What the bouncer asks of the daemon's loop: apply a part of a pull's
+/// change ([`change::Change::chunks`]), and say what it did (or why it
+/// could not).
 pub struct Job {
-    /// The decisions.
-    pub update: Update,
+    /// Decisions to add or replace.
+    pub new: Vec<Decision>,
+    /// Ids of decisions to let go.
+    pub deleted: Vec<u64>,
     /// What was applied, or why not.
     pub reply: oneshot::Sender<std::result::Result<Applied, String>>,
     /// The most decisions held (`--crowdsec-max-decisions`).
     pub max: usize,
-}
-
-/// Decisions to apply.
-pub enum Update {
-    /// The whole set (`startup=true`): what is held and not in it ends.
-    Resync(Vec<Decision>),
-    /// What changed since the last pull.
-    Delta {
-        /// New decisions.
-        new: Vec<Decision>,
-        /// Ids of deleted or ended ones.
-        deleted: Vec<u64>,
-    },
 }
 
 /// The bouncer as the daemon reports it (`status`, metrics).
@@ -420,7 +411,7 @@ pub struct IgnoredCounts {
 }
 
 impl IgnoredCounts {
-    fn count(&mut self, why: Ignored) {
+    pub(crate) fn count(&mut self, why: Ignored) {
         match why {
             Ignored::Type => self.by_type += 1,
             Ignored::Scope => self.by_scope += 1,
@@ -448,9 +439,15 @@ pub struct OriginStatus {
     pub dropped_bytes: u64,
 }
 
-/// The bouncer: pulls and hands the decisions to the loop until the loop
-/// goes away.
-pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<Status>) {
+/// The bouncer: pulls and hands the changes to the loop until the loop
+/// goes away. `held` is what the loop holds: each pull is compared with it
+/// off the loop, and only what differs is sent.
+pub async fn run(
+    opts: Options,
+    jobs: mpsc::Sender<Job>,
+    status: watch::Sender<Status>,
+    held: watch::Receiver<crate::model::decisions::Decisions>,
+) {
     let mut st = Status {
         lapi: opts.lapi.url.clone(),
         every_s: opts.every.as_secs_f64(),
@@ -463,7 +460,7 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
     let mut startup = true;
     // Whether the last pull failed, for logging each transition once.
     let mut down: Option<bool> = None;
-    // The origins whose too-broad decisions were logged.
+    // The origins whose too-broad or protected decisions were logged.
     let mut warned = std::collections::HashSet::new();
     let mut filter = opts.filter.clone();
     loop {
@@ -474,57 +471,34 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
         filter.protected = protected(&opts.lapi).await;
         let outcome = match opts.lapi.pull(&opts.key, startup).await {
             Ok(stream) => {
-                let mut keep = |raw: Vec<decision::RawDecision>| -> Vec<Decision> {
-                    raw.iter()
-                        .filter_map(|r| match filter.decide(r, now) {
-                            Ok(kept) => {
-                                if kept.clipped {
-                                    st.clipped += 1;
-                                }
-                                Some(kept.decision)
-                            }
-                            Err(why) => {
-                                st.ignored.count(why);
-                                if why == Ignored::TooBroad && warned.insert((why, r.origin.clone())) {
-                                    warn!(
-                                        origin = %r.origin,
-                                        value = %r.value,
-                                        "a CrowdSec decision wider than --crowdsec-widest is not applied (counted as too_broad; logged once per origin): --crowdsec-broad-origins lets an origin ban wider networks"
-                                    );
-                                }
-                                if why == Ignored::Protected && warned.insert((why, r.origin.clone())) {
-                                    warn!(
-                                        origin = %r.origin,
-                                        value = %r.value,
-                                        "a CrowdSec decision that covers loopback, an address of this host or the Local API's is not applied (counted as protected; logged once per origin)"
-                                    );
-                                }
-                                None
-                            }
-                        })
-                        .collect()
-                };
-                let new = keep(stream.new.unwrap_or_default());
-                let update = if startup {
-                    Update::Resync(new)
-                } else {
-                    let deleted = stream
-                        .deleted
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|d| d.id)
-                        .collect();
-                    Update::Delta { new, deleted }
-                };
-                let (reply, answer) = oneshot::channel();
-                let max = opts.max_decisions;
-                if jobs.send(Job { update, reply, max }).await.is_err() {
+                let held = held.borrow().clone();
+                let (f, max) = (filter.clone(), opts.max_decisions);
+                let planned = tokio::task::spawn_blocking(move || {
+                    let mut sorted = change::sort(&f, stream.new.unwrap_or_default(), now);
+                    let deleted = (!startup).then(|| {
+                        stream
+                            .deleted
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|d| d.id)
+                            .collect()
+                    });
+                    let kept = std::mem::take(&mut sorted.kept);
+                    (sorted, change::of(&held, kept, deleted, max))
+                })
+                .await;
+                let Ok((sorted, change)) = planned else {
                     return;
-                }
-                match answer.await {
-                    Ok(Ok(applied)) => Ok(applied),
-                    Ok(Err(e)) => Err(format!("the decisions could not be applied: {e}")),
-                    Err(_) => return,
+                };
+                account(&mut st, &mut warned, sorted);
+                let over_cap = change.over_cap;
+                match send(&jobs, change, opts.max_decisions).await {
+                    None => return,
+                    Some(Ok(mut applied)) => {
+                        applied.over_cap += over_cap;
+                        Ok(applied)
+                    }
+                    Some(Err(e)) => Err(e),
                 }
             }
             Err(e) => Err(e),
@@ -533,6 +507,14 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
             Ok(applied) => {
                 if startup {
                     st.resyncs += 1;
+                }
+                if applied.added + applied.removed > 0 && down == Some(false) {
+                    info!(
+                        added = applied.added,
+                        removed = applied.removed,
+                        held = held.borrow().len(),
+                        "crowdsec: decisions applied"
+                    );
                 }
                 if applied.over_cap > 0 {
                     if st.over_cap == 0 {
@@ -583,6 +565,73 @@ pub async fn run(opts: Options, jobs: mpsc::Sender<Job>, status: watch::Sender<S
         }
         let _ = status.send(st.clone());
     }
+}
+
+/// Counts a pull's ignored and clipped decisions; logs the first too broad
+/// or protected decision of each origin, once.
+fn account(
+    st: &mut Status,
+    warned: &mut std::collections::HashSet<(Ignored, String)>,
+    sorted: change::Sorted,
+) {
+    let i = &mut st.ignored;
+    let n = &sorted.ignored;
+    i.by_type += n.by_type;
+    i.by_scope += n.by_scope;
+    i.filtered += n.filtered;
+    i.too_broad += n.too_broad;
+    i.bad_duration += n.bad_duration;
+    i.protected += n.protected;
+    st.clipped += sorted.clipped;
+    for (why, origin, value) in sorted.firsts {
+        if !warned.insert((why, origin.clone())) {
+            continue;
+        }
+        if why == Ignored::TooBroad {
+            warn!(
+                %origin,
+                %value,
+                "a CrowdSec decision wider than --crowdsec-widest is not applied (counted as too_broad; logged once per origin): --crowdsec-broad-origins lets an origin ban wider networks"
+            );
+        } else {
+            warn!(
+                %origin,
+                %value,
+                "a CrowdSec decision that covers loopback, an address of this host or the Local API's is not applied (counted as protected; logged once per origin)"
+            );
+        }
+    }
+}
+
+/// Hands `change` to the loop a chunk at a time; what it applied, or why
+/// not (`None`: the loop is gone). A chunk refused ends the pull: what the
+/// chunks before it applied stays, and the next pull resyncs.
+async fn send(
+    jobs: &mpsc::Sender<Job>,
+    change: change::Change,
+    max: usize,
+) -> Option<std::result::Result<Applied, String>> {
+    let mut total = Applied::default();
+    for (new, deleted) in change.chunks() {
+        let (reply, answer) = oneshot::channel();
+        jobs.send(Job {
+            new,
+            deleted,
+            reply,
+            max,
+        })
+        .await
+        .ok()?;
+        match answer.await.ok()? {
+            Ok(a) => {
+                total.added += a.added;
+                total.removed += a.removed;
+                total.over_cap += a.over_cap;
+            }
+            Err(e) => return Some(Err(format!("the decisions could not be applied: {e}"))),
+        }
+    }
+    Some(Ok(total))
 }
 
 #[cfg(test)]

@@ -4,30 +4,29 @@
 //! view with each origin's decisions and drops for `status`, `stats` and the
 //! metrics.
 
-use tracing::info;
+use tracing::debug;
 
 use super::Daemon;
 use crate::{
-    crowdsec::{Job, OriginStatus, Status, Update},
+    crowdsec::{Job, OriginStatus, Status},
     error::chain,
-    model::decisions::Applied,
 };
 
 impl Daemon {
-    /// Applies the bouncer's update; answers what it did, or why not.
+    /// Applies a part of the bouncer's change; answers what it did, or why
+    /// not. Costs what it changes: the decisions held are shared with the
+    /// copy it changes.
     pub(super) fn crowdsec_job(&mut self, job: Job) {
         let mut next = self.rules.clone();
-        let mut applied = match job.update {
-            Update::Resync(all) => next.decisions.resync(all),
-            Update::Delta { new, deleted } => next.decisions.apply(new, deleted),
-        };
+        let mut applied = next.decisions.apply(job.new, job.deleted);
+        // Held past the cap only when the cap was lowered by a restart.
         applied.over_cap = next.decisions.trim(job.max);
-        let result = if applied == Applied::default() {
+        let result = if next.decisions.same(&self.rules.decisions) {
             Ok(applied)
         } else {
             match self.apply(next) {
                 Ok(()) => {
-                    info!(
+                    debug!(
                         added = applied.added,
                         removed = applied.removed,
                         held = self.rules.decisions.len(),
@@ -38,7 +37,21 @@ impl Daemon {
                 Err(e) => Err(chain(&e)),
             }
         };
+        self.publish_decisions();
         let _ = job.reply.send(result);
+    }
+
+    /// Shows the bouncer the decisions held, when they changed.
+    pub(super) fn publish_decisions(&self) {
+        if let Some(held) = &self.crowdsec_held {
+            held.send_if_modified(|d| {
+                if d.same(&self.rules.decisions) {
+                    return false;
+                }
+                *d = self.rules.decisions.clone();
+                true
+            });
+        }
     }
 
     /// The bouncer's view, with each origin's entries and drops; `None`

@@ -160,6 +160,8 @@ struct Daemon {
     beat_failing: bool,
     /// The CrowdSec bouncer's view, when run with --crowdsec.
     crowdsec: Option<watch::Receiver<crate::crowdsec::Status>>,
+    /// The decisions held, for the bouncer to compare its pulls with.
+    crowdsec_held: Option<watch::Sender<crate::model::decisions::Decisions>>,
     /// Reloads being read and waiting.
     reloads: Reloads,
     /// The list files the saved record names.
@@ -289,6 +291,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         fleet_metrics: None,
         beat_failing: false,
         crowdsec: None,
+        crowdsec_held: None,
         reloads: Reloads::default(),
         list_files: store::ListFiles::default(),
         pins_failing: false,
@@ -373,8 +376,10 @@ impl Daemon {
         if let Some(cs) = self.opts.crowdsec.clone() {
             let (status_tx, status_rx) = watch::channel(crate::crowdsec::Status::default());
             self.crowdsec = Some(status_rx);
+            let (held_tx, held_rx) = watch::channel(self.rules.decisions.clone());
+            self.crowdsec_held = Some(held_tx);
             info!(lapi = %cs.lapi.url, every = ?cs.every, "enforcing the decisions of a CrowdSec Local API");
-            tokio::spawn(crate::crowdsec::run(cs, crowdsec_tx, status_tx));
+            tokio::spawn(crate::crowdsec::run(cs, crowdsec_tx, status_tx, held_rx));
         }
         crowdsec_rx
     }
@@ -441,7 +446,10 @@ impl Daemon {
                 _ = sample.tick() => self.sample(),
                 _ = sweep.tick() => self.sweep(),
                 _ = watch.tick() => self.watch(),
-                _ = expire.tick() => self.expire(),
+                _ = expire.tick() => {
+                    self.expire();
+                    self.publish_decisions();
+                }
                 // Once nothing else waits: the trie the program does not read
                 // catches up with a list change, so the next change is cheap.
                 () = tokio::task::yield_now(), if self.enforcer.maps.unsettled() => self.settle(),

@@ -51,25 +51,54 @@ struct Saved {
     crowdsec: Option<SavedDecisions>,
 }
 
-/// CrowdSec's decisions as saved: one a line in `file` (named by their
-/// content, written when they change, not at every change of the rules),
-/// `ID CIDR END_MS ORIGIN`.
+/// CrowdSec's decisions as saved: one a line in `file`, `ID CIDR END_MS
+/// ORIGIN`, then the changes since, appended: the same line for a decision
+/// added or replaced, `-ID` for one let go. The record reads the file's
+/// first `len` bytes (all of it when `len` is absent: records before the
+/// changes were appended), so a change is saved at its own cost and an
+/// append no record names is never read. The file is written anew (under a
+/// new name) once its changes outnumber what it holds.
 #[derive(Serialize, Deserialize)]
 struct SavedDecisions {
     file: String,
-    /// Decisions in `file`, to tell a file cut short.
+    /// Decisions held once the file is read, to tell a file cut short.
     count: usize,
+    /// The bytes of `file` this record holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    len: Option<u64>,
+}
+
+/// One decision's line.
+fn decision_line(s: &mut String, d: &Decision) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "{} {} {} {}", d.id, d.prefix, d.until_ms, d.origin);
 }
 
 impl SavedDecisions {
     /// The text of `decisions`' file.
     fn text(decisions: &Decisions) -> String {
-        use std::fmt::Write as _;
         let mut s = String::with_capacity(decisions.len() * 48);
         for d in decisions.iter() {
-            let _ = writeln!(s, "{} {} {} {}", d.id, d.prefix, d.until_ms, d.origin);
+            decision_line(&mut s, d);
         }
         s
+    }
+
+    /// The lines that make `before` into `after`.
+    fn changes(before: &Decisions, after: &Decisions) -> (String, usize) {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let mut n = 0;
+        for change in after.changes_since(before) {
+            match change {
+                Ok(d) => decision_line(&mut s, d),
+                Err(id) => {
+                    let _ = writeln!(s, "-{id}");
+                }
+            }
+            n += 1;
+        }
+        (s, n)
     }
 
     /// The decisions, read from `dir`.
@@ -81,24 +110,40 @@ impl SavedDecisions {
             ));
         }
         let path = dir.join(&self.file);
-        let text = rundir::read(&path)
+        let mut text = rundir::read(&path)
             .map_err(|e| format!("its CrowdSec decisions cannot be read ({e})"))?
             .ok_or_else(|| format!("its CrowdSec decisions file {} is missing", path.display()))?;
-        let mut all = Vec::new();
+        if let Some(len) = self.len {
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            if text.len() < len || !text.is_char_boundary(len) {
+                return Err(format!(
+                    "its CrowdSec decisions file {} holds {} bytes, not {len} (cut short?)",
+                    path.display(),
+                    text.len()
+                ));
+            }
+            text.truncate(len);
+        }
+        let mut all = std::collections::BTreeMap::new();
         for (i, line) in text.lines().enumerate() {
             let bad = || format!("{}:{}: not a saved decision", path.display(), i + 1);
+            if let Some(id) = line.strip_prefix('-') {
+                all.remove(&id.parse::<u64>().map_err(|_| bad())?);
+                continue;
+            }
             let mut words = line.splitn(4, ' ');
             let (Some(id), Some(cidr), Some(until), Some(origin)) =
                 (words.next(), words.next(), words.next(), words.next())
             else {
                 return Err(bad());
             };
-            all.push(Decision {
+            let d = Decision {
                 id: id.parse().map_err(|_| bad())?,
                 prefix: crate::model::prefix::Prefix::parse("decision", cidr).map_err(|_| bad())?,
                 until_ms: until.parse().map_err(|_| bad())?,
                 origin: Arc::from(origin),
-            });
+            };
+            all.insert(d.id, d);
         }
         if all.len() != self.count {
             return Err(format!(
@@ -107,7 +152,7 @@ impl SavedDecisions {
                 self.count
             ));
         }
-        Ok(Decisions::of(all))
+        Ok(Decisions::of(all.into_values()))
     }
 }
 
@@ -190,12 +235,25 @@ fn is_list_file_name(name: &str) -> bool {
 
 /// The list files already written, by the entries they hold (the same `Arc`
 /// while a list is unchanged): a save writes only the lists it has not; and
-/// the decisions file last written, with the decisions it holds.
+/// the decisions file last written ([`DecisionsFile`]).
 #[derive(Default)]
 pub struct ListFiles(
     Vec<(Arc<[crate::model::rules::Prefix]>, String)>,
-    Option<(Decisions, String)>,
+    Option<DecisionsFile>,
 );
+
+/// Changes a decisions file takes beyond twice the decisions it holds
+/// before it is written anew.
+const JOURNAL_SLACK: usize = if cfg!(test) { 100 } else { 10_000 };
+
+/// The decisions file last written: the decisions its first `len` bytes
+/// hold, and how many lines those are.
+pub struct DecisionsFile {
+    decisions: Decisions,
+    name: String,
+    len: u64,
+    lines: usize,
+}
 
 impl ListFiles {
     /// The file of `l` (entries one per line, named by a hash of them),
@@ -214,8 +272,10 @@ impl ListFiles {
         Ok(name)
     }
 
-    /// The file of `decisions` (named by a hash of its text), written into
-    /// `dir` if it is not there yet; `None` when there are none.
+    /// The file of `decisions` and the length of it that holds them: the
+    /// last file with what changed since appended, or, the first time and
+    /// once the changes outnumber the decisions, a new file; `None` when
+    /// there are none.
     fn decisions_file(
         &mut self,
         id: &Identity,
@@ -225,27 +285,45 @@ impl ListFiles {
         if decisions.is_empty() {
             return Ok(None);
         }
-        let name = match &self.1 {
-            Some((d, name)) if d.same(decisions) => name.clone(),
+        let file = match self.1.take() {
+            Some(f) if f.decisions.same(decisions) => f,
+            Some(f) if f.lines < 2 * decisions.len() + JOURNAL_SLACK => {
+                let (text, n) = SavedDecisions::changes(&f.decisions, decisions);
+                let len = rundir::append_at(&dir.join(&f.name), f.len, text.as_bytes())?;
+                DecisionsFile {
+                    decisions: decisions.clone(),
+                    name: f.name,
+                    len,
+                    lines: f.lines + n,
+                }
+            }
             _ => {
                 let text = SavedDecisions::text(decisions);
+                // Never the name of a file a record may still name.
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
                 let name = format!(
                     "{}.crowdsec-{:016x}.decisions",
                     id.iface,
-                    fnv1a(text.as_bytes())
+                    fnv1a(text.as_bytes()) ^ nanos
                 );
-                let path = dir.join(&name);
-                if !path.exists() {
-                    rundir::write_atomic(&path, text.as_bytes())?;
+                rundir::write_atomic(&dir.join(&name), text.as_bytes())?;
+                DecisionsFile {
+                    decisions: decisions.clone(),
+                    name,
+                    len: text.len() as u64,
+                    lines: decisions.len(),
                 }
-                self.1 = Some((decisions.clone(), name.clone()));
-                name
             }
         };
-        Ok(Some(SavedDecisions {
-            file: name,
+        let saved = SavedDecisions {
+            file: file.name.clone(),
             count: decisions.len(),
-        }))
+            len: Some(file.len),
+        };
+        self.1 = Some(file);
+        Ok(Some(saved))
     }
 }
 
@@ -643,6 +721,7 @@ mod tests {
                 SavedDecisions {
                     file,
                     count: rules.decisions.len(),
+                    len: None,
                 }
             });
             let saved = record(
@@ -852,6 +931,76 @@ mod tests {
         rules.live.lists.insert("firehol".into(), None);
         let back = dir.parse(&dir.record(&rules)).unwrap();
         assert!(!back.effective().lists.contains_key("firehol"));
+    }
+
+    #[test]
+    fn decisions_are_saved_by_appending_what_changed_and_read_back_to_the_length_named() {
+        let dir = Dir::new("journal");
+        let id = Identity {
+            netns: 1,
+            netns_inode: 1,
+            iface: "rlj0".into(),
+        };
+        let mut files = ListFiles::default();
+        let d = |id: u64, last: u8| {
+            Decision::new(
+                id,
+                p(&format!("198.18.0.{last}")).source,
+                "feed",
+                0,
+                3_600_000,
+            )
+        };
+        let mut held = Decisions::of((1..=50).map(|i| d(i, i as u8)));
+        let first = files.decisions_file(&id, &dir.0, &held).unwrap().unwrap();
+        assert_eq!(first.read(&dir.0).unwrap(), held);
+        let mut saved = Vec::new();
+        for round in 0..5u64 {
+            // One replaced, one let go, one new.
+            held.apply([d(100 + round, 200), d(1 + round, 201)], [40 + round]);
+            let s = files.decisions_file(&id, &dir.0, &held).unwrap().unwrap();
+            assert_eq!(s.file, first.file, "appended to the same file");
+            assert_eq!(s.read(&dir.0).unwrap(), held, "round {round}");
+            saved.push((s, held.clone()));
+        }
+        // An earlier record still reads what it held: appends come after it.
+        let (early, then) = &saved[1];
+        assert_eq!(&early.read(&dir.0).unwrap(), then);
+        // An append no record names (the daemon stopped before the record)
+        // is cut off by the next and never read.
+        let path = dir.0.join(&first.file);
+        let named = std::fs::metadata(&path).unwrap().len();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"-3\n999 198.18.0.9/32 1 x").unwrap();
+        assert_eq!(saved[4].0.read(&dir.0).unwrap(), held);
+        held.apply([d(300, 9)], []);
+        let s = files.decisions_file(&id, &dir.0, &held).unwrap().unwrap();
+        assert_eq!(
+            s.len,
+            Some(named + "300 198.18.0.9/32 3600000 feed\n".len() as u64)
+        );
+        assert_eq!(s.read(&dir.0).unwrap(), held);
+        // Once the changes outnumber what is held, a new file.
+        let small = Decisions::of([d(1, 1)]);
+        let mut files = ListFiles::default();
+        let a = files.decisions_file(&id, &dir.0, &small).unwrap().unwrap();
+        let mut churn = small.clone();
+        let mut last = a.file.clone();
+        for i in 0..(JOURNAL_SLACK as u64) {
+            churn.apply([d(2 + i, 2)], [1 + i]);
+            last = files
+                .decisions_file(&id, &dir.0, &churn)
+                .unwrap()
+                .unwrap()
+                .file;
+        }
+        assert_ne!(
+            last, a.file,
+            "written anew once the changes outnumber the decisions"
+        );
     }
 
     #[test]

@@ -235,6 +235,26 @@ pub fn read(path: &Path) -> Result<Option<String>> {
     Ok(Some(text))
 }
 
+/// Writes `bytes` into the file `path` at `at`, cutting off whatever was
+/// past `at` (the tail of an append no record named), and flushes it; the
+/// file's new length. The bytes before `at` are not touched, so a record
+/// that names a length up to `at` reads what it read before.
+pub fn append_at(path: &Path, at: u64, bytes: &[u8]) -> Result<u64> {
+    use std::io::{Seek as _, Write as _};
+    let mut f = open_nofollow(path, libc::O_WRONLY, 0).map_err(|e| refused_link(path, e))?;
+    check_file(path, &f)?;
+    let what = format!("writing {}", path.display());
+    let io = |source| Error::Io {
+        what: what.clone(),
+        source,
+    };
+    f.set_len(at).map_err(io)?;
+    f.seek(std::io::SeekFrom::Start(at)).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_data().map_err(io)?;
+    Ok(at + bytes.len() as u64)
+}
+
 /// Writes `bytes` to `path` whole or not at all: a new temporary file beside it
 /// (created exclusively, never through a link), fsync, rename over `path`, fsync
 /// of the directory. A crash leaves the old file or the new one, never a part.

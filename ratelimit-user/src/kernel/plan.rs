@@ -34,15 +34,23 @@ pub type TrieEntries = HashMap<TrieKey, u32>;
 /// The trie entries of a set's lists (each pointing at its list's policy
 /// rule), once the allow lists took what they cover from the deny lists and
 /// each CIDR is counted once; computed when the lists change, not when a
-/// rule does.
+/// rule does, and, when only deny lists' entries changed, from the last
+/// plan at the cost of what changed ([`ListPlan::update`]).
 #[derive(Debug)]
 pub struct ListPlan {
     /// The lists it was made of: name, action, entries (the same `Arc` while
     /// a list is unchanged), the policy rule its entries point at.
     from: Vec<(String, ListAction, Arc<[Prefix]>, u32)>,
-    /// Key → policy rule index.
-    pub entries: TrieEntries,
+    /// What the allow lists cover.
+    allowed: Arc<Allowed>,
+    /// Key → policy rule index. Persistent: a plan made from the last one
+    /// shares all it did not change, and two plans are compared at the cost
+    /// of what differs ([`trie_writes`]).
+    pub entries: ListEntryMap,
 }
+
+/// A plan's list entries: key → policy rule index.
+pub type ListEntryMap = imbl::OrdMap<TrieKey, u32>;
 
 /// The table index of each counted list's own policy rule, by list name.
 pub type CountedIndexes = BTreeMap<String, u32>;
@@ -96,8 +104,7 @@ impl ListPlan {
     /// *allow rule's* /16 is dropped).
     pub fn build(set: &RuleSet, policies: (u32, u32), counted: &CountedIndexes) -> Self {
         let allowed = Allowed::of(set.lists.values());
-        let total: usize = set.lists.values().map(|l| l.entries.len()).sum();
-        let mut entries = TrieEntries::with_capacity(total);
+        let mut entries = ListEntryMap::new();
         let from = Self::of(set, policies, counted);
         for action in [ListAction::Allow, ListAction::Deny] {
             for (name, _, _, index) in from.iter().filter(|l| l.1 == action) {
@@ -109,8 +116,99 @@ impl ListPlan {
                 }
             }
         }
-        Self { from, entries }
+        Self {
+            from,
+            allowed: Arc::new(allowed),
+            entries,
+        }
     }
+
+    /// [`ListPlan::build`] from this plan, at the cost of what changed, when
+    /// only deny lists' entries did (the same lists, actions and policy
+    /// rules, the allow lists as they were); `None` otherwise.
+    pub fn update(
+        &self,
+        set: &RuleSet,
+        policies: (u32, u32),
+        counted: &CountedIndexes,
+    ) -> Option<Self> {
+        let from = Self::of(set, policies, counted);
+        let alike = self.from.len() == from.len()
+            && self.from.iter().zip(&from).all(|(a, b)| {
+                a.0 == b.0
+                    && a.1 == b.1
+                    && a.3 == b.3
+                    && (a.1 == ListAction::Deny || Arc::ptr_eq(&a.2, &b.2))
+            });
+        if !alike {
+            return None;
+        }
+        // Prefixes a deny list gained or lost.
+        let mut touched = std::collections::BTreeSet::new();
+        for (old, new) in self.from.iter().zip(&from) {
+            if !Arc::ptr_eq(&old.2, &new.2) {
+                sorted_difference(&old.2, &new.2, |p| {
+                    touched.insert(*p);
+                });
+            }
+        }
+        let mut entries = self.entries.clone();
+        let allow_owner = |p: &Prefix| {
+            from.iter()
+                .filter(|l| l.1 == ListAction::Allow)
+                .find(|l| l.2.binary_search(p).is_ok())
+                .map(|l| l.3)
+        };
+        for p in touched {
+            // Who holds `p` now: the first allow list, else (unless allowed)
+            // the first deny list, in name order.
+            let owner = allow_owner(&p).or_else(|| {
+                if self.allowed.covers(&p) {
+                    return None;
+                }
+                from.iter()
+                    .filter(|l| l.1 == ListAction::Deny)
+                    .find(|l| l.2.binary_search(&p).is_ok())
+                    .map(|l| l.3)
+            });
+            match owner {
+                Some(index) => {
+                    entries.insert(p.lpm(), index);
+                }
+                None => {
+                    entries.remove(&p.lpm());
+                }
+            }
+        }
+        Some(Self {
+            from,
+            allowed: self.allowed.clone(),
+            entries,
+        })
+    }
+}
+
+/// Calls `each` with every prefix in one of the sorted `a` and `b` and not
+/// in the other.
+fn sorted_difference(a: &[Prefix], b: &[Prefix], mut each: impl FnMut(&Prefix)) {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => {
+                each(&a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                each(&b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    a[i..].iter().chain(&b[j..]).for_each(each);
 }
 
 impl matching::ListEntries for ListPlan {
@@ -138,7 +236,7 @@ pub struct TrieState {
 impl TrieState {
     /// Every entry.
     pub fn entries(&self) -> TrieEntries {
-        let mut all = self.lists.entries.clone();
+        let mut all: TrieEntries = self.lists.entries.iter().map(|(k, v)| (*k, *v)).collect();
         all.extend(self.rules.iter().map(|(k, v)| (*k, *v)));
         all
     }
@@ -287,7 +385,11 @@ pub fn plan(
     let policy_indexes = now.policy_indexes();
     let lists = match lists {
         Some(l) if l.made_of(set, policy_indexes, &indexes) => l,
-        _ => Arc::new(ListPlan::build(set, policy_indexes, &indexes)),
+        Some(l) => Arc::new(
+            l.update(set, policy_indexes, &indexes)
+                .unwrap_or_else(|| ListPlan::build(set, policy_indexes, &indexes)),
+        ),
+        None => Arc::new(ListPlan::build(set, policy_indexes, &indexes)),
     };
     let group_base = idle as u32 * GROUPS_CAPACITY;
     let compiled = matching::compile(
@@ -696,21 +798,38 @@ pub fn trie_writes(
 ) -> Vec<(TrieKey, Option<u32>)> {
     let mut writes: Vec<(TrieKey, Option<u32>)> = Vec::new();
     match before {
-        Before::Written(old) if Arc::ptr_eq(&old.lists, lists) => {
-            let keys: HashSet<TrieKey> = old.rules.keys().chain(rules.keys()).copied().collect();
+        // The same lists, or lists made from the ones written: only the keys
+        // of the rules and of the list entries that differ are looked at.
+        Before::Written(old) => {
+            let lists_differ: Vec<TrieKey> = if Arc::ptr_eq(&old.lists, lists) {
+                Vec::new()
+            } else {
+                old.lists
+                    .entries
+                    .diff(&lists.entries)
+                    .map(|item| match item {
+                        imbl::ordmap::DiffItem::Add(k, _)
+                        | imbl::ordmap::DiffItem::Remove(k, _)
+                        | imbl::ordmap::DiffItem::Update { new: (k, _), .. } => *k,
+                    })
+                    .collect()
+            };
+            let keys: HashSet<TrieKey> = old
+                .rules
+                .keys()
+                .chain(rules.keys())
+                .chain(&lists_differ)
+                .copied()
+                .collect();
             for key in keys {
-                let now = old.rules.get(&key).or_else(|| lists.entries.get(&key));
+                let now = old.rules.get(&key).or_else(|| old.lists.entries.get(&key));
                 let want = rules.get(&key).or_else(|| lists.entries.get(&key));
                 if now != want {
                     writes.push((key, want.copied()));
                 }
             }
         }
-        other => {
-            let now = match other {
-                Before::Written(old) => old.entries(),
-                Before::Read(entries) => entries,
-            };
+        Before::Read(now) => {
             let wanted = TrieState {
                 lists: lists.clone(),
                 rules: rules.clone(),

@@ -17,7 +17,12 @@
 //! operator wants to see apart (the community's bans, their own scenarios',
 //! `cscli`'s) and gives each its drop counter.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use imbl::{OrdMap, OrdSet, ordmap::DiffItem};
 
 use crate::model::{
     lists::{List, ListAction},
@@ -69,11 +74,21 @@ impl Decision {
 }
 
 /// The decisions the daemon enforces, and their lists.
+///
+/// Every change costs what it changes, not what is held: the maps are
+/// persistent (a copy shares everything with its original until one of
+/// them changes, and a change copies only the path to what it changes), each
+/// list keeps how many decisions ban each of its entries, and the next end
+/// is found in an index of ends. A list is made anew (its entries copied
+/// once) only when an entry comes or goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decisions {
-    /// By id. Shared between clones until one changes (the saved record
-    /// writes its file again only when this changes).
-    by_id: Arc<BTreeMap<u64, Decision>>,
+    /// By id.
+    by_id: OrdMap<u64, Decision>,
+    /// `(end, id)` of each decision.
+    ends: OrdSet<(u64, u64)>,
+    /// Each list's entries, with how many decisions ban each.
+    held: BTreeMap<String, OrdMap<Prefix, u32>>,
     /// One deny list per origin seen, by list name (an origin whose last
     /// decision ended keeps its empty list, and its counter, while the
     /// daemon runs).
@@ -83,9 +98,11 @@ pub struct Decisions {
     /// origins alike in their first 48 characters), so that one origin's
     /// list never overwrites another's; [`OTHER_LIST`] for the origins past
     /// [`MAX_ORIGINS`].
-    names: BTreeMap<Arc<str>, String>,
-    /// The names given, for finding a free one.
-    used: std::collections::BTreeSet<String>,
+    names: OrdMap<Arc<str>, String>,
+    /// The origin of each list of its own, by list name.
+    origins: BTreeMap<String, Arc<str>>,
+    /// Origins whose decisions share [`OTHER_LIST`].
+    merged: usize,
 }
 
 /// What a change did.
@@ -126,71 +143,62 @@ impl Decisions {
         d
     }
 
-    /// Adds `added` (a decision of a known id replaces it) and removes the
-    /// decisions of the ids `deleted` (ids not held are ignored: the stream
-    /// says a deletion more than once).
+    /// Adds `added` (a decision of a known id replaces it; one equal to the
+    /// decision held is no change) and removes the decisions of the ids
+    /// `deleted` (ids not held are ignored: the stream says a deletion more
+    /// than once).
     pub fn apply(
         &mut self,
         added: impl IntoIterator<Item = Decision>,
         deleted: impl IntoIterator<Item = u64>,
     ) -> Applied {
         let mut out = Applied::default();
-        let mut touched: Vec<Arc<str>> = Vec::new();
-        let mut by_id = (*self.by_id).clone();
+        let mut touched = BTreeSet::new();
         for id in deleted {
-            if let Some(d) = by_id.remove(&id) {
+            if self.remove(id, &mut touched) {
                 out.removed += 1;
-                touched.push(d.origin);
             }
         }
         for d in added {
-            touched.push(d.origin.clone());
-            if let Some(old) = by_id.insert(d.id, d) {
-                touched.push(old.origin);
+            if self.by_id.get(&d.id) == Some(&d) {
+                continue;
             }
+            // The new one held before the old one is let go: a replaced
+            // decision of the same prefix leaves its list as it is.
+            self.hold(&d, &mut touched);
+            let end = (d.until_ms, d.id);
+            if let Some(old) = self.by_id.insert(d.id, d) {
+                self.ends.remove(&(old.until_ms, old.id));
+                self.unhold(&old, &mut touched);
+            }
+            self.ends.insert(end);
             out.added += 1;
         }
-        if out != Applied::default() {
-            self.by_id = Arc::new(by_id);
-            self.rebuild(touched);
-        }
+        self.remake(touched);
         out
     }
 
     /// Makes `all` the decisions (a resync: the Local API's whole set).
     pub fn resync(&mut self, all: impl IntoIterator<Item = Decision>) -> Applied {
-        let by_id: BTreeMap<u64, Decision> = all.into_iter().map(|d| (d.id, d)).collect();
-        if by_id == *self.by_id {
-            return Applied::default();
-        }
-        let removed = self.by_id.keys().filter(|k| !by_id.contains_key(k)).count();
-        let added = by_id
-            .iter()
-            .filter(|(k, d)| self.by_id.get(k) != Some(d))
-            .count();
-        let touched: Vec<Arc<str>> = self
+        let all: BTreeMap<u64, Decision> = all.into_iter().map(|d| (d.id, d)).collect();
+        let gone: Vec<u64> = self
             .by_id
-            .values()
-            .chain(by_id.values())
-            .map(|d| d.origin.clone())
+            .keys()
+            .filter(|id| !all.contains_key(id))
+            .copied()
             .collect();
-        self.by_id = Arc::new(by_id);
-        self.rebuild(touched);
-        Applied {
-            added,
-            removed,
-            over_cap: 0,
-        }
+        self.apply(all.into_values(), gone)
     }
 
     /// Keeps at most `max` decisions, the oldest (lowest ids: the Local API
     /// numbers them as it makes them); answers how many newer ones were
     /// let go.
     pub fn trim(&mut self, max: usize) -> usize {
-        if self.by_id.len() <= max {
+        let excess = self.by_id.len().saturating_sub(max);
+        if excess == 0 {
             return 0;
         }
-        let newest: Vec<u64> = self.by_id.keys().skip(max).copied().collect();
+        let newest: Vec<u64> = self.by_id.keys().rev().take(excess).copied().collect();
         self.apply([], newest).removed
     }
 
@@ -204,28 +212,30 @@ impl Decisions {
     /// Removes what ends by `now_ms`; how many.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let due: Vec<u64> = self
-            .by_id
-            .values()
-            .filter(|d| d.until_ms <= now_ms)
-            .map(|d| d.id)
+            .ends
+            .range(..=(now_ms, u64::MAX))
+            .map(|(_, id)| *id)
             .collect();
         self.apply([], due).removed
     }
 
     /// When the next decision ends, Unix ms.
     pub fn next_end(&self) -> Option<u64> {
-        self.by_id.values().map(|d| d.until_ms).min()
+        self.ends.get_min().map(|(at, _)| *at)
     }
 
     /// Moves the ends due by `now_ms` to `by_ms` later (ending them failed).
     pub fn postpone_due(&mut self, now_ms: u64, by_ms: u64) {
-        if self.next_end().is_none_or(|at| at > now_ms) {
-            return;
-        }
-        let by_id = Arc::make_mut(&mut self.by_id);
-        for d in by_id.values_mut().filter(|d| d.until_ms <= now_ms) {
-            d.until_ms = now_ms + by_ms;
-        }
+        let due: Vec<Decision> = self
+            .ends
+            .range(..=(now_ms, u64::MAX))
+            .filter_map(|(_, id)| self.by_id.get(id))
+            .map(|d| Decision {
+                until_ms: now_ms + by_ms,
+                ..d.clone()
+            })
+            .collect();
+        self.apply(due, []);
     }
 
     /// The deny list of each origin, by list name.
@@ -234,8 +244,26 @@ impl Decisions {
     }
 
     /// Every decision, by id.
-    pub fn iter(&self) -> impl Iterator<Item = &Decision> {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Decision> {
         self.by_id.values()
+    }
+
+    /// The decision of `id`.
+    pub fn get(&self, id: u64) -> Option<&Decision> {
+        self.by_id.get(&id)
+    }
+
+    /// What differs from `before` to these: decisions added or replaced
+    /// (`Ok`), ids removed (`Err`), in id order. Costs what differs: the
+    /// parts the two share are not visited.
+    pub fn changes_since<'a>(
+        &'a self,
+        before: &'a Self,
+    ) -> impl Iterator<Item = std::result::Result<&'a Decision, u64>> + 'a {
+        before.by_id.diff(&self.by_id).map(|item| match item {
+            DiffItem::Add(_, d) | DiffItem::Update { new: (_, d), .. } => Ok(d),
+            DiffItem::Remove(id, _) => Err(*id),
+        })
     }
 
     /// Decisions held.
@@ -251,7 +279,44 @@ impl Decisions {
     /// Whether `other` holds the very same decisions (not equal ones: the
     /// same shared map, unchanged since one was cloned from the other).
     pub fn same(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.by_id, &other.by_id)
+        self.by_id.ptr_eq(&other.by_id)
+    }
+
+    /// Counts `d` in its list; notes the list when its entries changed.
+    fn hold(&mut self, d: &Decision, touched: &mut BTreeSet<String>) {
+        let name = self.name_of(&d.origin);
+        let count = self.held.entry(name.clone()).or_default();
+        let n = count.entry(d.prefix).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            touched.insert(name);
+        }
+    }
+
+    /// Counts `d` out of its list; notes the list when its entries changed.
+    fn unhold(&mut self, d: &Decision, touched: &mut BTreeSet<String>) {
+        let Some(name) = self.names.get(&d.origin) else {
+            return;
+        };
+        if let Some(count) = self.held.get_mut(name)
+            && let Some(n) = count.get_mut(&d.prefix)
+        {
+            *n -= 1;
+            if *n == 0 {
+                count.remove(&d.prefix);
+                touched.insert(name.clone());
+            }
+        }
+    }
+
+    /// Lets go of the decision of `id`; whether it was held.
+    fn remove(&mut self, id: u64, touched: &mut BTreeSet<String>) -> bool {
+        let Some(d) = self.by_id.remove(&id) else {
+            return false;
+        };
+        self.ends.remove(&(d.until_ms, d.id));
+        self.unhold(&d, touched);
+        true
     }
 
     /// The list name of `origin`, given once and kept (see `names`); past
@@ -260,54 +325,38 @@ impl Decisions {
         if let Some(name) = self.names.get(origin) {
             return name.clone();
         }
-        // `used` holds OTHER_LIST (reserved below) and each own name.
-        if self.used.len() > MAX_ORIGINS {
+        if self.origins.len() >= MAX_ORIGINS {
+            self.merged += 1;
             self.names.insert(origin.clone(), OTHER_LIST.to_string());
             return OTHER_LIST.to_string();
         }
-        // The shared list's name is never an origin's own.
-        self.used.insert(OTHER_LIST.to_string());
         let base = list_name(origin);
         let mut name = base.clone();
         let mut n = 2;
-        while self.used.contains(&name) {
+        // The shared list's name is never an origin's own.
+        while name == OTHER_LIST || self.origins.contains_key(&name) {
             name = format!("{base}-{n}");
             n += 1;
         }
-        self.used.insert(name.clone());
+        self.origins.insert(name.clone(), origin.clone());
         self.names.insert(origin.clone(), name.clone());
         name
     }
 
-    /// Makes the lists of `origins` anew from the decisions.
-    fn rebuild(&mut self, mut origins: Vec<Arc<str>>) {
-        origins.sort_unstable();
-        origins.dedup();
-        let names: std::collections::BTreeSet<String> =
-            origins.iter().map(|o| self.name_of(o)).collect();
-        for name in names {
-            let members: std::collections::HashSet<&str> = self
-                .names
-                .iter()
-                .filter(|(_, n)| **n == name)
-                .map(|(o, _)| &**o)
-                .collect();
-            let mut entries: Vec<Prefix> = self
-                .by_id
-                .values()
-                .filter(|d| members.contains(&*d.origin))
-                .map(|d| d.prefix)
-                .collect();
-            entries.sort_unstable();
-            entries.dedup();
-            let source = if name == OTHER_LIST {
-                format!(
+    /// Makes the lists `touched` anew from their entries.
+    fn remake(&mut self, touched: BTreeSet<String>) {
+        for name in touched {
+            let entries: Vec<Prefix> = self
+                .held
+                .get(&name)
+                .map(|count| count.keys().copied().collect())
+                .unwrap_or_default();
+            let source = match self.origins.get(&name) {
+                Some(origin) => format!("CrowdSec, origin {origin}"),
+                None => format!(
                     "CrowdSec, {} origins past the first {MAX_ORIGINS}",
-                    members.len()
-                )
-            } else {
-                let origin = members.iter().next().copied().unwrap_or_default();
-                format!("CrowdSec, origin {origin}")
+                    self.merged
+                ),
             };
             self.lists.insert(
                 name,
@@ -325,18 +374,20 @@ impl Decisions {
     /// (`other (N origins)` for [`OTHER_LIST`]).
     pub fn origin_of(&self, list: &str) -> String {
         if list == OTHER_LIST {
-            let n = self.names.values().filter(|n| *n == OTHER_LIST).count();
-            return format!("other ({n} origins past the first {MAX_ORIGINS})");
+            return format!(
+                "other ({} origins past the first {MAX_ORIGINS})",
+                self.merged
+            );
         }
-        self.names.iter().find(|(_, n)| *n == list).map_or_else(
+        self.origins.get(list).map_or_else(
             || list.strip_prefix(LIST_PREFIX).unwrap_or(list).to_string(),
-            |(o, _)| o.to_string(),
+            ToString::to_string,
         )
     }
 
     /// Origins whose decisions share [`OTHER_LIST`].
     pub fn merged_origins(&self) -> usize {
-        self.names.values().filter(|n| *n == OTHER_LIST).count()
+        self.merged
     }
 }
 
@@ -517,6 +568,35 @@ mod tests {
             "the oldest are kept"
         );
         assert_eq!(all.lists()["crowdsec:cscli"].entries.len(), 7);
+    }
+
+    #[test]
+    fn a_replaced_decision_of_the_same_ban_keeps_its_list_and_its_end_is_the_new_one() {
+        let mut ds = Decisions::of([
+            d(1, "198.18.0.1", "cscli", 1_000),
+            d(2, "198.18.0.2", "cscli", 5_000),
+        ]);
+        let list = ds.lists()["crowdsec:cscli"].entries.clone();
+        let before = ds.clone();
+        assert_eq!(
+            ds.apply([d(1, "198.18.0.1", "cscli", 1_000)], []),
+            Applied::default()
+        );
+        assert!(ds.same(&before), "an equal decision is no change");
+        assert_eq!(ds.apply([d(1, "198.18.0.1", "cscli", 9_000)], []).added, 1);
+        assert!(
+            Arc::ptr_eq(&list, &ds.lists()["crowdsec:cscli"].entries),
+            "the same entries: the list is not made anew"
+        );
+        assert_eq!(ds.next_end(), Some(5_000));
+        assert_eq!(ds.expire(5_000), 1);
+        assert_eq!(
+            ds.next_end(),
+            Some(9_000),
+            "the replaced decision ends at its new time"
+        );
+        let changes: Vec<_> = ds.changes_since(&before).collect();
+        assert_eq!(changes.len(), 2, "one replaced, one gone: {changes:?}");
     }
 
     #[test]

@@ -259,6 +259,7 @@ impl List {
 /// The prefixes of the allow lists, to find what they cover: an entry of a
 /// deny list equal to or inside an allow list entry is left out (allow wins:
 /// a source the operator allowed is never dropped by a bulk list).
+#[derive(Debug)]
 pub struct Allowed {
     /// By family (IPv4?) and prefix length.
     by_len: std::collections::BTreeMap<(bool, u8), std::collections::HashSet<IpAddr>>,

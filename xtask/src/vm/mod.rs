@@ -242,7 +242,7 @@ pub struct Tier {
 impl Tier {
     /// Builds both.
     pub fn build() -> Result<Self> {
-        let daemon = crate::build_bin(false)?;
+        let daemon = crate::build_bin(true)?;
         eprintln!("xtask vm: building the kernel tier");
         let binary = crate::build_artifact(
             crate::cargo().args([

@@ -545,3 +545,62 @@ fn a_counted_list_takes_a_rules_room() {
         "{err:?}"
     );
 }
+
+/// A list plan made from the last one when deny lists change is the plan
+/// made whole: the first deny list in name order holds a prefix two hold,
+/// an allow list's prefix stays allowed, a prefix no list holds goes.
+#[test]
+fn a_list_plan_updated_from_the_last_is_the_plan_made_whole() {
+    let mut set = set_of(&[]);
+    set.lists.insert(
+        "a-allow".into(),
+        list(ListAction::Allow, &["198.18.5.0/24", "198.18.9.9/32"]),
+    );
+    set.lists.insert(
+        "b-deny".into(),
+        list(
+            ListAction::Deny,
+            &["198.18.1.1/32", "198.18.1.2/32", "198.18.5.5/32"],
+        ),
+    );
+    set.lists.insert(
+        "c-deny".into(),
+        list(ListAction::Deny, &["198.18.1.2/32", "198.18.1.3/32"]),
+    );
+    let counted: CountedIndexes = [("b-deny".to_string(), 3), ("c-deny".to_string(), 4)].into();
+    let policies = (16, 17);
+    let mut plan = ListPlan::build(&set, policies, &counted);
+    let steps: [(&str, &[&str]); 4] = [
+        // b lets go of the shared .2: c holds it now.
+        ("b-deny", &["198.18.1.1/32", "198.18.5.5/32"]),
+        // c gains an allowed address and one b has; b's stays b's.
+        (
+            "c-deny",
+            &[
+                "198.18.1.1/32",
+                "198.18.1.2/32",
+                "198.18.1.4/32",
+                "198.18.9.9/32",
+            ],
+        ),
+        // b gains .2 back: it is first in name order.
+        ("b-deny", &["198.18.1.1/32", "198.18.1.2/32"]),
+        // Everything goes (lists are sorted: the plan relies on it).
+        ("c-deny", &[]),
+    ];
+    for (name, cidrs) in steps {
+        set.lists.insert(name.into(), list(ListAction::Deny, cidrs));
+        let updated = plan
+            .update(&set, policies, &counted)
+            .expect("only deny lists changed");
+        let whole = ListPlan::build(&set, policies, &counted);
+        assert_eq!(updated.entries, whole.entries, "after {name} = {cidrs:?}");
+        plan = updated;
+    }
+    // A changed allow list is not an update.
+    set.lists.insert(
+        "a-allow".into(),
+        list(ListAction::Allow, &["198.18.1.1/32"]),
+    );
+    assert!(plan.update(&set, policies, &counted).is_none());
+}

@@ -746,23 +746,7 @@ fn a_rule_deleted_from_the_pins_by_hand_comes_back_with_the_adoption() {
     );
     assert!(d.stop(libc::SIGTERM).success(), "a clean stop");
     // The hand: the rule's entry deleted from the trie the program reads.
-    {
-        let maps = ratelimit_user::kernel::Maps::from_pins(&pins).expect("the pinned maps");
-        let active = maps.config().expect("config").active_rules & 1;
-        let name = if active == 0 {
-            ratelimit_common::MAP_RULES
-        } else {
-            ratelimit_common::MAP_RULES_B
-        };
-        let data = aya::maps::MapData::from_pin(pins.join(name)).expect("the pinned trie");
-        let mut trie: aya::maps::LpmTrie<_, ratelimit_common::RuleAddr, u32> =
-            aya::maps::LpmTrie::try_from(aya::maps::Map::LpmTrie(data)).expect("an LPM trie");
-        let (bits, addr) = ratelimit_user::model::prefix::Prefix::parse("t", "198.18.0.5")
-            .expect("prefix")
-            .lpm();
-        trie.remove(&aya::maps::lpm_trie::Key::new(bits, addr))
-            .expect("deleting the rule's entry");
-    }
+    delete_from_active_trie(&pins, "198.18.0.5");
     let got = h
         .pair
         .probe_sent(&[banned], 100, Duration::from_millis(400))[0];
@@ -786,5 +770,100 @@ fn a_rule_deleted_from_the_pins_by_hand_comes_back_with_the_adoption() {
     assert!(
         d.json(&["list"]).to_string().contains("198.18.0.5/32"),
         "the acknowledged deny is listed"
+    );
+}
+
+/// What `bpftool map delete pinned …/RL_RULES key …` does: `cidr`'s entry
+/// deleted from the trie the program reads.
+fn delete_from_active_trie(pins: &std::path::Path, cidr: &str) {
+    let maps = ratelimit_user::kernel::Maps::from_pins(pins).expect("the pinned maps");
+    let active = maps.config().expect("config").active_rules & 1;
+    let name = if active == 0 {
+        ratelimit_common::MAP_RULES
+    } else {
+        ratelimit_common::MAP_RULES_B
+    };
+    let data = aya::maps::MapData::from_pin(pins.join(name)).expect("the pinned trie");
+    let mut trie: aya::maps::LpmTrie<_, ratelimit_common::RuleAddr, u32> =
+        aya::maps::LpmTrie::try_from(aya::maps::Map::LpmTrie(data)).expect("an LPM trie");
+    let (bits, addr) = ratelimit_user::model::prefix::Prefix::parse("t", cidr)
+        .expect("prefix")
+        .lpm();
+    trie.remove(&aya::maps::lpm_trie::Key::new(bits, addr))
+        .expect("deleting the entry");
+}
+
+/// A rule and a list entry deleted from the pinned trie by hand while the
+/// daemon runs are put back within the check's period (5 s), counted in
+/// `status` and the metrics, and logged.
+#[test]
+fn a_rule_deleted_from_the_pins_by_hand_is_put_back_while_the_daemon_runs() {
+    privileged!("a_rule_deleted_from_the_pins_by_hand_is_put_back_while_the_daemon_runs");
+    let metrics = "127.0.0.1:9571";
+    let (h, d) = Host::start("drift", &["--metrics", metrics]);
+    let (rule, listed) = (ip("198.18.0.5"), ip("198.18.0.9"));
+    d.cli_ok(&["deny", "198.18.0.5", "-q"]);
+    let dir = ratelimit_tests::TempDir::new("drift-list");
+    let list = dir.0.join("bad.txt");
+    std::fs::write(&list, "198.18.0.9\n198.18.0.10\n").expect("writing the list");
+    d.cli_ok(&[
+        "deny",
+        "--from",
+        list.to_str().unwrap(),
+        "--name",
+        "bad",
+        "-q",
+    ]);
+    // Settled: both tries hold the list.
+    std::thread::sleep(Duration::from_millis(500));
+    let pins = PathBuf::from(
+        d.json(&["status"])["pins"]
+            .as_str()
+            .expect("status names the pins"),
+    );
+    delete_from_active_trie(&pins, "198.18.0.5");
+    delete_from_active_trie(&pins, "198.18.0.9");
+    let t0 = Instant::now();
+    let got = h
+        .pair
+        .probe_sent(&[rule, listed], 100, Duration::from_millis(300));
+    assert!(
+        got.iter()
+            .any(|(sent, arrived)| *sent > 0 && arrived == sent),
+        "tampered: something passes at once: {got:?}"
+    );
+    // Back within the check's period.
+    loop {
+        let status = d.json(&["status"]);
+        if status["drift_repaired"].as_u64() >= Some(2) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "not put back within 8 s: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let got = h
+        .pair
+        .probe_sent(&[rule, listed], 100, Duration::from_millis(400));
+    for (src, (sent, arrived)) in [rule, listed].iter().zip(&got) {
+        assert!(
+            *sent > 0 && *arrived == 0,
+            "{src} is dropped again: {got:?}"
+        );
+    }
+    let scraped = h.pair.rx.scrape(metrics);
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l.starts_with("ratelimit_drift_repaired_total{") && l.ends_with(" 2")),
+        "{scraped}"
+    );
+    assert!(
+        d.output()
+            .contains("the pinned maps differed from what this daemon wrote"),
+        "{}",
+        d.output()
     );
 }

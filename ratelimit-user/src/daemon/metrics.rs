@@ -103,6 +103,8 @@ pub struct Snapshot {
     pub crowdsec: Option<crate::crowdsec::Status>,
     /// The drop log's counts (records written, drops skipped, records lost).
     pub drop_log: crate::kernel::DropLogCounts,
+    /// Map entries found different from what the daemon wrote, put back.
+    pub drift_repaired: u64,
 }
 
 impl Collector for Snapshot {
@@ -221,6 +223,12 @@ impl Collector for Snapshot {
                     self.drop_log.lost,
                 ),
             ],
+        )?;
+        counter(
+            &mut encoder,
+            "ratelimit_drift_repaired",
+            "Entries of the pinned maps found different from what the daemon wrote (edited by hand) and put back as the record holds them.",
+            vec![(vec![iface.clone()], self.drift_repaired)],
         )?;
         gauge(
             &mut encoder,

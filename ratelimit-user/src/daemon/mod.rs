@@ -122,6 +122,12 @@ const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How often temporary rules are checked: each ends at most this late.
 const EXPIRE_EVERY: Duration = Duration::from_millis(200);
+/// How often the maps are checked against what the daemon wrote
+/// ([`crate::kernel::Maps::check`]).
+const DRIFT_EVERY: Duration = Duration::from_secs(5);
+/// List entries looked up in each trie at each check: a million in about
+/// 40 minutes, a few milliseconds a check.
+const DRIFT_WINDOW: usize = 2_000;
 /// How stale the tracked-sources gauge may be.
 const TRACKED_MAX_AGE: Duration = Duration::from_secs(10);
 
@@ -162,6 +168,9 @@ struct Daemon {
     crowdsec: Option<watch::Receiver<crate::crowdsec::Status>>,
     /// The decisions held, for the bouncer to compare its pulls with.
     crowdsec_held: Option<watch::Sender<crate::model::decisions::Decisions>>,
+    /// Entries of the maps found different from what the daemon wrote, and
+    /// put back, since it started.
+    drift_repaired: u64,
     /// Reloads being read and waiting.
     reloads: Reloads,
     /// The list files the saved record names.
@@ -292,6 +301,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         beat_failing: false,
         crowdsec: None,
         crowdsec_held: None,
+        drift_repaired: 0,
         reloads: Reloads::default(),
         list_files: store::ListFiles::default(),
         pins_failing: false,
@@ -431,6 +441,7 @@ impl Daemon {
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         let mut watch = tokio::time::interval(WATCH_EVERY);
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
+        let mut drift = tokio::time::interval(DRIFT_EVERY);
         let (read_tx, mut read_rx) = mpsc::channel::<ReadDone>(4);
         sweep.tick().await;
         tokio::pin!(shutdown);
@@ -446,6 +457,7 @@ impl Daemon {
                 _ = sample.tick() => self.sample(),
                 _ = sweep.tick() => self.sweep(),
                 _ = watch.tick() => self.watch(),
+                _ = drift.tick() => self.check_drift(),
                 _ = expire.tick() => {
                     self.expire();
                     self.publish_decisions();

@@ -275,6 +275,8 @@ pub(super) struct DaemonFacts {
     /// What the maps held and had created when it started, and what its
     /// sweeps removed since: for the estimate of evictions.
     pub baseline: Baseline,
+    /// Map entries found different from what it wrote, put back.
+    pub drift_repaired: u64,
 }
 
 /// What runs and how (see [`Teller`]): from the maps, the rules, and what the
@@ -372,6 +374,7 @@ pub(super) fn status_of(
                 fleet: facts.fleet,
                 crowdsec: None,
                 drop_log: drop_log_of(maps)?,
+                drift_repaired: facts.drift_repaired,
             };
             (interface, Some(running), None)
         }

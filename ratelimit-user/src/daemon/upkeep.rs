@@ -18,6 +18,28 @@ use crate::{
 impl Daemon {
     /// Brings the rule trie the program does not read up to date with a
     /// list change.
+    /// Checks the maps against what this daemon wrote and puts back what
+    /// differs (the record wins: it holds only acknowledged changes);
+    /// counted and logged.
+    pub(super) fn check_drift(&mut self) {
+        match self.enforcer.maps.check(super::DRIFT_WINDOW) {
+            Ok(d) if d.any() => {
+                let n = d.entries as u64 + u64::from(d.config);
+                self.drift_repaired += n;
+                warn!(
+                    entries = d.entries,
+                    config = d.config,
+                    repaired = self.drift_repaired,
+                    "the pinned maps differed from what this daemon wrote (edited by hand, or by a cleanup script): put back as the record holds them"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %chain(&e), "checking the pinned maps against the record failed; tried again at the next check")
+            }
+        }
+    }
+
     pub(super) fn settle(&mut self) {
         if let Err(e) = self.enforcer.maps.settle() {
             warn!(error = %chain(&e), "bringing the idle rule trie up to date failed; the next change does it");
@@ -136,6 +158,7 @@ impl Daemon {
             fleet_sync: self.fleet_metrics.as_ref().map(|m| m.sync.clone()),
             crowdsec: self.crowdsec_status(),
             drop_log: self.enforcer.maps.drop_log_counts().unwrap_or_default(),
+            drift_repaired: self.drift_repaired,
         }
     }
 

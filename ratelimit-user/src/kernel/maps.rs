@@ -83,6 +83,27 @@ pub struct Maps {
     /// Each rule's name by its slot, with its id, for the drop log: built
     /// when first asked after a change ([`Maps::rule_names`]).
     names: Option<Arc<BTreeMap<u32, (u32, String)>>>,
+    /// The config this daemon last wrote (`None`: none yet).
+    written_config: Option<common::Config>,
+    /// Where [`Maps::check`] goes on in each trie's list entries.
+    check_cursor: [Option<TrieKey>; 2],
+}
+
+/// What [`Maps::check`] found different from what this daemon wrote, and
+/// put back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// The config.
+    pub config: bool,
+    /// Trie entries (rules' and lists').
+    pub entries: usize,
+}
+
+impl Drift {
+    /// Whether anything differed.
+    pub fn any(&self) -> bool {
+        self.config || self.entries > 0
+    }
 }
 
 /// The drop log's counts, all CPUs together (see [`common::DropLogBudget`]).
@@ -205,6 +226,8 @@ impl Maps {
             lists: None,
             counted: None,
             names: None,
+            written_config: None,
+            check_cursor: [None, None],
         })
     }
 
@@ -625,7 +648,74 @@ impl Maps {
         // The switch: one value, read once per frame.
         self.config
             .set(0, plan.config, 0)
-            .map_err(map_err("writing", MAP_CONFIG))
+            .map_err(map_err("writing", MAP_CONFIG))?;
+        self.written_config = Some(plan.config);
+        Ok(())
+    }
+
+    /// Checks that the kernel holds what this daemon last wrote, and puts
+    /// back what differs (the daemon is the maps' one writer: a difference
+    /// is a hand's edit of the pinned maps, or a cleanup script's): the
+    /// config, every rule's entry in both tries, and `window` list entries
+    /// of each trie in turn (all of them over enough checks), a lookup
+    /// each. What it knows nothing of yet (after an adoption, before the
+    /// first change) is not checked.
+    pub fn check(&mut self, window: usize) -> Result<Drift> {
+        let mut drift = Drift::default();
+        if let Some(want) = self.written_config
+            && self.config()? != want
+        {
+            self.config
+                .set(0, want, 0)
+                .map_err(map_err("writing", MAP_CONFIG))?;
+            drift.config = true;
+        }
+        for which in 0..2 {
+            let Some(state) = &self.held[which] else {
+                continue;
+            };
+            let name = if which == 0 { MAP_RULES } else { MAP_RULES_B };
+            let trie = &self.tries[which];
+            let wrong = |k: &TrieKey, v: u32| -> Result<bool> {
+                match trie.get(&Key::new(k.0, k.1), 0) {
+                    Ok(got) => Ok(got != v),
+                    Err(aya::maps::MapError::KeyNotFound) => Ok(true),
+                    Err(e) => Err(map_err("reading", name)(e)),
+                }
+            };
+            let mut fix: Vec<(TrieKey, u32)> = Vec::new();
+            for (k, v) in &state.rules {
+                if wrong(k, *v)? {
+                    fix.push((*k, *v));
+                }
+            }
+            use std::ops::Bound;
+            let from = match self.check_cursor[which] {
+                Some(c) => Bound::Excluded(c),
+                None => Bound::Unbounded,
+            };
+            let mut last = None;
+            for (k, v) in state
+                .lists
+                .entries
+                .range((from, Bound::Unbounded))
+                .take(window)
+            {
+                last = Some(*k);
+                if !state.rules.contains_key(k) && wrong(k, *v)? {
+                    fix.push((*k, *v));
+                }
+            }
+            // From the start again once the end is reached.
+            self.check_cursor[which] = last.filter(|_| window > 0);
+            let trie = &mut self.tries[which];
+            for (k, v) in &fix {
+                trie.insert(&Key::new(k.0, k.1), v, 0)
+                    .map_err(map_err("writing", name))?;
+            }
+            drift.entries += fix.len();
+        }
+        Ok(drift)
     }
 
     /// Whether the trie the program does not read holds other lists than the

@@ -31,6 +31,7 @@ impl Daemon {
             fleet: self.fleet.as_ref().map(|s| s.borrow().clone()),
             interface: self.interface,
             baseline: self.baseline,
+            drift_repaired: self.drift_repaired,
         };
         let mut status = read::status_of(
             &e.maps,

@@ -116,4 +116,8 @@ pub struct Running {
     /// The drop log (`ratelimit log`): its budget and counts.
     #[serde(default)]
     pub drop_log: super::DropLogStatus,
+    /// Entries of the pinned maps found different from what it wrote (a
+    /// hand's edit) and put back, since it started.
+    #[serde(default)]
+    pub drift_repaired: u64,
 }

@@ -259,6 +259,7 @@ mod tests {
                 skipped: 990,
                 lost: 0,
             },
+            drift_repaired: 3,
         };
         let status = |daemon: Option<Running>, offline: Option<Offline>| Status {
             iface: "eth0".into(),

@@ -6,12 +6,15 @@
 //! A task of its own ([`run`]) pulls `GET /v1/decisions/stream` every
 //! `--crowdsec-every` (10 s by default) with the bouncer key (`X-Api-Key`):
 //! the whole set (`startup=true`) first and after any failure, then what
-//! changed since the last pull. Each decision is kept or ignored by
-//! [`decision::Filter`] (type, scope, origin, scenario) and sent to the
-//! daemon's loop, the one writer of the maps, as a [`Job`]; the loop lays it
-//! into [`crate::model::decisions::Decisions`] (one deny list per origin,
-//! `crowdsec:ORIGIN`, each entry ending by itself) and applies the rules
-//! whole, saved for a restart, as it does every change.
+//! changed since the last pull. Off the daemon's loop, each decision is
+//! kept or ignored by [`decision::Filter`] (type, scope, origin, scenario,
+//! width, what must stay reachable, duration) and the pull is compared with
+//! what the loop holds ([`change`]); only what differs goes to the loop, the
+//! one writer of the maps, as [`Job`]s of at most [`change::CHUNK`]
+//! decisions. The loop lays each into
+//! [`crate::model::decisions::Decisions`] (one deny list per origin,
+//! `crowdsec:ORIGIN`, each entry ending by itself) and applies it, saved for
+//! a restart, as it does every change, at the cost of what it changes.
 //!
 //! - A deleted decision is removed by its id; a resync makes the held set
 //!   exactly the Local API's. Neither touches a rule or list of the

@@ -55,6 +55,10 @@ pub struct Ask {
     /// The id to record a grant under (see [`Store::grant_key`]) when
     /// anything is granted; `None` for no grant.
     pub grant: Option<String>,
+    /// Who may refill the grant: a word without blanks, given again by
+    /// [`Store::refill_grant`] (a refill by anyone else is
+    /// [`RefillOutcome::Foreign`]).
+    pub owner: String,
 }
 
 /// What one [`Ask`] was answered.
@@ -97,6 +101,8 @@ pub enum RefillOutcome {
     Unknown,
     /// The key's limit changed since the grant: nothing given back.
     LimitChanged,
+    /// A grant of another owner: nothing given back.
+    Foreign,
 }
 
 /// What a keyed refund (the open mode's refill) did.
@@ -110,6 +116,12 @@ pub struct Refunded {
     /// The key was written under another limit than the one named: nothing
     /// was given back.
     pub other_limit: bool,
+}
+
+/// An owner as the grant's record holds it: one word (`-` for none).
+fn owner_word(owner: &str) -> String {
+    let w: String = owner.chars().filter(|c| c.is_ascii_graphic()).collect();
+    if w.is_empty() { "-".into() } else { w }
 }
 
 impl Store {
@@ -162,7 +174,8 @@ impl Store {
                 .arg(y)
                 .arg(z)
                 .arg(a.amount.clamp(1, EXACT_MAX))
-                .arg(id);
+                .arg(id)
+                .arg(owner_word(&a.owner));
         }
         let r = self.serve_call(&mut call).await?;
         if r.len() != asks.len() * 4 + 1 {
@@ -181,27 +194,38 @@ impl Store {
             .collect())
     }
 
-    /// Refills the grant `id` of `key` (the full Redis key): `unused` is what
-    /// the grant did not use in all (see the module's rules).
-    pub async fn refill_grant(&self, key: &str, id: &str, unused: u64) -> Result<Refilled, Error> {
+    /// Refills the grant `id` of `key` (the full Redis key) as `owner` (the
+    /// grant's, or it is [`RefillOutcome::Foreign`]): `unused` is what the
+    /// grant did not use in all (see the module's rules).
+    pub async fn refill_grant(
+        &self,
+        key: &str,
+        id: &str,
+        owner: &str,
+        unused: u64,
+    ) -> Result<Refilled, Error> {
         let deadline = self.deadline().await?;
         let mut call = SCRIPT.prepare_invoke();
         call.key(key)
             .key(Self::grant_key(key, id))
             .arg("refill")
             .arg(deadline)
-            .arg(unused.min(EXACT_MAX));
+            .arg(unused.min(EXACT_MAX))
+            .arg(owner_word(owner));
         let r = self.serve_call(&mut call).await?;
         let outcome = match r.first() {
             Some(1) => RefillOutcome::Done,
             Some(2) => RefillOutcome::LimitChanged,
+            Some(3) => RefillOutcome::Foreign,
             _ => RefillOutcome::Unknown,
         };
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
         Ok(Refilled {
             outcome,
             refunded: at(1).max(0) as u64,
-            remaining: (at(2) >= 0 && outcome != RefillOutcome::Unknown).then(|| at(2) as u64),
+            remaining: (at(2) >= 0
+                && !matches!(outcome, RefillOutcome::Unknown | RefillOutcome::Foreign))
+            .then(|| at(2) as u64),
             taken: at(3).max(0) as u64,
             unused: at(4).max(0) as u64,
         })

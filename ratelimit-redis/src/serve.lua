@@ -18,6 +18,9 @@
 --   r         gcra: the key's refunded debt (field R) when the grant was made
 --   e         the key's epoch (field e) when the grant was made: a key that
 --             was deleted (full) and made again ends every older grant
+--   o         who may refill it (the service's word for the caller's tenant;
+--             `-` for none): a refill by another is refused (a record
+--             without it, from before owners, is anyone's)
 -- It expires when its units would be back by themselves (gcra) or its window
 -- ends: past that a refund could only give units that were never taken.
 --
@@ -31,12 +34,13 @@
 --
 -- "acquire": KEYS = limit key, grant key (per item); ARGV[3..] per item:
 --   mode ("partial" | "take"), algorithm, x, y, z, amount, grant id ("" for
---   no grant). Returns per item {allowed, granted, remaining, retry_us}, then
---   now_us.
+--   no grant), owner. Returns per item {allowed, granted, remaining,
+--   retry_us}, then now_us.
 -- "refill": KEYS = limit key, grant key; ARGV[3] = units of the grant unused
---   in all. Returns {code, refunded, remaining, taken, unused, now_us}; code 1
---   done, 0 no such grant (expired or never made), 2 the key's limit changed
---   since the grant (nothing refunded).
+--   in all, ARGV[4] = the owner asking. Returns {code, refunded, remaining,
+--   taken, unused, now_us}; code 1 done, 0 no such grant (expired or never
+--   made), 2 the key's limit changed since the grant (nothing refunded), 3
+--   the grant is another owner's (nothing refunded).
 -- "refund": KEYS = key; ARGV[3..7] = algorithm ("stored": the key's own), x,
 --   y, z, amount. Returns {code, refunded, remaining, now_us}; code 1 done, 2
 --   the key was written under another limit (nothing refunded); remaining -1
@@ -74,9 +78,9 @@ end
 if op == 'acquire' then
   local out = {}
   local now = 0
-  local n = (#ARGV - 2) / 7
+  local n = (#ARGV - 2) / 8
   for i = 0, n - 1 do
-    local a = 3 + i * 7
+    local a = 3 + i * 8
     local mode, algo = ARGV[a], ARGV[a + 1]
     local x, y, z = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
     local amount, id = tonumber(ARGV[a + 5]), ARGV[a + 6]
@@ -106,7 +110,7 @@ if op == 'acquire' then
         ttl = math.floor(((tonumber(t) + 1) * y - now) / 1000) + 1
       end
       local rec = table.concat({algo, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], t, d,
-        tostring(r[2]), '0', f[3] or '0', epoch}, ' ')
+        tostring(r[2]), '0', f[3] or '0', epoch, ARGV[a + 7]}, ' ')
       redis.call('SET', gkey, rec, 'PX', ttl)
     end
     out[#out + 1] = r[1]
@@ -130,6 +134,7 @@ if op == 'refill' then
   local raw = redis.call('GET', gkey)
   if not raw then return {0, 0, -1, 0, 0, now} end
   local g = split(raw)
+  if g[11] and g[11] ~= ARGV[4] then return {3, 0, -1, 0, 0, now} end
   local algo, x, y, z = g[1], tonumber(g[2]), tonumber(g[3]), tonumber(g[4])
   local gt, gd, taken, said = tonumber(g[5]), tonumber(g[6]), tonumber(g[7]), tonumber(g[8])
   local gr, ge = tonumber(g[9]), g[10]

@@ -111,6 +111,25 @@ rate = "100/s"
         "50 requests while Redis was known down made Redis calls"
     );
     assert_eq!(rejected(&s), rejected_before + 50.0);
+    // (Issue 37, observation 4) /healthz asked Redis (0.58 s to its 503).
+    // Now it answers from the open breaker, without a Redis call.
+    let timed = || {
+        s.metric("ratelimit_serve_redis_seconds_count")
+            .unwrap_or(0.0)
+    };
+    let before = timed();
+    assert!(before > 0.0, "the Redis calls' histogram counts them");
+    for _ in 0..5 {
+        let (status, text) =
+            ratelimit_tests::serve::http(s.port, "GET", "/healthz", "").expect("GET /healthz");
+        assert_eq!(status, 503, "{text}");
+        assert!(text.contains("known down"), "{text}");
+    }
+    assert_eq!(
+        timed(),
+        before,
+        "/healthz asked Redis while its breaker was open"
+    );
     // The breaker probes Redis meanwhile.
     let start = Instant::now();
     while s

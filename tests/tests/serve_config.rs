@@ -331,3 +331,79 @@ fn tls_serves_clients_that_trust_its_ca() {
     );
     assert_eq!(redis.cmd("EXISTS ratelimit:{k}").trim(), ":1");
 }
+
+/// (Issue 37, observation 1) A second tenant of the same domain refilled
+/// another tenant's real grant. Now the grant's record holds its tenant: a
+/// refill by another answers 403 and gives nothing back, counted as
+/// `foreign`, and the owner's own refill still does.
+#[test]
+fn a_tenant_cannot_refill_another_tenants_grant() {
+    let redis = RedisServer::start();
+    let text = format!(
+        r#"
+[[tenant]]
+name = "shop"
+tokens = ["{shop}"]
+
+[[tenant]]
+name = "shop-eu"
+tokens = ["{ops}"]
+
+[[domain]]
+name = "checkout"
+tenants = ["shop", "shop-eu"]
+
+[[domain.limit]]
+name = "per-user"
+descriptor = [{{ key = "user" }}]
+rate = "10/hour"
+burst = 10
+"#,
+        shop = digest(SHOP),
+        ops = digest(OPS)
+    );
+    let s = Service::start_with(
+        &redis.url(),
+        &Setup {
+            config: Some(&text),
+            ..Setup::default()
+        },
+    );
+    let ask = json!({"limit": "per-user", "key": "7", "amount": 10});
+    let (status, r) = post_as(s.port, Some(SHOP), "/v1/acquire", ask.clone());
+    assert_eq!((status, got(&r, "granted")), (200, 10), "{r}");
+    let grant = r["grant"].clone();
+    assert!(grant.is_string(), "{r}");
+    let (status, r) = post_as(
+        s.port,
+        Some(OPS),
+        "/v1/refill",
+        json!({"grant": grant, "amount": 10}),
+    );
+    assert_eq!((status, r["field"].as_str()), (403, Some("grant")), "{r}");
+    let (status, r) = post_as(s.port, Some(OPS), "/v1/acquire", ask);
+    assert_eq!(
+        (status, got(&r, "granted")),
+        (200, 0),
+        "nothing came back: {r}"
+    );
+    let (status, r) = post_as(
+        s.port,
+        Some(SHOP),
+        "/v1/refill",
+        json!({"grant": grant, "amount": 10}),
+    );
+    assert_eq!(
+        (status, got(&r, "refunded")),
+        (200, 10),
+        "the owner's own: {r}"
+    );
+    let (_, metrics) =
+        ratelimit_tests::serve::http(s.port, "GET", "/metrics", "").expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("ratelimit_serve_refills_total{outcome=\"foreign\"} 1")),
+        "{metrics}"
+    );
+}

@@ -297,3 +297,104 @@ fn thirty_two_clients_sharing_calls_admit_exactly_one_limit() {
         s.metric("ratelimit_serve_redis_calls_total").unwrap_or(0.0)
     );
 }
+
+/// (Issue 37, observation 1) Grant ids were a counter's SplitMix64 outputs:
+/// one grant told every later id, and anyone who knew a key refilled
+/// another caller's grant. Now an id is 128 bits of the OS's random source:
+/// the 1 000 ids after a caller's own (any counter scheme's next guesses)
+/// refund nothing, answer `unknown`, and the victim's own refill still gives
+/// its units back.
+#[test]
+fn the_ids_after_ones_own_grant_refund_nothing() {
+    let redis = RedisServer::start();
+    let s = Service::start(&redis, &[]);
+    let limit = json!({"rate": "10/hour", "burst": 10});
+    let mine = acquire(&s, "victim-key", 1, limit.clone());
+    let victims = acquire(&s, "victim-key", 9, limit.clone());
+    assert_eq!(got(&victims, "remaining"), 0, "{victims}");
+    let token = |g: &Value| g.as_str().expect("a grant").to_string();
+    let (my_id, text) = token(&mine["grant"])
+        .split_once('.')
+        .map(|(i, t)| (i.to_string(), t.to_string()))
+        .expect("ID.TEXT");
+    let victim_id = token(&victims["grant"])
+        .split_once('.')
+        .unwrap()
+        .0
+        .to_string();
+    assert_eq!(my_id.len(), 32, "128 bits: {my_id}");
+    assert_ne!(my_id, victim_id);
+    let base = u128::from_str_radix(&my_id, 16).expect("hex");
+    // A counter's next values, and (as the old ids were) SplitMix64's next
+    // outputs after the counter each half of the id would reveal.
+    let (hi, lo) = ((base >> 64) as u64, base as u64);
+    let guesses = (1..=500u64).flat_map(|k| {
+        [
+            base.wrapping_add(u128::from(k)),
+            (u128::from(splitmix_next(hi, k)) << 64) | u128::from(splitmix_next(lo, k)),
+        ]
+    });
+    for (k, guess) in guesses.enumerate() {
+        let guess = format!("{guess:032x}.{text}");
+        let r = refill(&s, &json!(guess), 9);
+        assert_eq!(
+            (got(&r, "refunded"), r["unknown"].as_bool()),
+            (0, Some(true)),
+            "guess {k} refunded: {r}"
+        );
+    }
+    let r = acquire(&s, "victim-key", 1, limit);
+    assert_eq!(
+        got(&r, "granted"),
+        0,
+        "nothing was given back by a guess: {r}"
+    );
+    let r = refill(&s, &victims["grant"], 9);
+    assert_eq!(got(&r, "refunded"), 9, "the victim's own refill: {r}");
+}
+
+/// The `k`-th SplitMix64 output after `out`, found by undoing its finalizer
+/// (a bijection) back to the counter.
+fn splitmix_next(out: u64, k: u64) -> u64 {
+    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+    fn unshift(y: u64, s: u32) -> u64 {
+        let mut x = y;
+        for _ in 0..64 / s + 1 {
+            x = y ^ (x >> s);
+        }
+        x
+    }
+    fn inverse(c: u64) -> u64 {
+        let mut i = c;
+        for _ in 0..6 {
+            i = i.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(i)));
+        }
+        i
+    }
+    let mut z = unshift(out, 31);
+    z = z.wrapping_mul(inverse(0x94d0_49bb_1331_11eb));
+    z = unshift(z, 27);
+    z = z.wrapping_mul(inverse(0xbf58_476d_1ce4_e5b9));
+    let counter = unshift(z, 30);
+    let mut z = counter.wrapping_add(GAMMA.wrapping_mul(k));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[test]
+fn splitmix_is_undone() {
+    // The old ids: counter c, output f(c + GAMMA); the next is f(c + 2 GAMMA).
+    let f = |c: u64| {
+        let mut z = c;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let g = 0x9e37_79b9_7f4a_7c15u64;
+    let c = 0x1234_5678_9abc_def0u64;
+    assert_eq!(
+        splitmix_next(f(c.wrapping_add(g)), 1),
+        f(c.wrapping_add(g.wrapping_mul(2)))
+    );
+}

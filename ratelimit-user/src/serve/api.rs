@@ -33,7 +33,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     auth,
-    decide::{Decider, Failed, grant_token, parse_grant},
+    decide::{Decider, Failed, grant_token, owner_of, parse_grant},
     metrics::{Metrics, Shadow},
     policy::{Denied, Policy, Tenant},
     request::{self, Item, MAX_ITEMS, Refusal, Target},
@@ -303,13 +303,14 @@ async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) ->
     let mut ids = Vec::new();
     for (item, t) in items.iter().zip(&targets) {
         if let Some(t) = t {
-            let id = item.grant.then(|| app.decider.grant_id());
+            let id = item.grant.then(|| app.decider.grant_id()).flatten();
             asks.push(Ask {
                 key: app.decider.key(&t.content),
                 limit: t.limit,
                 amount: item.amount,
                 whole: false,
                 grant: id.clone(),
+                owner: owner_of(tenant.map(|t| t.name.as_str())),
             });
             ids.push(id);
         }
@@ -464,7 +465,8 @@ async fn refill_grant(
         ));
     }
     let key = app.decider.key(&content);
-    let r = match app.decider.refill(&key, id, unused).await {
+    let owner = owner_of(tenant.map(|t| t.name.as_str()));
+    let r = match app.decider.refill(&key, id, &owner, unused).await {
         Ok(r) => r,
         Err(f) => {
             app.metrics.refill("redis_error");
@@ -488,13 +490,22 @@ async fn refill_grant(
             .into_response()
         }
         RefillOutcome::Unknown => {
-            app.metrics.refill("expired");
+            app.metrics.refill("unknown");
             Json(json!({
                 "refunded": 0,
                 "remaining": null,
-                "expired": true,
+                "unknown": true,
             }))
             .into_response()
+        }
+        RefillOutcome::Foreign => {
+            app.metrics.refused("forbidden");
+            app.metrics.refill("foreign");
+            error(
+                StatusCode::FORBIDDEN,
+                "grant: not a grant of this tenant's; nothing refunded".into(),
+                Some("grant"),
+            )
         }
         RefillOutcome::LimitChanged => {
             app.metrics.refill("limit_changed");

@@ -193,6 +193,23 @@ impl Breakers {
         }
     }
 
+    /// The first node known down, if any (`/healthz` answers from it
+    /// without a call).
+    pub fn first_open(&self) -> Option<Tripped> {
+        if !self.any_open.load(Ordering::Acquire) {
+            return None;
+        }
+        let inner = self.inner();
+        inner.nodes.iter().find_map(|n| {
+            n.open.as_ref().map(|(since, cause, label)| Tripped {
+                cause: cause.clone(),
+                label,
+                node: n.name.clone(),
+                open_for: since.elapsed(),
+            })
+        })
+    }
+
     /// A call for `slot` failed with `e`: opens the node's breaker if `e`
     /// says the node does not answer (and starts its probe).
     pub fn failed(self: &Arc<Self>, slot: u16, e: &RedisError) {

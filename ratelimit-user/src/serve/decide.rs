@@ -10,17 +10,16 @@
 //! the keys of one request are grouped by hash slot, one call per slot, the
 //! slots at once.
 //!
-//! **Grants.** Each key acquired with a grant gets an id made here: 64 bits
-//! of a SplitMix64 sequence started at a random point, written as 16 hex
-//! digits. What the caller is given is the id and the key's hash-tag text
-//! (base64url), so that a refill names nothing else ([`grant_token`]).
+//! **Grants.** Each key acquired with a grant gets an id made here: 128 bits
+//! of the OS's random source, written as 32 hex digits, so that one id tells
+//! nothing of another. What the caller is given is the id and the key's
+//! hash-tag text (base64url), so that a refill names nothing else
+//! ([`grant_token`]). The grant's record holds its owner ([`owner_of`]): a
+//! refill by another tenant gives nothing back.
 
 use std::{
     collections::BTreeMap,
-    sync::{
-        Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -79,7 +78,7 @@ pub struct Decider {
     breakers: Arc<Breakers>,
     batcher: Option<Arc<Batcher>>,
     metrics: Arc<Metrics>,
-    ids: AtomicU64,
+    random: ring::rand::SystemRandom,
 }
 
 impl Decider {
@@ -99,7 +98,7 @@ impl Decider {
             breakers,
             batcher,
             metrics,
-            ids: AtomicU64::new(random_seed()),
+            random: ring::rand::SystemRandom::new(),
         }
     }
 
@@ -108,16 +107,14 @@ impl Decider {
         Store::key(&self.prefix, content)
     }
 
-    /// A new grant id.
-    pub fn grant_id(&self) -> String {
-        // SplitMix64: distinct for 2^64 ids.
-        let mut z = self
-            .ids
-            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-            .wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        format!("{:016x}", z ^ (z >> 31))
+    /// A new grant id: 128 bits of the OS's random source, as 32 hex
+    /// digits, so that no id tells another; `None` when the source fails
+    /// (the units are then granted without a grant: nobody can refill them).
+    pub fn grant_id(&self) -> Option<String> {
+        use ring::rand::SecureRandom as _;
+        let mut b = [0u8; 16];
+        self.random.fill(&mut b).ok()?;
+        Some(b.iter().map(|x| format!("{x:02x}")).collect())
     }
 
     /// Decides each of `asks` (keys in any slots); answers in order.
@@ -181,10 +178,20 @@ impl Decider {
 
     /// Refills the grant `id` of the Redis key `key` (see
     /// [`Store::refill_grant`]).
-    pub async fn refill(&self, key: &str, id: &str, unused: u64) -> Result<Refilled, Failed> {
+    pub async fn refill(
+        &self,
+        key: &str,
+        id: &str,
+        owner: &str,
+        unused: u64,
+    ) -> Result<Refilled, Failed> {
         let slot = ratelimit_redis::slot(key);
         self.down(slot)?;
-        let r = timed(&self.metrics, self.store.refill_grant(key, id, unused)).await;
+        let r = timed(
+            &self.metrics,
+            self.store.refill_grant(key, id, owner, unused),
+        )
+        .await;
         self.settle(slot, r)
     }
 
@@ -223,9 +230,13 @@ impl Decider {
         }
     }
 
-    /// Whether decisions succeed (for `/healthz`): the decision script's
-    /// write, recorded in the metrics.
-    pub async fn check(&self) -> Result<(), RedisError> {
+    /// Whether decisions succeed (for `/healthz`): while a breaker is open,
+    /// what it knows, at once; otherwise the decision script's write,
+    /// recorded in the metrics.
+    pub async fn check(&self) -> Result<(), Failed> {
+        if let Some(t) = self.breakers.first_open() {
+            return Err(Failed::Down(t));
+        }
         let start = Instant::now();
         let r = self.store.probe(&self.prefix).await;
         self.metrics
@@ -235,24 +246,7 @@ impl Decider {
             Ok(()) => self.metrics.wrote(),
             Err(e) => self.metrics.failed(e),
         }
-        r
-    }
-}
-
-/// A random start for the grant ids.
-fn random_seed() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: writes at most 8 bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == 8 {
-        u64::from_ne_bytes(b)
-    } else {
-        // No getrandom(2): the time and the process, which differ between
-        // replicas started apart.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        t ^ (u64::from(std::process::id()) << 32)
+        r.map_err(|e| Failed::Redis(Arc::new(e)))
     }
 }
 
@@ -390,16 +384,34 @@ impl Batcher {
     }
 }
 
+/// The owner a grant's record holds for `tenant` (`None`: the open mode,
+/// where anyone may refill): a digest of the tenant's name, one word.
+pub fn owner_of(tenant: Option<&str>) -> String {
+    match tenant {
+        None => "-".into(),
+        Some(name) => {
+            let d =
+                ring::digest::digest(&ring::digest::SHA256, format!("tenant\0{name}").as_bytes());
+            d.as_ref()[..12]
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect()
+        }
+    }
+}
+
 /// What a caller is given for a grant: `ID.TEXT`, the id and the key's
 /// hash-tag text in base64url (no padding).
 pub fn grant_token(id: &str, content: &str) -> String {
     format!("{id}.{}", base64url(content.as_bytes()))
 }
 
-/// A grant token's id and hash-tag text; `None` if it is not one.
+/// A grant token's id and hash-tag text; `None` if it is not one (an id
+/// of 32 hex digits; 16, those of versions before ids were random, is
+/// still taken while such grants last).
 pub fn parse_grant(token: &str) -> Option<(&str, String)> {
     let (id, text) = token.split_once('.')?;
-    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !matches!(id.len(), 16 | 32) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     String::from_utf8(unbase64url(text)?).ok().map(|c| (id, c))

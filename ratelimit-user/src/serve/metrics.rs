@@ -109,7 +109,7 @@ impl Metrics {
         let refills = Family::<Outcome, Counter>::default();
         registry.register(
             "ratelimit_serve_refills",
-            "Refills by outcome: refunded (gave some back), nothing (a retry, or the units were back already), expired (no such grant), limit_changed, keyed (the open mode's refill by key), bad_request, redis_error",
+            "Refills by outcome: refunded (gave some back), nothing (a retry, or the units were back already), unknown (no such grant: expired or never handed out), foreign (another tenant's grant), limit_changed, keyed (the open mode's refill by key), bad_request, redis_error",
             refills.clone(),
         );
         let shadow = Family::<Shadow, Counter>::default();

@@ -362,7 +362,7 @@ pub struct Flow {
 }
 
 /// What was sent for one flow.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Sent {
     /// Frames sent.
     pub frames: u64,
@@ -370,6 +370,31 @@ pub struct Sent {
     pub first: Instant,
     /// Time of the last frame.
     pub last: Instant,
+    /// When each frame was sent (a sender held back sends its backlog at
+    /// once: what a limiter admits depends on when).
+    pub times: Vec<Instant>,
+}
+
+impl Sent {
+    /// What an exact limiter of `rate`/s with a burst of `burst` admits of
+    /// these frames, as they were sent (GCRA over [`Sent::times`]).
+    pub fn admissible(&self, rate: f64, burst: f64) -> u64 {
+        let t = 1.0 / rate;
+        let tau = (burst - 1.0) * t;
+        let Some(start) = self.times.first() else {
+            return 0;
+        };
+        let mut tat = 0.0_f64;
+        let mut admitted = 0;
+        for at in &self.times {
+            let now = at.duration_since(*start).as_secs_f64();
+            if tat - tau <= now {
+                tat = tat.max(now) + t;
+                admitted += 1;
+            }
+        }
+        admitted
+    }
 }
 
 /// Sends `flows` from `ns`/`ifname`, interleaved and paced, for `duration`
@@ -428,9 +453,11 @@ pub fn send_async(
                     frames: 0,
                     first: t,
                     last: t,
+                    times: Vec::new(),
                 });
                 s.frames += 1;
                 s.last = t;
+                s.times.push(t);
             }
             next[i] = due + Duration::from_nanos(1_000_000_000 / u64::from(flows[i].pps.max(1)));
         }

@@ -206,7 +206,7 @@ fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
         }];
         let syns = pair.send(&flood, Duration::from_secs(1));
         let sent = client.join().expect("client");
-        (server.join().expect("server"), sent, syns[0])
+        (server.join().expect("server"), sent, syns[0].clone())
     });
     eprintln!(
         "upload {received} of {sent} bytes; {} SYNs sent; limited {}\n{}",

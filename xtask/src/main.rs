@@ -50,7 +50,9 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// fmt, clippy, unit tests, then the privileged integration tests.
+    /// fmt, clippy, unit tests, the privileged integration tests against the
+    /// release binary, the kernel tier in VMs on Debian's 6.1 and sid, and
+    /// the bench's smoke run.
     Test,
     /// Build a release and install the binary, its man pages, shell
     /// completions and the systemd unit (as root, through sudo if needed).

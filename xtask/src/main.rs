@@ -50,7 +50,7 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// fmt, clippy, unit tests, the privileged integration tests against the
+    /// fmt, clippy, cargo doc, unit tests, the privileged integration tests against the
     /// release binary, the kernel tier in VMs on Debian's 6.1 and sid, and
     /// the bench's smoke run.
     Test,
@@ -429,6 +429,24 @@ fn test() -> Result<ExitCode> {
                 workspace_root().join("target/ebpf-clippy"),
             ),
         "clippy (eBPF crate)",
+    )?;
+    // Every intra-doc link resolves (the module docs link the code they
+    // describe; private items are documented: this is an application).
+    check(
+        cargo()
+            .args([
+                "doc",
+                "--no-deps",
+                "--workspace",
+                "--exclude",
+                "ratelimit-ebpf",
+                "--document-private-items",
+            ])
+            .env(
+                "RUSTDOCFLAGS",
+                "-D warnings -A rustdoc::private_intra_doc_links",
+            ),
+        "cargo doc (warnings denied)",
     )?;
     let mut tally = Tally::default();
     tally.run(

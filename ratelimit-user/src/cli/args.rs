@@ -233,6 +233,8 @@ impl Cli {
 /// `ratelimit serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    // The help text shows brackets as written; they are not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Address to listen on: HOST:PORT, [V6]:PORT, localhost:PORT, or :PORT
     /// (every IPv4 address).
     #[arg(long, default_value = "127.0.0.1:9478")]
@@ -354,6 +356,8 @@ pub struct RunArgs {
     /// over; the rules are kept.
     #[arg(long)]
     pub reset: bool,
+    // The help text shows brackets as written; they are not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Serve Prometheus metrics over HTTP on this address: HOST:PORT like
     /// 127.0.0.1:9477, [::1]:9477, localhost:9477, or :9477 (every IPv4
     /// address).

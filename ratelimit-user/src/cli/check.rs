@@ -1,5 +1,5 @@
 //! `ratelimit check --config FILE`: a config file checked as `run` and a
-//! reload would read it ([`config::check`]), and the report printed: a summary
+//! reload would read it ([`crate::config::check`]), and the report printed: a summary
 //! line, every error with its line, or one JSON object.
 
 use std::{fmt, path::Path};

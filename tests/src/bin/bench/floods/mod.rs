@@ -20,7 +20,7 @@
 //! One file per measurement: [`sweep`] (the generator's configurations
 //! against the floor), [`rows`] (each flood against each receiver, the table
 //! and its targets), [`profile`] (where the receiving CPU's time goes) and
-//! [`established`] (established sources during the floods); [`receivers`]
+//! [`established`](mod@established) (established sources during the floods); [`receivers`]
 //! sets up what receives a flood and counts what it took in.
 
 mod established;

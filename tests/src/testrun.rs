@@ -56,7 +56,14 @@ static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
 fn load(sources: u32) -> (Ebpf, Maps, i32) {
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(ratelimit_common::MAP_STATE, sources)
-        .map_max_entries(ratelimit_common::MAP_STATE_V4, sources)
+        .map_max_entries(
+            ratelimit_common::MAP_STATE_V4,
+            ratelimit_common::state_lines(sources),
+        )
+        .map_max_entries(
+            ratelimit_common::MAP_BORN_V4,
+            ratelimit_common::state_lines(sources),
+        )
         .load(ratelimit_user::EBPF_OBJECT)
         .expect("loading the object");
     let maps = Maps::from_ebpf(&mut ebpf).expect("maps");

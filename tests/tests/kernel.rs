@@ -34,6 +34,8 @@ mod matches;
 mod object;
 #[path = "kernel/parse.rs"]
 mod parse;
+#[path = "kernel/table.rs"]
+mod table;
 #[path = "kernel/veth.rs"]
 mod veth;
 

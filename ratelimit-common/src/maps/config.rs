@@ -163,7 +163,8 @@ pub struct Config {
     /// The drop log's budget: records per second per CPU at most
     /// ([`crate::admit`]); 0: off, dropped frames are not logged.
     pub drop_log_rate: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// Lines of [`crate::MAP_STATE_V4`] less one (a power of two less one):
+    /// the mask of [`crate::table::lines`].
+    pub state_mask: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 88);

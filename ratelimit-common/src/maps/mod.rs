@@ -42,10 +42,14 @@ pub const MAP_RULE_TABLE: &str = "RL_RULE_TABLE";
 /// `LruHash<FlowKey, SourceState>`: one bucket per (rule, masked IPv6 source)
 /// under a gcra rule. Written by the program.
 pub const MAP_STATE: &str = "RL_STATE";
-/// `LruHash<FlowKeyV4, SourceState>`: one bucket per (rule, masked IPv4 source)
-/// under a gcra rule: an 8-byte key hashes faster and takes 88 bytes of kernel
-/// memory per source instead of 104. Written by the program.
+/// `Array<table::Line>` (mmapable): one bucket per (rule or key level, masked
+/// IPv4 source) under a gcra rule, in a set-associative table of 64-byte
+/// lines ([`crate::table`]). Written by the program, and by the daemon under
+/// fleet-wide rules; read by the daemon through a mapping of its memory.
 pub const MAP_STATE_V4: &str = "RL_STATE4";
+/// `Array<table::Born>` (mmapable), beside [`MAP_STATE_V4`]: when each slot's
+/// key got its state.
+pub const MAP_BORN_V4: &str = "RL_BORN4";
 /// `PerCpuArray<Counter>` indexed by [`Reason`]. Written by the program.
 pub const MAP_STATS: &str = "RL_STATS";
 /// `Array<Config>` of one entry: global runtime settings. Written by the daemon.
@@ -121,12 +125,13 @@ pub const fn known_bit(h: u64) -> (u32, u64) {
 }
 
 /// Every map.
-pub const ALL_MAPS: [&str; 22] = [
+pub const ALL_MAPS: [&str; 23] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
     MAP_STATE,
     MAP_STATE_V4,
+    MAP_BORN_V4,
     MAP_STATS,
     MAP_CONFIG,
     MAP_DROPS,
@@ -147,12 +152,13 @@ pub const ALL_MAPS: [&str; 22] = [
 ];
 
 /// The maps pinned for a restart to adopt: all but the per-CPU scratch.
-pub const PINNED_MAPS: [&str; 21] = [
+pub const PINNED_MAPS: [&str; 22] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
     MAP_STATE,
     MAP_STATE_V4,
+    MAP_BORN_V4,
     MAP_STATS,
     MAP_CONFIG,
     MAP_DROPS,
@@ -181,9 +187,38 @@ pub const DROP_SAMPLE: u64 = 16;
 /// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
 pub const DROPS_CAPACITY: u32 = 65_536;
 
-/// Default capacity of [`MAP_STATE_V4`]: IPv4 sources tracked at once. At 80
-/// bytes of kernel memory each, 1 M sources cost 80 MiB. A load-time setting.
+/// Default number of IPv4 sources [`MAP_STATE_V4`] holds at once: its lines
+/// are [`state_lines`] of it. At 48 bytes of kernel memory each (the table
+/// and its birth stamps), 1 M sources cost 48 MiB. A load-time setting.
 pub const DEFAULT_STATE_CAPACITY: u32 = 1 << 20;
+
+/// The most lines [`MAP_STATE_V4`] may have (32 GiB): a slot's position
+/// then fits in 32 bits, as the program hands it between functions.
+pub const MAX_STATE_LINES: u32 = 1 << 29;
+
+/// Lines of [`MAP_STATE_V4`] for `sources` IPv4 sources: [`crate::table::SLOTS_PER_SOURCE`]
+/// slots each, rounded up to a power of two of lines.
+pub const fn state_lines(sources: u32) -> u32 {
+    let slots = sources as u64 * crate::table::SLOTS_PER_SOURCE as u64;
+    let lines = slots.div_ceil(crate::table::WAYS as u64);
+    let lines = if lines < 1 { 1 } else { lines };
+    let p = lines.next_power_of_two();
+    if p > MAX_STATE_LINES as u64 {
+        MAX_STATE_LINES
+    } else {
+        p as u32
+    }
+}
+
+/// The IPv4 sources a table of `lines` lines is sized for ([`state_lines`]).
+pub const fn state_sources(lines: u32) -> u32 {
+    let s = lines as u64 * crate::table::WAYS as u64 / crate::table::SLOTS_PER_SOURCE as u64;
+    if s > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        s as u32
+    }
+}
 /// Default capacity of [`MAP_STATE`]: IPv6 sources (per /64 by default) tracked
 /// at once, 96 bytes each. A load-time setting.
 pub const DEFAULT_STATE_V6_CAPACITY: u32 = 1 << 18;
@@ -212,6 +247,7 @@ mod pod {
     unsafe impl aya::Pod for super::DropKey {}
     unsafe impl aya::Pod for super::Rule {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for crate::table::Line {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for crate::gcra::State {}
     unsafe impl aya::Pod for super::WideState {}

@@ -89,15 +89,23 @@ pub enum Event {
     /// policy ([`config_flags::UNJUDGED_DROP`](crate::config_flags::UNJUDGED_DROP), [`config_flags::UNJUDGED_PASS`](crate::config_flags::UNJUDGED_PASS),
     /// [`config_flags::FRAGMENTS_DROP`](crate::config_flags::FRAGMENTS_DROP)) then did with it.
     Unjudged = 2,
+    /// An IPv4 key found no free slot in its two lines of the state table
+    /// ([`crate::table`]): it got no state, and its frame was judged as a new
+    /// source's (a key level's: by its other levels).
+    StateFull = 3,
 }
 
 /// Number of [`Event`]s: the size of [`MAP_EVENTS`](crate::MAP_EVENTS).
-pub const EVENT_COUNT: u32 = 3;
+pub const EVENT_COUNT: u32 = 4;
 
 impl Event {
     /// Every event, in index order.
-    pub const ALL: [Event; EVENT_COUNT as usize] =
-        [Event::StateCreated, Event::NewStateCapped, Event::Unjudged];
+    pub const ALL: [Event; EVENT_COUNT as usize] = [
+        Event::StateCreated,
+        Event::NewStateCapped,
+        Event::Unjudged,
+        Event::StateFull,
+    ];
 
     /// Stable name, used in stats output and metric labels.
     pub const fn name(self) -> &'static str {
@@ -105,6 +113,7 @@ impl Event {
             Event::StateCreated => "states_created",
             Event::NewStateCapped => "new_states_capped",
             Event::Unjudged => "unjudged",
+            Event::StateFull => "state_full",
         }
     }
 }

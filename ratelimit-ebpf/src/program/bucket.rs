@@ -14,6 +14,8 @@ use core::{
 
 use ratelimit_common::{CAS_RETRIES, gcra};
 
+use super::table::still_owned;
+
 /// Retries of a compare-and-swap on a word few CPUs touch at once (a
 /// doorkeeper slot, a unit given back): fewer paths for the verifier. Running
 /// out errs toward limiting (a sighting not recorded, a unit not given back).
@@ -38,13 +40,25 @@ pub(crate) enum Taken {
 
 /// Takes `cost` units from the GCRA bucket at `word` if it has them, and
 /// `keep` ticks more (a reserve the frame may not touch; see
-/// [`gcra::admit_keeping`]).
+/// [`gcra::admit_keeping`]). `owner`: the key word of the table slot the
+/// word is in, 0 for a word of no table ([`still_owned`]); a slot no longer
+/// the key's is `Contended`.
 #[inline(always)]
-pub(crate) fn take(word: *mut u64, params: &gcra::Params, now: u64, cost: u64, keep: u64) -> Taken {
+pub(crate) fn take(
+    word: *mut u64,
+    owner: u64,
+    params: &gcra::Params,
+    now: u64,
+    cost: u64,
+    keep: u64,
+) -> Taken {
     // SAFETY: as in `two_levels`.
     let mut seen = unsafe { read_volatile(word) };
     let mut taken = Taken::Contended;
     for _ in 0..CAS_RETRIES {
+        if !still_owned(word, seen, owner) {
+            break;
+        }
         let mut next = gcra::State { tat: seen };
         let allowed = gcra::admit_keeping(&mut next, params, now, cost, keep);
         let (found, swapped) = if next.tat == seen {
@@ -63,12 +77,16 @@ pub(crate) fn take(word: *mut u64, params: &gcra::Params, now: u64, cost: u64, k
 
 /// Gives `cost` units back to the GCRA bucket at `word` (never above its
 /// capacity). Should the retries run out, the units stay taken: the bucket
-/// errs toward limiting.
+/// errs toward limiting. `owner` as for [`take`]: units are never given to a
+/// slot's next key.
 #[inline(always)]
-pub(crate) fn give_back(word: *mut u64, params: &gcra::Params, now: u64, cost: u64) {
+pub(crate) fn give_back(word: *mut u64, owner: u64, params: &gcra::Params, now: u64, cost: u64) {
     // SAFETY: as in `two_levels`.
     let mut seen = unsafe { read_volatile(word) };
     for _ in 0..SHORT_RETRIES {
+        if !still_owned(word, seen, owner) {
+            break;
+        }
         let mut next = gcra::State { tat: seen };
         gcra::refund(&mut next, params, now, cost);
         let (found, swapped) = cas(word, seen, next.tat);

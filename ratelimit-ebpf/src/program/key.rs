@@ -12,6 +12,9 @@ use ratelimit_common::{REASON_COUNT, Reason, Rule, V4_MAPPED_WORD, Words, family
 /// the reasons for its verdicts.
 pub(crate) struct Level {
     pub(crate) word: *mut u64,
+    /// The key word of the table slot `word` is in (0: a word of no table):
+    /// see [`super::table::still_owned`].
+    pub(crate) owner: u64,
     pub(crate) params: *const gcra::Params,
     pub(crate) cost: u64,
     pub(crate) pass: Reason,
@@ -24,6 +27,7 @@ impl Level {
     pub(crate) fn none(rule: &Rule) -> Self {
         Self {
             word: core::ptr::null_mut(),
+            owner: 0,
             params: rule.gcra_params(),
             cost: 0,
             pass: Reason::Passed,
@@ -31,11 +35,13 @@ impl Level {
         }
     }
 
-    /// A source's own bucket under `rule`.
+    /// A source's own bucket under `rule`, in the table slot of key word
+    /// `owner` (0: in no table).
     #[inline(always)]
-    pub(crate) fn own(word: *mut u64, rule: &Rule, cost: u64) -> Self {
+    pub(crate) fn own(word: *mut u64, owner: u64, rule: &Rule, cost: u64) -> Self {
         Self {
             word,
+            owner,
             params: rule.gcra_params(),
             cost,
             pass: Reason::Passed,
@@ -59,6 +65,9 @@ pub(crate) enum Kind {
     Gcra,
     Wide,
     Done,
+    /// An IPv4 gcra key to be given a slot of the table, charged with the
+    /// units in `level.cost` ([`super::untracked::UNTRACKED_CLAIM`]).
+    Claim,
 }
 
 impl Target {
@@ -67,6 +76,23 @@ impl Target {
         Self {
             kind: Kind::Gcra,
             level,
+            reason: Reason::Passed,
+        }
+    }
+
+    /// An IPv4 key that earned a slot, charged with `units` (see [`Kind::Claim`]).
+    #[inline(always)]
+    pub(crate) fn claim(units: u64) -> Self {
+        Self {
+            kind: Kind::Claim,
+            level: Level {
+                word: core::ptr::null_mut(),
+                owner: 0,
+                params: core::ptr::null(),
+                cost: units,
+                pass: Reason::Passed,
+                deny: Reason::Limited,
+            },
             reason: Reason::Passed,
         }
     }

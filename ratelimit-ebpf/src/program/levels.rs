@@ -28,16 +28,18 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use ratelimit_common::{
-    CAS_RETRIES, FlowKey, KeyLevel, Reason, Rule, SourceState, Words, family, gcra, level_flags,
-    rule_flags,
+    CAS_RETRIES, Event, FlowKey, KeyLevel, Reason, Rule, SourceState, Words, doorkeeper, family,
+    gcra, level_flags, rule_flags, table,
 };
 
 use super::{
     aggregate::{aggregate, mark_refusal, rule_state},
     bucket::{Taken, cas, give_back, take},
+    count::event,
     key::{Level, mask_source, reason_of},
-    maps::{RL_RULE_TABLE, RL_STATE, RL_STATE4},
+    maps::{RL_CONFIG, RL_RULE_TABLE, RL_STATE},
     parse::source_at,
+    table::{BUSY, FULL, find, rl_claim, still_owned, word},
 };
 
 /// How the own level's commit ended.
@@ -62,6 +64,11 @@ pub(crate) fn two_levels(own: Level, shared: &Levels, now: u64) -> Reason {
         // stays valid for the program's run (RCU); other CPUs change it only
         // through compare-and-swap.
         seen = unsafe { read_volatile(own.word) };
+        if !still_owned(own.word, seen, own.owner) {
+            // The key's slot was given to another key since it was found
+            // (it was idle): this frame is not charged to the new one.
+            return Reason::Contended;
+        }
         next.tat = seen;
         if !gcra::admit(&mut next, params, now, own.cost) {
             if next.tat != seen {
@@ -93,6 +100,9 @@ pub(crate) fn two_levels(own: Level, shared: &Levels, now: u64) -> Reason {
             break;
         }
         seen = found;
+        if !still_owned(own.word, seen, own.owner) {
+            break;
+        }
         next = gcra::State { tat: seen };
         if !gcra::admit(&mut next, params, now, own.cost) {
             end = Commit::Denied;
@@ -209,7 +219,17 @@ pub extern "C" fn rl_levels(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, 
     let keyed = rule.flags & rule_flags::LEVELS != 0 && rule.levels[0].is_on();
     let second = keyed && rule.levels[1].is_on();
     let agg = rule.flags & rule_flags::AGGREGATE != 0;
-    let level = |n: u64, op: u64| rl_level(ctx, l3, packed | op | (n << LEVEL_SHIFT), index, now);
+    let v4 = packed & 0xff == u64::from(family::V4);
+    let level = |n: u64, op: u64| {
+        let mut packed = packed | op | (n << LEVEL_SHIFT);
+        if v4 && n != 0 {
+            // The key's slot (claimed if it has none and units are taken),
+            // found by a function of its own beside `rl_level` rather than
+            // under it, and handed to it (see `rl_level_slot`).
+            packed |= rl_level_slot(ctx, l3, packed, index, now) << LEVEL_POS_SHIFT;
+        }
+        rl_level(ctx, l3, packed, index, now)
+    };
     let give_back_keyed = || {
         if keyed {
             level(1, LEVELS_GIVE_BACK);
@@ -265,16 +285,16 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
     };
     let giving = packed & LEVELS_GIVE_BACK != 0;
     let n = (packed >> LEVEL_SHIFT) & 3;
-    let len = packed >> 16;
+    let len = (packed >> 16) & 0xffff;
     let young = packed & LEVELS_YOUNG != 0;
-    let (word, params, cost, refused) = if n == 0 {
+    let (word, owner, params, cost, refused) = if n == 0 {
         let agg = aggregate(rule, rule_state(rule), len);
         let refused = if young {
             Reason::AggregateYoung
         } else {
             Reason::AggregateLimited
         };
-        (agg.word, agg.params, agg.cost, refused)
+        (agg.word, 0, agg.params, agg.cost, refused)
     } else {
         let (lv, refused) = if n == 1 {
             (&rule.levels[0], Reason::Level2Limited)
@@ -293,14 +313,18 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
         } else {
             1
         };
-        let word = level_state(rule.id, n as u32, lv, fam, &source, now, !giving);
-        (word, &lv.params, cost, refused)
+        let (word, owner) = if fam == family::V4 {
+            level_word_v4(rule.id, n as u32, lv, &source, packed >> LEVEL_POS_SHIFT)
+        } else {
+            level_state(rule.id, n as u32, lv, fam, &source, now, !giving)
+        };
+        (word, owner, &lv.params, cost, refused)
     };
     if word.is_null() {
         return passed;
     }
     if giving {
-        give_back(word, params, now, cost);
+        give_back(word, owner, params, now, cost);
         return passed;
     }
     let keep = if n == 0 && young {
@@ -308,7 +332,7 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
     } else {
         0
     };
-    match take(word, params, now, cost, keep) {
+    match take(word, owner, params, now, cost, keep) {
         Taken::Yes => passed,
         Taken::No => {
             if n == 0 {
@@ -320,14 +344,111 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
     }
 }
 
+/// Where [`rl_level`] finds an IPv4 key level's slot in `packed` (a
+/// position of [`super::table`], 0 for none): the bits above the length.
+pub(crate) const LEVEL_POS_SHIFT: u64 = 32;
+
+/// The slot of `source`'s key at key level `n` of the rule at `index` (both
+/// in `packed`, as for [`rl_level`]) in the IPv4 table, claimed full if it
+/// has none and the operation takes units (only frames their own level
+/// admits come here, so a spoofed flood does not create them): its position,
+/// or 0.
+///
+/// A global function called by [`rl_levels`] beside [`rl_level`], not under
+/// it: the claim's frame below `rl_level`'s would make the deepest chain of
+/// calls too deep for the verifier, and `rl_level` sees an unknown number
+/// come back, so it walks its retries once, not once for each slot a key may
+/// be found in.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_level_slot(
+    ctx: *mut xdp_md,
+    l3: u64,
+    packed: u64,
+    index: u32,
+    now: u64,
+) -> u64 {
+    let (Some(rule), Some(config)) = (RL_RULE_TABLE.get(index), RL_CONFIG.get(0)) else {
+        return 0;
+    };
+    let n = ((packed >> LEVEL_SHIFT) & 3) as u32;
+    let lv = if n == 1 {
+        &rule.levels[0]
+    } else {
+        &rule.levels[1]
+    };
+    // See `rl_host_connection` on the mask.
+    // SAFETY: a local.
+    let l3 = (unsafe { read_volatile(&l3) } & 63) as usize;
+    let Ok(source) = source_at(&XdpContext::new(ctx), l3) else {
+        return 0;
+    };
+    let (kw, h) = level_key_v4(rule.id, n, lv, &source, config.hash_seed);
+    let at = find(kw, h, config.state_mask);
+    if at != 0 || packed & LEVELS_GIVE_BACK != 0 {
+        return at;
+    }
+    let state = gcra::State::full(now, &lv.params).tat;
+    match rl_claim(kw, h, u64::from(config.state_mask), state, now) {
+        FULL => {
+            event(Event::StateFull);
+            0
+        }
+        BUSY => 0,
+        p => p,
+    }
+}
+
+/// The table's key word and hash of `source`'s key at IPv4 key level `n`
+/// (1 or 2) of the rule `rule_id`.
+#[inline(always)]
+pub(crate) fn level_key_v4(
+    rule_id: u32,
+    n: u32,
+    lv: &KeyLevel,
+    source: &Words,
+    seed: u64,
+) -> (u64, u64) {
+    let masked = level_masked(lv, family::V4, source);
+    let id = KeyLevel::key_id(rule_id, n);
+    (
+        table::key_word_of(&masked, id),
+        doorkeeper::hash_words(&masked, id, seed),
+    )
+}
+
 /// The bits of `source` that make its key at a key level.
 #[inline(always)]
 pub(crate) fn level_masked(lv: &KeyLevel, fam: u8, source: &Words) -> Words {
     mask_source(lv.mask_v4, &lv.mask_v6, fam, source)
 }
 
-/// The state word of `source`'s key at level `n` (1 or 2) of the rule
-/// `rule_id`, created full if missing and `create`; null if there is none.
+/// The state word of the IPv4 key of `source` at level `n` (1 or 2) of the
+/// rule `rule_id`, in the table slot at `at` ([`rl_level_slot`]), and the
+/// key word it must hold; null if there is none.
+#[inline(always)]
+pub(crate) fn level_word_v4(
+    rule_id: u32,
+    n: u32,
+    lv: &KeyLevel,
+    source: &Words,
+    at: u64,
+) -> (*mut u64, u64) {
+    if at == 0 {
+        return (core::ptr::null_mut(), 0);
+    }
+    let Some(config) = RL_CONFIG.get(0) else {
+        return (core::ptr::null_mut(), 0);
+    };
+    (
+        word(at),
+        level_key_v4(rule_id, n, lv, source, config.hash_seed).0,
+    )
+}
+
+/// The state word of `source`'s IPv6 key at level `n` (1 or 2) of the rule
+/// `rule_id`, created full if missing and `create`; null if there is none
+/// (the key word is 0: no table).
 #[inline(always)]
 pub(crate) fn level_state(
     rule_id: u32,
@@ -337,39 +458,29 @@ pub(crate) fn level_state(
     source: &Words,
     now: u64,
     create: bool,
-) -> *mut u64 {
-    let key = FlowKey::of(&level_masked(lv, fam, source), KeyLevel::key_id(rule_id, n));
-    // Looked up here, not through `state_v4` and `state_v6`: their frames
-    // would make the deepest chain of calls (the program, `rl_limit`,
-    // `rl_levels`, `rl_level`) too deep for the verifier's 512-byte stack.
+) -> (*mut u64, u64) {
+    let masked = level_masked(lv, fam, source);
+    let id = KeyLevel::key_id(rule_id, n);
+    let key = FlowKey::of(&masked, id);
+    // Looked up here, not through `state_v6`: its frame would make the
+    // deepest chain of calls (the program, `rl_limit`, `rl_levels`,
+    // `rl_level`) too deep for the verifier's 512-byte stack.
     let fresh = SourceState {
         gcra: gcra::State::full(now, &lv.params),
         born: now,
     };
-    let found = if fam == family::V4 {
-        let key = key.v4();
-        match RL_STATE4.get_ptr_mut(key) {
-            Some(p) => Some(p),
-            // Another CPU creating it at the same moment wins; this one then
-            // takes from the winner's state.
-            None if create => {
-                let _ = RL_STATE4.insert(key, fresh, u64::from(BPF_NOEXIST));
-                RL_STATE4.get_ptr_mut(key)
-            }
-            None => None,
+    let found = match RL_STATE.get_ptr_mut(key) {
+        Some(p) => Some(p),
+        // Another CPU creating it at the same moment wins; this one then
+        // takes from the winner's state.
+        None if create => {
+            let _ = RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST));
+            RL_STATE.get_ptr_mut(key)
         }
-    } else {
-        match RL_STATE.get_ptr_mut(key) {
-            Some(p) => Some(p),
-            None if create => {
-                let _ = RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST));
-                RL_STATE.get_ptr_mut(key)
-            }
-            None => None,
-        }
+        None => None,
     };
     match found {
-        Some(p) => p.cast(),
-        None => core::ptr::null_mut(),
+        Some(p) => (p.cast(), 0),
+        None => (core::ptr::null_mut(), 0),
     }
 }

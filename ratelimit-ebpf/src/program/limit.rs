@@ -12,21 +12,24 @@ use core::ptr::read_volatile;
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use ratelimit_common::{
-    Config, FlowKey, Reason, Rule, SourceState, Words, algorithm, doorkeeper, family, rule_flags,
+    Config, Event, FlowKey, Reason, Rule, SourceState, Words, algorithm, doorkeeper, family, gcra,
+    rule_flags, table,
 };
 
 use super::{
     aggregate::{aggregate, mark_refusal, young},
     bucket::peek,
     clock::clock,
+    count::event,
     fleet::{rl_fleet_cost, rl_fleet_count},
     key::{Kind, Level, Target, masked, reason_of},
     levels::{shared_levels, two_levels},
-    maps::{RL_CONFIG, RL_RULE_STATE, RL_RULE_TABLE, RL_STATE, RL_STATE4, RL_WIDE},
+    maps::{RL_CONFIG, RL_RULE_STATE, RL_RULE_TABLE, RL_STATE, RL_WIDE},
     parse::source_at,
+    table::{BUSY, FULL, Pos, born as born_at, rl_claim, rl_find, word},
     untracked::{
-        UNTRACKED_BUDGET, UNTRACKED_PROMOTED, UNTRACKED_PROMOTED_WIDE, new_source_level, rl_known,
-        rl_untracked,
+        UNTRACKED_BUDGET, UNTRACKED_CLAIM, UNTRACKED_PROMOTED, UNTRACKED_PROMOTED_WIDE,
+        new_source_level, rl_known, rl_untracked, without_slot,
     },
     wide::rl_wide,
 };
@@ -112,22 +115,39 @@ pub(crate) fn limit(
     // A key the filter has never seen has no state: a spoofed source skips
     // the lookup, a miss in millions of buckets. Keys of fleet-wide rules are
     // looked up whatever it says (the daemon inserts states for them).
-    let known = rl_known(
-        doorkeeper::hash_words(&masked, rule.id, config.hash_seed),
-        u64::from(rule.flags & rule_flags::FLEET),
-    ) != 0;
+    let h = doorkeeper::hash_words(&masked, rule.id, config.hash_seed);
+    let known = rl_known(h, u64::from(rule.flags & rule_flags::FLEET)) != 0;
+    // The IPv4 table's key word (0 for IPv6: no table).
+    let kw = if fam == family::V4 {
+        table::key_word_of(&masked, rule.id)
+    } else {
+        0
+    };
     if rule.algorithm == algorithm::GCRA {
-        let state = if fam == family::V4 {
-            known_v4(&key, known)
+        if fam == family::V4 {
+            let at = known_v4(kw, h, config.state_mask, known);
+            let word = if at == 0 {
+                core::ptr::null_mut()
+            } else {
+                word(at)
+            };
+            if !word.is_null() {
+                target = Target::gcra(Level::own(word, kw, rule, charged));
+                tracked = true;
+                // Read only where it matters (the reserve's classes).
+                if rule.aggregate_reserve != 0 {
+                    born = born_at(at);
+                }
+            }
         } else {
-            known_v6(&key, known)
-        };
-        if !state.is_null() {
-            target = Target::gcra(Level::own(state.cast::<u64>(), rule, charged));
-            tracked = true;
-            // SAFETY: a map value valid for this run; written once, at its
-            // creation.
-            born = unsafe { read_volatile(&raw const (*state).born) };
+            let state = known_v6(&key, known);
+            if !state.is_null() {
+                target = Target::gcra(Level::own(state.cast::<u64>(), 0, rule, charged));
+                tracked = true;
+                // SAFETY: a map value valid for this run; written once, at its
+                // creation.
+                born = unsafe { read_volatile(&raw const (*state).born) };
+            }
         }
     } else if known_wide(&key, known) {
         target = Target::wide(rule);
@@ -142,16 +162,15 @@ pub(crate) fn limit(
             now,
         );
         target = match found {
+            r if r & 0xffff == UNTRACKED_CLAIM => {
+                claimed(rule, kw, h, config, now, r >> 16, cost, charged)
+            }
             UNTRACKED_PROMOTED => {
-                let state = if fam == family::V4 {
-                    state_v4(&key)
-                } else {
-                    state_v6(&key)
-                };
+                let state = state_v6(&key);
                 if state.is_null() {
                     Target::done(Reason::StateFailed, rule)
                 } else {
-                    Target::gcra(Level::own(state.cast::<u64>(), rule, charged))
+                    Target::gcra(Level::own(state.cast::<u64>(), 0, rule, charged))
                 }
             }
             UNTRACKED_PROMOTED_WIDE => Target::wide(rule),
@@ -175,6 +194,8 @@ pub(crate) fn limit(
             now,
         )),
         Kind::Done => target.reason,
+        // Made a `Gcra` or `Done` target above.
+        Kind::Claim => Reason::Contended,
     };
     if matches!(reason, Reason::Passed | Reason::NewSource) && rule.flags & rule_flags::FLEET != 0 {
         rl_fleet_count(ctx.ctx, l3 as u64, u64::from(fam) | (len << 16), rule.index);
@@ -182,28 +203,60 @@ pub(crate) fn limit(
     reason
 }
 
-/// The state of an IPv4 key, or null. Not inlined, nor is [`state_v6`]: with
-/// both lookups in one function LLVM merges them into one call on either map,
-/// and the verifier, which inlines a lookup only when its call site always
-/// sees the same map, then leaves both to the slower generic helper.
-#[inline(never)]
-pub(crate) fn state_v4(key: &FlowKey) -> *mut SourceState {
-    match RL_STATE4.get_ptr_mut(key.v4()) {
-        Some(p) => p,
-        None => core::ptr::null_mut(),
+/// The target of an IPv4 gcra key that earned a state ([`UNTRACKED_CLAIM`]):
+/// a slot of the table claimed ([`rl_claim`]) charged with the `units` (frames,
+/// or [`doorkeeper::BYTE_UNIT`]s) it got before, its frame judged against
+/// it; with no free slot, the new-source budget.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn claimed(
+    rule: &'static Rule,
+    kw: u64,
+    h: u64,
+    config: &Config,
+    now: u64,
+    units: u32,
+    cost: u64,
+    charged: u64,
+) -> Target {
+    let params = rule.gcra_params();
+    let unit = if rule.flags & rule_flags::BYTES != 0 {
+        doorkeeper::BYTE_UNIT
+    } else {
+        1
+    };
+    let mut state = gcra::State::full(now, params);
+    gcra::charge(&mut state, params, now, u64::from(units) * unit);
+    match rl_claim(kw, h, u64::from(config.state_mask), state.tat, now) {
+        FULL => {
+            // No free slot in its two lines: judged as a new source's.
+            event(Event::StateFull);
+            without_slot(rule, h, config, u64::from(units), cost)
+        }
+        // Claimed by another CPU at this moment and not stored yet.
+        BUSY => Target::done(Reason::Contended, rule),
+        at => {
+            event(Event::StateCreated);
+            let w = word(at);
+            if w.is_null() {
+                Target::done(Reason::StateFailed, rule)
+            } else {
+                Target::gcra(Level::own(w, kw, rule, charged))
+            }
+        }
     }
 }
 
-/// The state of an IPv4 key the filter may know, or null. Apart from the
-/// limit, as are [`known_v6`] and [`known_wide`]: a key the filter does not
-/// know then comes back as a key without a state, and the verifier walks what
-/// follows once for both.
+/// The table position of an IPv4 key the filter may know, or 0. Apart from
+/// the limit, as are [`known_v6`] and [`known_wide`]: a key the filter does
+/// not know then comes back as a key without a state, and the verifier walks
+/// what follows once for both.
 #[inline(never)]
-pub(crate) fn known_v4(key: &FlowKey, known: bool) -> *mut SourceState {
+pub(crate) fn known_v4(kw: u64, h: u64, mask: u32, known: bool) -> Pos {
     if known {
-        state_v4(key)
+        rl_find(kw, h, u64::from(mask))
     } else {
-        core::ptr::null_mut()
+        0
     }
 }
 
@@ -223,7 +276,10 @@ pub(crate) fn known_wide(key: &FlowKey, known: bool) -> bool {
     known && RL_WIDE.get_ptr_mut(key).is_some()
 }
 
-/// The state of an IPv6 key, or null. See [`state_v4`].
+/// The state of an IPv6 key, or null. Not inlined: with the lookup in the
+/// limit LLVM merged it with others into one call on either map, and the
+/// verifier, which inlines a lookup only when its call site always sees the
+/// same map, then left both to the slower generic helper.
 #[inline(never)]
 pub(crate) fn state_v6(key: &FlowKey) -> *mut SourceState {
     match RL_STATE.get_ptr_mut(*key) {

@@ -11,9 +11,13 @@ use ratelimit_common::{
     Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS, DEFAULT_STATE_CAPACITY,
     DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_LOG_BYTES, DROPS_CAPACITY, DropKey,
     DropLogBudget, EVENT_COUNT, FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey,
-    FlowKeyV4, GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS,
-    Rule, RuleAddr, RuleState, SourceState, WideState, rule_table_len,
+    GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule,
+    RuleAddr, RuleState, SourceState, WideState, rule_table_len, state_lines,
+    table::{Born, Line},
 };
+
+/// `BPF_F_MMAPABLE`: the array may be mapped into a process's memory.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 // Map names must equal the `MAP_*` consts of ratelimit-common (a test checks).
 #[map(name = "RL_RULES")]
@@ -37,9 +41,15 @@ pub(crate) static RL_GROUPS: Array<MatchGroup> = Array::with_max_entries(2 * GRO
 pub(crate) static RL_STATE: LruHashMap<FlowKey, SourceState> =
     LruHashMap::with_max_entries(DEFAULT_STATE_V6_CAPACITY, 0);
 
+// Mapped into the daemon's memory (`BPF_F_MMAPABLE`), which reads and,
+// under fleet-wide rules, claims slots with the same atomics.
 #[map(name = "RL_STATE4")]
-pub(crate) static RL_STATE4: LruHashMap<FlowKeyV4, SourceState> =
-    LruHashMap::with_max_entries(DEFAULT_STATE_CAPACITY, 0);
+pub(crate) static RL_STATE4: Array<Line> =
+    Array::with_max_entries(state_lines(DEFAULT_STATE_CAPACITY), BPF_F_MMAPABLE);
+
+#[map(name = "RL_BORN4")]
+pub(crate) static RL_BORN4: Array<Born> =
+    Array::with_max_entries(state_lines(DEFAULT_STATE_CAPACITY), BPF_F_MMAPABLE);
 
 #[map(name = "RL_STATS")]
 pub(crate) static RL_STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(REASON_COUNT, 0);

@@ -11,6 +11,7 @@
 //! | [`levels`] | the own level and the rule's shared levels (key levels, aggregate) → taken at all of them or at none |
 //! | [`aggregate`] | the rule's aggregate bucket and its episodes of pressure (young and established sources) |
 //! | [`wide`] | a key under a wide-state algorithm → its decision under the state's lock, by ratelimit-common's one dispatch (`dispatch::wide`) |
+//! | [`table`] | an IPv4 key → its slot in the state table (found, or claimed) |
 //! | [`bucket`] | one GCRA word → peeked, taken or given back with compare-and-swap |
 //! | [`host`] | a frame a limit would drop → whether it belongs to one of the host's own connections |
 //! | [`mod@count`] | the verdict → counters by reason and by rule, events, drops for `top` |
@@ -49,6 +50,11 @@
 //!   cap.
 //! - a promoted source whose state cannot be stored: **pass**, counted as
 //!   `state_failed` (an LRU map evicts rather than fail: not seen in practice).
+//!   An IPv4 source whose two lines of the state table hold only busy slots
+//!   gets no state: judged by the **new-source budget**, counted as the event
+//!   `state_full`.
+//! - an IPv4 slot claimed by two CPUs at once, or reclaimed between the
+//!   lookup and the compare-and-swap: **drop**, counted as `contended`.
 //! - compare-and-swap retries exhausted on one key: **drop**, counted as
 //!   `contended`; each failed retry means another CPU was admitted on that key in
 //!   between, so it is being flooded.
@@ -69,6 +75,7 @@ mod levels;
 mod limit;
 mod maps;
 mod parse;
+mod table;
 mod untracked;
 mod wide;
 

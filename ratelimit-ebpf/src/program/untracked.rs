@@ -29,8 +29,7 @@ use super::{
     count::event,
     key::{Kind, Level, Target, masked},
     maps::{
-        RL_CONFIG, RL_GLOBAL, RL_KNOWN, RL_RULE_TABLE, RL_SEEN, RL_STATE, RL_STATE4, RL_WIDE,
-        RL_WIDE_ZERO,
+        RL_CONFIG, RL_GLOBAL, RL_KNOWN, RL_RULE_TABLE, RL_SEEN, RL_STATE, RL_WIDE, RL_WIDE_ZERO,
     },
     parse::source_at,
     wide::{self, zero_wide},
@@ -45,6 +44,12 @@ pub(crate) const UNTRACKED_PROMOTED: u32 = 0x100;
 pub(crate) const UNTRACKED_PROMOTED_WIDE: u32 = 0x101;
 /// [`rl_untracked`]: the frame is judged by the new-source budget.
 pub(crate) const UNTRACKED_BUDGET: u32 = 0x102;
+/// [`rl_untracked`]: an IPv4 gcra key earned a state; the limit claims its
+/// slot ([`super::table::rl_claim`]) charged with the units (frames, or
+/// [`doorkeeper::BYTE_UNIT`]s) in bits 16-31, which the key got before. Not
+/// claimed here: the claim's frame below this one's would make the chain of
+/// calls too deep for the verifier.
+pub(crate) const UNTRACKED_CLAIM: u32 = 0x103;
 
 /// A frame from a key without state under the limit rule at `index` ([`untracked`];
 /// arguments as for [`super::levels::rl_levels`]): answers [`UNTRACKED_PROMOTED`],
@@ -84,6 +89,8 @@ pub extern "C" fn rl_untracked(
     };
     let target = untracked(&key, &masked, fam, rule, config, now, cost);
     match target.kind {
+        // The units it got before: at most 2^16 - 1 (a doorkeeper slot's count).
+        Kind::Claim => UNTRACKED_CLAIM | ((target.level.cost as u32) << 16),
         // Its own bucket (the budget passes as `NewSource`).
         Kind::Gcra if target.level.pass == Reason::Passed => UNTRACKED_PROMOTED,
         Kind::Gcra => UNTRACKED_BUDGET,
@@ -105,6 +112,7 @@ pub(crate) fn new_source_level(rule: &'static Rule) -> Target {
     };
     Target::gcra(Level {
         word,
+        owner: 0,
         params: &rule.new_sources,
         cost: 1,
         pass: Reason::NewSource,
@@ -173,7 +181,7 @@ pub(crate) fn untracked(
     }
     if again {
         if take_new_state(config, now) {
-            return promote(key, h, fam, rule, now, cost, admitted * unit);
+            return promote(key, h, fam, rule, now, cost, admitted, unit);
         }
         event(Event::NewStateCapped);
         fits = admitted * unit + cost <= rule.burst;
@@ -184,6 +192,31 @@ pub(crate) fn untracked(
     if !fits {
         return Target::done(Reason::Limited, rule);
     }
+    new_source_level(rule)
+}
+
+/// A key that earned a state but found no slot for it (the IPv4 table's two
+/// lines full of busy slots): judged as a key whose promotion the cap refused
+/// ([`untracked`]): never admitted beyond its own fresh bucket, its admitted
+/// units counted in its doorkeeper slot, then the new-source budget.
+#[inline(always)]
+pub(crate) fn without_slot(
+    rule: &'static Rule,
+    h: u64,
+    config: &Config,
+    units_before: u64,
+    cost: u64,
+) -> Target {
+    let bytes = rule.flags & rule_flags::BYTES != 0;
+    let unit = if bytes { doorkeeper::BYTE_UNIT } else { 1 };
+    if units_before * unit + cost > rule.burst {
+        return Target::done(Reason::Limited, rule);
+    }
+    let slot = match RL_SEEN.get_ptr_mut(doorkeeper::slot(h, config.seen_mask)) {
+        Some(p) => p,
+        None => core::ptr::null_mut(),
+    };
+    count_admitted(slot, doorkeeper::tag(h), doorkeeper::units(cost, bytes));
     new_source_level(rule)
 }
 
@@ -272,6 +305,7 @@ pub(crate) fn take_new_state(config: &Config, now: u64) -> bool {
 /// bytes rounded up to 64 a frame) it got before; the frame is then judged
 /// against it.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn promote(
     key: &FlowKey,
     h: u64,
@@ -280,27 +314,25 @@ pub(crate) fn promote(
     now: u64,
     cost: u64,
     admitted: u64,
+    unit: u64,
 ) -> Target {
     // Before the insert: a CPU that finds the state must find the bit.
     mark_known(h);
+    if rule.algorithm == algorithm::GCRA && fam == family::V4 {
+        return Target::claim(admitted);
+    }
     if rule.algorithm == algorithm::GCRA {
         let params = rule.gcra_params();
         let mut gcra = gcra::State::full(now, params);
-        gcra::charge(&mut gcra, params, now, admitted);
+        gcra::charge(&mut gcra, params, now, admitted * unit);
         let fresh = SourceState { gcra, born: now };
         // Errors as plain numbers: see `Aggregate` on values with payloads.
         let code = |r: Result<(), i32>| match r {
             Ok(()) => 0,
             Err(e) => e,
         };
-        let (inserted, state) = if fam == family::V4 {
-            let key = key.v4();
-            let inserted = code(RL_STATE4.insert(key, fresh, u64::from(BPF_NOEXIST)));
-            (inserted, RL_STATE4.get_ptr_mut(key))
-        } else {
-            let inserted = code(RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)));
-            (inserted, RL_STATE.get_ptr_mut(key))
-        };
+        let inserted = code(RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)));
+        let state = RL_STATE.get_ptr_mut(key);
         match inserted {
             0 => event(Event::StateCreated),
             // Another CPU promoted it first: its charge stands.
@@ -308,7 +340,7 @@ pub(crate) fn promote(
             _ => return Target::done(Reason::StateFailed, rule),
         }
         return match state {
-            Some(state) => Target::gcra(Level::own(state.cast::<u64>(), rule, cost)),
+            Some(state) => Target::gcra(Level::own(state.cast::<u64>(), 0, rule, cost)),
             None => Target::done(Reason::StateFailed, rule),
         };
     }
@@ -319,7 +351,16 @@ pub(crate) fn promote(
     // charged with what the key got before, inserted, and the scratch zeroed.
     if admitted > 0 {
         // SAFETY: this CPU's own map value, zeroed.
-        unsafe { wide::apply(fresh, rule.algorithm, Op::Charge, rule, now, admitted) };
+        unsafe {
+            wide::apply(
+                fresh,
+                rule.algorithm,
+                Op::Charge,
+                rule,
+                now,
+                admitted * unit,
+            )
+        };
     }
     // SAFETY: as above.
     unsafe { (*fresh).born = now };

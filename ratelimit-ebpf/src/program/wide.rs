@@ -90,7 +90,7 @@ pub(crate) fn limit_wide(wide: *mut WideState, rule: &'static Rule, len: u64, no
             if agg.is_some() {
                 let young = young(rule, shared, read_volatile(&raw const (*wide).born), now);
                 let keep = if young { rule.aggregate_reserve } else { 0 };
-                reason = match take(agg.word, agg.params, now, agg.cost, keep) {
+                reason = match take(agg.word, 0, agg.params, now, agg.cost, keep) {
                     Taken::Yes => Reason::Passed,
                     Taken::No => {
                         mark_refusal(rule, shared, now);

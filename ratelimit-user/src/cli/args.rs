@@ -363,7 +363,10 @@ pub struct RunArgs {
     /// address).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
-    /// IPv4 sources tracked at once (a load-time setting; 80 bytes each).
+    /// IPv4 sources tracked at once (a load-time setting): the state table
+    /// has two slots for each, rounded up to a power of two of 64-byte lines
+    /// (48 bytes a source with the birth stamps). A new source that finds
+    /// both of its lines full of active sources gets no state (`state_full`).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_CAPACITY)]
     pub max_sources: u32,
     /// IPv6 sources (per key prefix, /64 by default) tracked at once (a

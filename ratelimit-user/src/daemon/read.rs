@@ -311,13 +311,21 @@ pub(super) fn status_of(
             // keeps a few free entries of its own.
             let full = |n: usize, cap: u32| n as u64 * 100 >= u64::from(cap) * 99;
             let mut state_map_full = false;
+            let (slots, held, active) = maps.table_occupancy();
+            let ipv4_table = answer::TableStatus {
+                slots,
+                held,
+                active,
+                refused: events[Event::StateFull as usize],
+            };
+            if ipv4_table.refused > 0 {
+                state_map_full = true;
+                notes.push(format!(
+                    "the IPv4 state table had no free slot for {} new sources ({active} of its {slots} slots active now): their frames were judged by the new-source budget (a table never evicts an active source); restart with --reset --max-sources N to make room (rules are kept)",
+                    ipv4_table.refused
+                ));
+            }
             for (what, n, cap, flag) in [
-                (
-                    "IPv4 state map",
-                    v4_keys,
-                    sizes.state_capacity,
-                    "--max-sources",
-                ),
                 (
                     "IPv6 state map",
                     v6_keys,
@@ -363,6 +371,7 @@ pub(super) fn status_of(
                 list_entries: set.lists.values().map(|l| l.entries.len()).sum(),
                 list_capacity: sizes.list_capacity,
                 state_map_full,
+                ipv4_table,
                 states_created: created,
                 new_states_capped: events[Event::NewStateCapped as usize],
                 // States created since the start, less what the maps gained

@@ -340,7 +340,7 @@ fn mount_bpffs(pid: Option<u32>) -> Result<()> {
 
 /// The layout of the maps this build pins. A daemon never adopts pins of another
 /// layout: they live under another directory.
-pub const PIN_LAYOUT: &str = "v9";
+pub const PIN_LAYOUT: &str = "v10";
 
 /// Where the daemon of `id` pins its link and maps under `root`.
 pub fn pin_dir(root: &Path, id: &Identity) -> PathBuf {
@@ -367,13 +367,13 @@ mod tests {
         let root = Path::new("/sys/fs/bpf");
         assert_eq!(
             pin_dir(root, &host),
-            Path::new("/sys/fs/bpf/ratelimit/v9/host/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v10/host/eth0")
         );
         // One inode, reused by a later namespace: another directory.
         assert_ne!(pin_dir(root, &other(7)), pin_dir(root, &other(8)));
         assert_eq!(
             pin_dir(root, &other(7)),
-            Path::new("/sys/fs/bpf/ratelimit/v9/ns7/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v10/ns7/eth0")
         );
     }
 

@@ -13,9 +13,9 @@ use aya::{
     },
 };
 use ratelimit_common::{
-    self as common, Counter, FlowKey, FlowKeyV4, GlobalState, MAP_CONFIG, MAP_DROPS, MAP_EVENTS,
-    MAP_GLOBAL, MAP_GROUPS, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN,
-    MAP_STATE, MAP_STATE_V4, MAP_STATS, RuleAddr, RuleState,
+    self as common, Counter, FlowKey, GlobalState, MAP_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_GLOBAL,
+    MAP_GROUPS, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATE,
+    MAP_STATE_V4, MAP_STATS, RuleAddr, RuleState,
 };
 
 use super::{
@@ -31,6 +31,7 @@ use crate::{
 };
 
 mod state;
+mod table;
 
 /// The typed maps.
 pub struct Maps {
@@ -38,7 +39,8 @@ pub struct Maps {
     tries: [LpmTrie<MapData, RuleAddr, u32>; 2],
     table: Array<MapData, common::Rule>,
     state: HashMap<MapData, FlowKey, common::SourceState>,
-    state_v4: HashMap<MapData, FlowKeyV4, common::SourceState>,
+    /// The IPv4 state table, mapped into memory.
+    state_v4: table::StateTable,
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
     drops: HashMap<MapData, common::DropKey, u64>,
@@ -205,7 +207,10 @@ impl Maps {
             tries: [typed(t, MAP_RULES)?, typed(t, MAP_RULES_B)?],
             table: typed(t, MAP_RULE_TABLE)?,
             state: typed(t, MAP_STATE)?,
-            state_v4: typed(t, MAP_STATE_V4)?,
+            state_v4: table::StateTable::new(
+                typed(t, MAP_STATE_V4)?,
+                typed(t, common::MAP_BORN_V4)?,
+            )?,
             stats: typed(t, MAP_STATS)?,
             config: typed(t, MAP_CONFIG)?,
             drops: typed(t, MAP_DROPS)?,
@@ -265,7 +270,8 @@ impl Maps {
             MAP_RULES_B => self.tries[1].map(),
             MAP_RULE_TABLE => self.table.map(),
             MAP_STATE => self.state.map(),
-            MAP_STATE_V4 => self.state_v4.map(),
+            MAP_STATE_V4 => self.state_v4.lines_map.map(),
+            common::MAP_BORN_V4 => self.state_v4.born_map.map(),
             MAP_STATS => self.stats.map(),
             MAP_CONFIG => self.config.map(),
             MAP_DROPS => self.drops.map(),
@@ -305,7 +311,7 @@ impl Maps {
         let max = |m: &MapData| m.info().map(|i| i.max_entries()).unwrap_or(0);
         let rules_capacity = self.rules_capacity();
         LoadOptions {
-            state_capacity: max(self.state_v4.map()),
+            state_capacity: common::state_sources(self.state_v4.lines()),
             state_capacity_v6: max(self.state.map()),
             rules_capacity,
             list_capacity: max(self.tries[0].map()).saturating_sub(rules_capacity),
@@ -509,6 +515,12 @@ impl Maps {
         self.table_rule(self.config()?.default_rule)
     }
 
+    /// The seed the program hashes keys with (the config's; 0 before the
+    /// first is written).
+    pub(crate) fn seed(&self) -> u64 {
+        self.config().map_or(0, |c| c.hash_seed)
+    }
+
     /// The global config in the kernel.
     pub fn config(&self) -> Result<common::Config> {
         self.config
@@ -539,6 +551,7 @@ impl Maps {
             table_len: self.table.len(),
             slots: self.rule_state.len(),
             seen_slots: self.seen.len(),
+            state_lines: self.state_v4.lines(),
             list_capacity: self.list_capacity(),
         })
     }

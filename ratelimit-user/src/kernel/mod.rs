@@ -105,7 +105,11 @@ impl LoadOptions {
     /// Sets every map's size on `loader`.
     fn size(&self, loader: &mut EbpfLoader) {
         loader
-            .map_max_entries(MAP_STATE_V4, self.state_capacity)
+            .map_max_entries(MAP_STATE_V4, common::state_lines(self.state_capacity))
+            .map_max_entries(
+                common::MAP_BORN_V4,
+                common::state_lines(self.state_capacity),
+            )
             .map_max_entries(MAP_STATE, self.state_capacity_v6)
             .map_max_entries(MAP_RULES, self.trie_capacity())
             .map_max_entries(MAP_RULES_B, self.trie_capacity())
@@ -143,7 +147,7 @@ impl LoadOptions {
         // tries hold the rules and the list entries.
         let rules_capacity = size(MAP_RULE_STATE)?.saturating_sub(1);
         Ok(Self {
-            state_capacity: size(MAP_STATE_V4)?,
+            state_capacity: common::state_sources(size(MAP_STATE_V4)?),
             state_capacity_v6: size(MAP_STATE)?,
             rules_capacity,
             list_capacity: size(MAP_RULES)?.saturating_sub(rules_capacity),

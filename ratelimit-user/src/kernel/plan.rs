@@ -264,6 +264,8 @@ pub struct Current {
     pub slots: u32,
     /// Doorkeeper slots (a power of two).
     pub seen_slots: u32,
+    /// Lines of the IPv4 state table (a power of two).
+    pub state_lines: u32,
     /// List entries at most (all lists together).
     pub list_capacity: usize,
 }
@@ -373,6 +375,7 @@ pub fn plan(
         host.fresh_seed
     };
     config.seen_mask = now.seen_slots - 1;
+    config.state_mask = now.state_lines - 1;
     config.local_ports = host.local_ports;
     config.active_rules = idle as u32;
     let placed = place(set, now, &rules, &default, &counted)?;

@@ -6,7 +6,7 @@
 use aya::maps::{Map, MapData, RingBuf};
 use ratelimit_common::{
     self as common, Counter, EVENT_COUNT, Event, FlowKey, MAP_DROPS, MAP_EVENTS, MAP_STATE,
-    MAP_STATE_V4, MAP_STATS, REASON_COUNT, Reason, gcra,
+    MAP_STATS, REASON_COUNT, Reason, gcra,
 };
 
 use super::{DropLogCounts, Maps, count_entries, dup_map, map_err};
@@ -70,11 +70,13 @@ impl Maps {
         Ok((v4 + v6, wide))
     }
 
-    /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide).
+    /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide). An IPv4 key holds
+    /// its slot of the table until another key needs it: those counted are
+    /// the slots held, idle or not (see [`Maps::table_occupancy`]).
     pub fn tracked_by_map(&self) -> Result<(usize, usize, usize)> {
         use aya::maps::IterableMap as _;
         Ok((
-            count_entries(self.state_v4.map(), MAP_STATE_V4)?,
+            self.state_v4.held().count(),
             count_entries(self.state.map(), MAP_STATE)?,
             count_entries(self.wide.map(), common::MAP_WIDE)?,
         ))
@@ -112,14 +114,18 @@ impl Maps {
         Ok(out)
     }
 
+    /// The IPv4 state table: (slots, slots held, slots whose bucket is not
+    /// full now).
+    pub fn table_occupancy(&self) -> (u64, u64, u64) {
+        let (held, active) = self.state_v4.occupancy(crate::kernel::monotonic_ns());
+        (self.state_v4.slots(), held, active)
+    }
+
     /// Every tracked gcra source and its state (IPv4 first).
     pub fn states(&self) -> impl Iterator<Item = Result<(FlowKey, gcra::State)>> + '_ {
         self.state_v4
-            .iter()
-            .map(|e| {
-                e.map(|(k, v)| (k.widen(), v.gcra))
-                    .map_err(map_err("reading", MAP_STATE_V4))
-            })
+            .held()
+            .map(|h| Ok((h.key, h.state.gcra)))
             .chain(self.state.iter().map(|e| {
                 e.map(|(k, v)| (k, v.gcra))
                     .map_err(map_err("reading", MAP_STATE))
@@ -141,7 +147,7 @@ impl Maps {
     /// The state of one gcra key with when it was created, if tracked.
     pub fn source_state(&self, key: &FlowKey) -> Option<common::SourceState> {
         if common::is_v4_mapped(&key.addr) {
-            self.state_v4.get(&key.v4(), 0).ok()
+            self.state_v4.get(key, self.seed())
         } else {
             self.state.get(key, 0).ok()
         }
@@ -199,6 +205,19 @@ impl Maps {
         if target <= current {
             return;
         }
+        if common::is_v4_mapped(&key.addr) {
+            // Raised with compare-and-swap, or a slot claimed, as the
+            // program does; a key whose lines are full keeps no state here
+            // (its frames are judged as a new source's until one frees).
+            self.state_v4.raise(key, self.seed(), now, |seen| {
+                let want = gcra::with_debt(params, now, target);
+                match seen {
+                    Some(s) if gcra::debt_ns(s, params, now) >= target => s,
+                    _ => want,
+                }
+            });
+            return;
+        }
         let state = common::SourceState {
             gcra: gcra::State {
                 tat: gcra::with_debt(params, now, target),
@@ -206,11 +225,7 @@ impl Maps {
             // A key the fleet made known here is as old as it is here.
             born: found.map_or(now, |s| s.born),
         };
-        let _ = if common::is_v4_mapped(&key.addr) {
-            self.state_v4.insert(key.v4(), state, 0)
-        } else {
-            self.state.insert(key, state, 0)
-        };
+        let _ = self.state.insert(key, state, 0);
     }
 
     /// The wide state of one key, if tracked.
@@ -228,9 +243,11 @@ impl Maps {
     /// Deletes the gcra state of `key` (the idle sweep).
     pub fn remove_state(&mut self, key: &FlowKey) -> Result<()> {
         if common::is_v4_mapped(&key.addr) {
+            // A slot is freed only while its bucket reads as full: one the
+            // program charged since the sweep looked stays.
             self.state_v4
-                .remove(&key.v4())
-                .map_err(map_err("removing", MAP_STATE_V4))
+                .free_idle(key, self.seed(), crate::kernel::monotonic_ns());
+            Ok(())
         } else {
             self.state
                 .remove(key)

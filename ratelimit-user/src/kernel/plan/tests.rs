@@ -70,6 +70,7 @@ impl Kernel {
             table_len: self.table.len() as u32,
             slots: self.slots,
             seen_slots: 1 << 10,
+            state_lines: 1 << 10,
             list_capacity: self.list_capacity,
         }
     }

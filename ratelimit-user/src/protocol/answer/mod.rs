@@ -29,7 +29,7 @@ pub use droplog::{DropEntry, DropLog, DropLogStatus};
 pub use explain::{Beaten, Explained, JudgeKind, Judged, KeyState, States};
 pub use rules::{ActionView, DefaultView, ListView, RuleView, Rules};
 pub use stats::{ReasonCount, Stats};
-pub use status::{Interface, Running, Status};
+pub use status::{Interface, Running, Status, TableStatus};
 pub use top::{Drops, FleetRules, FleetTop, Top, TopRow};
 
 /// Marks an answer read from a program's pins with no daemon.
@@ -228,6 +228,7 @@ mod tests {
             list_entries: 4,
             list_capacity: 100,
             state_map_full: false,
+            ipv4_table: Default::default(),
             states_created: 7,
             new_states_capped: 0,
             evicted_estimate: 1,

@@ -96,8 +96,13 @@ pub struct Running {
     pub list_entries: usize,
     /// Room for them.
     pub list_capacity: u32,
-    /// Whether a state map is full (a new source evicts an old one).
+    /// Whether a state map is full (a new source evicts an old one, or, in
+    /// the IPv4 table, gets no state).
     pub state_map_full: bool,
+    /// The IPv4 state table: its slots, held and active, and the new
+    /// sources it had no slot for.
+    #[serde(default)]
+    pub ipv4_table: TableStatus,
     /// States created, ever (the maps' count).
     pub states_created: u64,
     /// States refused by the cap on creations per second.
@@ -120,4 +125,20 @@ pub struct Running {
     /// hand's edit) and put back, since it started.
     #[serde(default)]
     pub drift_repaired: u64,
+}
+
+/// The IPv4 state table in [`Running`]: a key keeps its slot until another
+/// key needs it, so slots held include idle ones; only active slots (a
+/// bucket not full) are never given away.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableStatus {
+    /// Slots in all (two per source of `--max-sources`).
+    pub slots: u64,
+    /// Slots holding a key.
+    pub held: u64,
+    /// Slots whose bucket is not full now.
+    pub active: u64,
+    /// New sources (and key levels) that found no free slot in their two
+    /// lines, ever: judged as new sources (`state_full`).
+    pub refused: u64,
 }

@@ -1,0 +1,280 @@
+//! The IPv4 state table ([`common::table`]) as the daemon sees it: the
+//! program's two arrays mapped into its memory (`BPF_F_MMAPABLE`), read
+//! without a system call per key and, under fleet-wide rules, written with
+//! the same atomics and claim protocol as the program's.
+
+use std::os::fd::AsFd as _;
+
+use aya::maps::{Array, IterableMap as _, MapData};
+use ratelimit_common::{
+    self as common, FlowKey, MAP_BORN_V4, MAP_STATE_V4, Words,
+    table::{self, Born, Cells as _, HostCells, Line, Slot},
+};
+
+use crate::error::{Error, Result};
+
+/// One shared mapping of an array map's values.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory the daemon only touches through
+// atomics (the table's words) or plain reads of words written once (birth
+// stamps); it is unmapped once, on drop.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn of(map: &MapData, name: &'static str) -> Result<Self> {
+        let info = map.info().map_err(super::map_err("reading", name))?;
+        // SAFETY: a query with no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let bytes = info.value_size() as usize * info.max_entries() as usize;
+        let len = bytes.div_ceil(page) * page;
+        // SAFETY: a shared mapping of an mmapable array map's values, as
+        // long as the kernel has it (`len` rounded to pages, as it maps).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&map.fd().as_fd()),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::Io {
+                what: format!("mapping {name} into memory (BPF_F_MMAPABLE, kernel 5.5 or later)"),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The IPv4 state table and its birth stamps.
+pub struct StateTable {
+    pub(super) lines_map: Array<MapData, Line>,
+    pub(super) born_map: Array<MapData, Born>,
+    lines: Mapping,
+    born: Mapping,
+    count: u32,
+}
+
+/// A slot that holds a key: its key, state word and birth.
+#[derive(Clone, Copy, Debug)]
+pub struct Held {
+    pub key: FlowKey,
+    pub state: common::SourceState,
+}
+
+impl StateTable {
+    /// Maps the two arrays.
+    pub fn new(lines_map: Array<MapData, Line>, born_map: Array<MapData, Born>) -> Result<Self> {
+        let count = lines_map.len();
+        if !count.is_power_of_two() || born_map.len() != count {
+            return Err(Error::invalid(
+                "--max-sources",
+                format!(
+                    "{MAP_STATE_V4} has {count} lines and {MAP_BORN_V4} {}: a power of two of lines each, the same",
+                    born_map.len()
+                ),
+            ));
+        }
+        Ok(Self {
+            lines: Mapping::of(lines_map.map(), MAP_STATE_V4)?,
+            born: Mapping::of(born_map.map(), MAP_BORN_V4)?,
+            lines_map,
+            born_map,
+            count,
+        })
+    }
+
+    /// Lines in the table.
+    pub fn lines(&self) -> u32 {
+        self.count
+    }
+
+    /// Slots in the table.
+    pub fn slots(&self) -> u64 {
+        u64::from(self.count) * table::WAYS as u64
+    }
+
+    fn line(&self, n: u32) -> *mut Line {
+        debug_assert!(n < self.count);
+        // SAFETY: `n` is a line of the mapping (masked by callers).
+        unsafe {
+            self.lines
+                .ptr
+                .cast::<Line>()
+                .add((n & (self.count - 1)) as usize)
+        }
+    }
+
+    fn born_of(&self, n: u32) -> *mut Born {
+        // SAFETY: as in `line`.
+        unsafe {
+            self.born
+                .ptr
+                .cast::<Born>()
+                .add((n & (self.count - 1)) as usize)
+        }
+    }
+
+    /// Every slot that holds a key, with its state (a slot being claimed is
+    /// skipped).
+    pub fn held(&self) -> impl Iterator<Item = Held> + '_ {
+        (0..self.count).flat_map(move |n| {
+            let line = self.line(n);
+            let born = self.born_of(n);
+            (0..table::WAYS as u32).filter_map(move |i| {
+                // SAFETY: a line of the mapping.
+                let (kw, tw) = unsafe { table::words_of(line, i) };
+                let (k, t) = (HostCells::load(kw), HostCells::load(tw));
+                if k == 0 || t == table::LOCKED {
+                    return None;
+                }
+                // SAFETY: the birth stamp of the same slot.
+                let b = unsafe { (*born)[i as usize] };
+                Some(Held {
+                    key: key_of(k),
+                    state: common::SourceState {
+                        gcra: common::gcra::State { tat: t },
+                        born: b,
+                    },
+                })
+            })
+        })
+    }
+
+    /// Slots holding a key, and of those the ones whose bucket is not full
+    /// at `now_ns` (active).
+    pub fn occupancy(&self, now_ns: u64) -> (u64, u64) {
+        let (mut held, mut active) = (0, 0);
+        for h in self.held() {
+            held += 1;
+            active += u64::from(!table::reads_full(h.state.gcra.tat, now_ns));
+        }
+        (held, active)
+    }
+
+    /// The slot of `key` (an IPv4-mapped key) in the table, hashed with
+    /// `seed`: (line, slot).
+    fn find(&self, key: &FlowKey, seed: u64) -> Option<(u32, u32)> {
+        let (kw, h) = word_and_hash(key, seed);
+        let (a, b) = table::lines(h, self.count - 1);
+        for n in [a, b] {
+            // SAFETY: a line of the mapping.
+            if let Some(i) = unsafe { table::find_in::<HostCells>(self.line(n), kw) } {
+                return Some((n, i));
+            }
+        }
+        None
+    }
+
+    /// The state of `key`, if it holds a slot.
+    pub fn get(&self, key: &FlowKey, seed: u64) -> Option<common::SourceState> {
+        let (n, i) = self.find(key, seed)?;
+        // SAFETY: a line of the mapping.
+        let (kw, tw) = unsafe { table::words_of(self.line(n), i) };
+        let t = HostCells::load(tw);
+        if !table::owned(t, HostCells::load(kw), word_and_hash(key, seed).0) {
+            return None;
+        }
+        // SAFETY: the birth stamp of the same slot.
+        let born = unsafe { (*self.born_of(n))[i as usize] };
+        Some(common::SourceState {
+            gcra: common::gcra::State { tat: t },
+            born,
+        })
+    }
+
+    /// Raises the state word of `key` to `to(current)` if that is more, with
+    /// compare-and-swap; a key without a slot claims one holding `to(None)`.
+    /// Whether the key holds what was asked.
+    pub fn raise(
+        &self,
+        key: &FlowKey,
+        seed: u64,
+        now_ns: u64,
+        to: impl Fn(Option<u64>) -> u64,
+    ) -> bool {
+        let (kw, h) = word_and_hash(key, seed);
+        for _ in 0..4 {
+            if let Some((n, i)) = self.find(key, seed) {
+                // SAFETY: a line of the mapping.
+                let (kw_p, tw) = unsafe { table::words_of(self.line(n), i) };
+                let seen = HostCells::load(tw);
+                if !table::owned(seen, HostCells::load(kw_p), kw) {
+                    continue;
+                }
+                let want = to(Some(seen));
+                if want == seen || HostCells::cas(tw, seen, want).1 {
+                    return true;
+                }
+                continue;
+            }
+            let (a, b) = table::lines(h, self.count - 1);
+            // SAFETY: two lines of the mapping and their birth stamps.
+            let got = unsafe {
+                table::claim::<HostCells>(
+                    self.line(a),
+                    self.line(b),
+                    self.born_of(a),
+                    self.born_of(b),
+                    kw,
+                    to(None),
+                    now_ns,
+                )
+            };
+            match got {
+                Slot::At(..) => return true,
+                Slot::Full => return false,
+                Slot::Busy | Slot::Missing | Slot::Raced => {}
+            }
+        }
+        false
+    }
+
+    /// Frees the slot of `key` if its bucket reads as full at `now_ns` (the
+    /// idle sweep). Whether it was.
+    pub fn free_idle(&self, key: &FlowKey, seed: u64, now_ns: u64) -> bool {
+        let Some((n, i)) = self.find(key, seed) else {
+            return false;
+        };
+        // SAFETY: a line of the mapping.
+        unsafe {
+            table::sweep_slot::<HostCells>(self.line(n), i, word_and_hash(key, seed).0, now_ns)
+        }
+    }
+}
+
+/// The key word and hash of an IPv4-mapped key, as the program makes them.
+fn word_and_hash(key: &FlowKey, seed: u64) -> (u64, u64) {
+    let w: Words = common::words(&key.addr);
+    (
+        table::key_word_of(&w, key.rule_id),
+        common::doorkeeper::hash_words(&w, key.rule_id, seed),
+    )
+}
+
+/// The key of a key word.
+fn key_of(word: u64) -> FlowKey {
+    let (addr, id) = table::key_of(word);
+    let mut w: Words = common::words(&common::map_v4([0; 4]));
+    w[3] = addr;
+    FlowKey::of(&w, id)
+}

@@ -36,6 +36,8 @@ mod object;
 mod parse;
 #[path = "kernel/table.rs"]
 mod table;
+#[path = "kernel/top.rs"]
+mod top;
 #[path = "kernel/veth.rs"]
 mod veth;
 

@@ -180,9 +180,22 @@ pub const PINNED_MAPS: [&str; 22] = [
 /// Default number of doorkeeper slots (8 bytes each: 8 MiB). A load-time setting.
 pub const DEFAULT_SEEN_SLOTS: u32 = 1 << 20;
 
-/// One dropped frame in this many (per CPU) is credited, this many times, to its
-/// source in [`MAP_DROPS`]: `top` is an estimate, the drop path stays cheap.
+/// One dropped frame in this many, picked at random ([`drop_sampled`]), is
+/// credited this many times to its source in [`MAP_DROPS`]: `top` is an
+/// estimate, the drop path stays cheap.
 pub const DROP_SAMPLE: u64 = 16;
+
+/// Whether the drop that is its CPU's `n`-th frame of its reason is one
+/// [`MAP_DROPS`] counts: a hash of `n` under the maps' secret `seed`, so that
+/// each drop is picked with probability 1/[`DROP_SAMPLE`] whatever the order
+/// frames arrive in. A fixed stride (every 16th) aliased with the order of
+/// arrival: four sources of 1 970 drops each were shown as 0, 384, 0 and
+/// 7 488. Picked at random, a source's count C of n drops has a mean of n and
+/// a standard deviation of √(15·n): within ±2√(15·n) of n in 19 cases of 20.
+#[inline(always)]
+pub const fn drop_sampled(n: u64, seed: u64) -> bool {
+    crate::doorkeeper::mix(n ^ seed).is_multiple_of(DROP_SAMPLE)
+}
 
 /// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
 pub const DROPS_CAPACITY: u32 = 65_536;

@@ -97,10 +97,12 @@ pub const fn lines(h: u64, mask: u32) -> (u32, u32) {
 }
 
 /// Whether a slot holding `key` and state word `tat` may be given to another
-/// key at `now_ns`: empty, or a bucket that reads as full under any rule.
+/// key at `now_ns`: not being claimed, and empty or a bucket that reads as
+/// full under any rule. (An empty slot being claimed is not free: two CPUs
+/// would both own it.)
 #[inline(always)]
 pub fn free(key: u64, tat: u64, now_ns: u64) -> bool {
-    key == 0 || (tat != LOCKED && reads_full(tat, now_ns))
+    tat != LOCKED && (key == 0 || reads_full(tat, now_ns))
 }
 
 /// Whether a state word reads as a full bucket at `now_ns` whatever the rule:

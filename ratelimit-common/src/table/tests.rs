@@ -88,15 +88,19 @@ fn null() -> *mut Born {
     core::ptr::null_mut()
 }
 
-/// Threads claim the same keys at the same moment: a key never ends with two
-/// slots.
+/// Threads claim the same keys at the same moment, and each charges the
+/// key's bucket once, wherever it found it: a key never ends with two slots,
+/// and no charge is lost (two CPUs owning one slot would overwrite one).
 #[test]
 fn a_key_claimed_on_many_cpus_at_once_gets_one_slot() {
     const THREADS: usize = 4;
-    for round in 0..300u64 {
+    // A bucket far from full at time 0, so that no slot is free once taken.
+    let state = 1u64 << 40;
+    for round in 0..500u64 {
         let mut t = table(2);
         let base = t.as_mut_ptr() as usize;
         let barrier = Barrier::new(THREADS);
+        let charged = std::sync::atomic::AtomicU64::new(0);
         thread::scope(|s| {
             for _ in 0..THREADS {
                 s.spawn(|| {
@@ -105,24 +109,53 @@ fn a_key_claimed_on_many_cpus_at_once_gets_one_slot() {
                     for k in 1..=3u64 {
                         let key = k + round * 10;
                         // SAFETY: lines of a table that outlives the scope.
-                        unsafe {
-                            if find_in::<C>(a, key).is_none() && find_in::<C>(b, key).is_none() {
-                                claim::<C>(a, b, null(), null(), key, 0, 0);
+                        let at = unsafe {
+                            let found = |l: *mut Line| find_in::<C>(l, key).map(|i| (l, i));
+                            match found(a).or_else(|| found(b)) {
+                                Some(at) => Some(at),
+                                None => match claim::<C>(a, b, null(), null(), key, state, 0) {
+                                    Slot::At(0, i) => Some((a, i)),
+                                    Slot::At(_, i) => Some((b, i)),
+                                    _ => found(a).or_else(|| found(b)),
+                                },
+                            }
+                        };
+                        let Some((line, i)) = at else { continue };
+                        // SAFETY: as above.
+                        let (kw, tw) = unsafe { words_of(line, i) };
+                        loop {
+                            let seen = C::load(tw);
+                            if seen == LOCKED {
+                                continue;
+                            }
+                            assert_eq!(C::load(kw), key);
+                            if C::cas(tw, seen, seen + 1).1 {
+                                charged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                break;
                             }
                         }
                     }
                 });
             }
         });
+        let charged = charged.into_inner();
+        let mut total = 0;
         for k in 1..=3u64 {
             let key = k + round * 10;
-            let n = t
+            let slots: Vec<u64> = t
                 .iter()
-                .flat_map(|l| l.keys.iter())
-                .filter(|&&w| w == key)
-                .count();
-            assert!(n <= 1, "round {round}: key {key} holds {n} slots");
+                .flat_map(|l| l.keys.iter().zip(l.tats.iter()))
+                .filter(|(w, _)| **w == key)
+                .map(|(_, tat)| *tat)
+                .collect();
+            assert!(
+                slots.len() <= 1,
+                "round {round}: key {key} holds {} slots",
+                slots.len()
+            );
+            total += slots.iter().map(|tat| tat - state).sum::<u64>();
         }
+        assert_eq!(total, charged, "round {round}: charges lost");
     }
 }
 

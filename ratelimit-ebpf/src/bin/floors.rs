@@ -4,6 +4,9 @@
 //! - `floor_lru`: reads the IPv4 source at a fixed offset, looks it up in an LRU
 //!   hash and bumps the value in place (inserting on a miss) — the floor for any
 //!   stateful per-source limiter;
+//! - `floor_exact`, `floor_table`: the exact floors of an LRU hash and of the
+//!   set-associative table the program keeps IPv4 state in (a lookup and one
+//!   compare-and-swap);
 //! - `floor_count`: XDP_DROP after counting the frame in a per-CPU array — the
 //!   drop-throughput floor, which must count what it received;
 //! - `gen_tx`: the traffic generator, run with BPF_PROG_RUN in live-frames mode:
@@ -197,6 +200,82 @@ mod floors {
         }
         xdp_action::XDP_DROP
     }
+
+    /// The exact floor of the state table the program keeps IPv4 sources in
+    /// (`ratelimit_common::table`): the source's key word and keyed hash, its
+    /// slot found in the first of its two 64-byte lines or the second, and
+    /// its 8-byte state updated with one compare-and-swap; a missing key
+    /// takes an empty slot with one compare-and-swap (no reclaim, no birth
+    /// stamp).
+    #[xdp]
+    pub fn floor_table(ctx: XdpContext) -> u32 {
+        table(&ctx)
+    }
+
+    /// `floor_table` that counts what it took in, for the live benchmark.
+    #[xdp]
+    pub fn floor_table_count(ctx: XdpContext) -> u32 {
+        if let Some(n) = FLOOR_COUNT.get_ptr_mut(0) {
+            // SAFETY: a per-CPU slot.
+            unsafe { *n += 1 };
+        }
+        table(&ctx)
+    }
+
+    #[inline(always)]
+    fn table(ctx: &XdpContext) -> u32 {
+        use ratelimit_common::table as t;
+        let start = ctx.data();
+        if start + EthHdr::LEN + Ipv4Hdr::LEN > ctx.data_end() {
+            return xdp_action::XDP_PASS;
+        }
+        // SAFETY: bounds checked above.
+        let src = unsafe { (*((start + EthHdr::LEN) as *const Ipv4Hdr)).src_addr };
+        let w = ratelimit_common::words(&ratelimit_common::map_v4(src));
+        let kw = t::key_word_of(&w, 0);
+        let h = ratelimit_common::doorkeeper::hash_words(&w, 0, 0x5eed);
+        let (a, b) = t::lines(h, FLOOR_TABLE_LINES - 1);
+        for n in [a, b] {
+            let Some(line) = FLOOR_TABLE.get_ptr_mut(n) else {
+                return xdp_action::XDP_DROP;
+            };
+            let mut i = 0;
+            while i < t::WAYS {
+                // SAFETY: words of a map value valid for this run; others
+                // change them only by compare-and-swap.
+                unsafe {
+                    let k = core::ptr::read_volatile(&raw const (*line).keys[i]);
+                    if k == kw || k == 0 {
+                        let word = &raw mut (*line).tats[i];
+                        let seen = core::ptr::read_volatile(word);
+                        if k == 0 {
+                            let _ = core::intrinsics::atomic_cxchg::<
+                                u64,
+                                { core::intrinsics::AtomicOrdering::SeqCst },
+                                { core::intrinsics::AtomicOrdering::SeqCst },
+                            >(&raw mut (*line).keys[i], 0, kw);
+                        }
+                        let _ = core::intrinsics::atomic_cxchg::<
+                            u64,
+                            { core::intrinsics::AtomicOrdering::SeqCst },
+                            { core::intrinsics::AtomicOrdering::SeqCst },
+                        >(word, seen, seen + 1);
+                        return xdp_action::XDP_DROP;
+                    }
+                }
+                i += 1;
+            }
+        }
+        xdp_action::XDP_DROP
+    }
+
+    /// Lines of `FLOOR_TABLE`: the program's default.
+    const FLOOR_TABLE_LINES: u32 =
+        ratelimit_common::state_lines(ratelimit_common::DEFAULT_STATE_CAPACITY);
+
+    #[map(name = "FLOOR_TABLE")]
+    static FLOOR_TABLE: Array<ratelimit_common::table::Line> =
+        Array::with_max_entries(FLOOR_TABLE_LINES, 0);
 
     /// `floor_exact` that counts what it took in, for the live benchmark.
     #[xdp]

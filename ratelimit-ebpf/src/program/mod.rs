@@ -89,7 +89,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use ratelimit_common::{
     Config, DROP_SAMPLE, DropKey, Event, NO_RULE, RULE_COUNTERS, Reason, Words, action, addr_of,
-    config_flags, family, rule_flags,
+    config_flags, drop_sampled, family, rule_flags,
 };
 
 use classify::lookup_rule;
@@ -359,10 +359,10 @@ pub extern "C" fn rl_verdict(ctx: *mut xdp_md, code: u64) -> u32 {
     let n = count(reason, len);
 
     // `top` needs drops per source, but a hash update per dropped frame would
-    // double the cost of the drop path: one drop in DROP_SAMPLE (per CPU) is
+    // double the cost of the drop path: one drop in DROP_SAMPLE, at random, is
     // credited DROP_SAMPLE times to its source.
     if let Some(key) = dropper
-        && n.is_multiple_of(DROP_SAMPLE)
+        && drop_sampled(n, config.hash_seed)
     {
         count_drop(&key, DROP_SAMPLE);
     }

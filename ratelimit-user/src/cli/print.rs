@@ -437,7 +437,7 @@ pub(super) fn top(data: &Top) {
         );
     } else {
         println!(
-            "(an estimate: one drop in {s} per CPU is counted, {s} times, so each count is a multiple of {s} and may be off by up to {s} per CPU)",
+            "(an estimate: one drop in {s}, picked at random, is counted {s} times; a count near n is within ±2·√(15·n) of the drops in 19 cases of 20)",
             s = ratelimit_common::DROP_SAMPLE
         );
     }

@@ -556,6 +556,8 @@ impl Daemon {
             e.id(),
             e.mode(),
             match (e.took_over_link, e.adopted) {
+                _ if e.upgraded_from.is_some() =>
+                    ", replaced the running program of an earlier version: rules from the record, fresh buckets and counters",
                 (true, true) => ", took over the running program, its rules and buckets",
                 (true, false) =>
                     ", replaced the running program; fresh buckets and counters (--reset)",

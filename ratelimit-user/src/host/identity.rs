@@ -342,9 +342,19 @@ fn mount_bpffs(pid: Option<u32>) -> Result<()> {
 /// layout: they live under another directory.
 pub const PIN_LAYOUT: &str = "v10";
 
+/// Layouts of earlier versions whose running program a daemon of this one
+/// takes over (an upgrade with `--keep-attached`): its link is swapped to
+/// this version's program, its maps unpinned.
+pub const OLDER_LAYOUTS: &[&str] = &["v9"];
+
 /// Where the daemon of `id` pins its link and maps under `root`.
 pub fn pin_dir(root: &Path, id: &Identity) -> PathBuf {
-    id.netns_dir(&root.join("ratelimit").join(PIN_LAYOUT))
+    pin_dir_of(root, id, PIN_LAYOUT)
+}
+
+/// Where a daemon of pin layout `layout` pins them.
+pub fn pin_dir_of(root: &Path, id: &Identity, layout: &str) -> PathBuf {
+    id.netns_dir(&root.join("ratelimit").join(layout))
         .join(&id.iface)
 }
 

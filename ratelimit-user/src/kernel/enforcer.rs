@@ -19,7 +19,7 @@ use aya::{
     },
 };
 use ratelimit_common::{self as common, PROGRAM_NAME};
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{AttachMode, Attached, LINK_PIN, LoadOptions, Maps, sys};
 use crate::{
@@ -43,6 +43,10 @@ pub struct Prepared {
     pub adopted_maps: bool,
     /// A pinned link on this very interface: the program will be swapped into it.
     live_link: bool,
+    /// That link is an earlier version's, pinned in this directory under an
+    /// older layout ([`identity::OLDER_LAYOUTS`]): the upgrade swaps the
+    /// program into it and removes that version's pins.
+    older: Option<(&'static str, PathBuf)>,
     ifindex: u32,
 }
 
@@ -67,6 +71,8 @@ pub struct Enforcer {
     /// Whether the program was swapped into a previous daemon's live link (no
     /// moment without enforcement), rather than attached anew.
     pub took_over_link: bool,
+    /// The older pin layout whose program it replaced (an upgrade), if any.
+    pub upgraded_from: Option<&'static str>,
     /// The interface index the program is attached to.
     ifindex: u32,
     dir: PathBuf,
@@ -178,6 +184,17 @@ impl Enforcer {
             }
             None => false,
         };
+        // An earlier version's program enforcing here, kept attached: the
+        // upgrade takes its link (its maps' layout is not this one's).
+        let older = if live_link {
+            None
+        } else {
+            identity::OLDER_LAYOUTS.iter().find_map(|&layout| {
+                let old = identity::pin_dir_of(&root.path, id, layout);
+                (pinned_link_ifindex(&old.join(LINK_PIN)) == Some(index)).then_some((layout, old))
+            })
+        };
+        let live_link = live_link || older.is_some();
         fresh_dir.0 = None;
         Ok(Prepared {
             id: id.clone(),
@@ -188,6 +205,7 @@ impl Enforcer {
             root,
             adopted_maps: adopt_maps,
             live_link,
+            older,
             ifindex: index,
         })
     }
@@ -259,16 +277,21 @@ impl Prepared {
     /// `mode`; then pins the link and, if they are new, the maps.
     pub fn attach(mut self, mode: AttachMode) -> Result<Enforcer> {
         let link_path = self.dir.join(LINK_PIN);
+        // The link to take over: this layout's, or an earlier version's.
+        let live_path = match &self.older {
+            Some((_, old)) => old.join(LINK_PIN),
+            None => link_path.clone(),
+        };
         let program = program(&mut self.ebpf)?;
         let (link, mode) = if self.live_link {
-            let pinned = PinnedLink::from_pin(&link_path).map_err(|source| Error::Link {
+            let pinned = PinnedLink::from_pin(&live_path).map_err(|source| Error::Link {
                 path: link_path.clone(),
                 source,
             })?;
             let fd_link: FdLink = pinned.into();
             let id = program
                 .attach_to_link(XdpLink::try_from(fd_link).map_err(|source| Error::Link {
-                    path: link_path.clone(),
+                    path: live_path.clone(),
                     source,
                 })?)
                 .map_err(|source| Error::Program {
@@ -280,8 +303,8 @@ impl Prepared {
                 source,
             })?;
             // Our fd now holds the link: replace the old pin with ours.
-            fs::remove_file(&link_path)
-                .map_err(Error::io(format!("replacing {}", link_path.display())))?;
+            fs::remove_file(&live_path)
+                .map_err(Error::io(format!("replacing {}", live_path.display())))?;
             (pin_link(link, &link_path)?, read_mode(&self.id))
         } else {
             let (id, mode) = attach(program, &self.id.iface, mode)?;
@@ -296,10 +319,25 @@ impl Prepared {
         if !self.adopted_maps {
             self.maps.pin(&self.dir)?;
         }
+        if let Some((layout, old)) = &self.older {
+            // The earlier version's maps: read by nothing now (its program
+            // was replaced), freed once unpinned.
+            match fs::remove_dir_all(old) {
+                Ok(()) => remove_empty_parents(old),
+                Err(e) => {
+                    warn!(dir = %old.display(), error = %e, "the earlier version's pins could not all be removed (remove them by hand: nothing reads them)")
+                }
+            }
+            info!(
+                layout,
+                "upgraded: the program of an earlier version (pin layout {layout}) was replaced in its link, with no moment without a program; rules come from the daemon's record, buckets and counters start anew"
+            );
+        }
         write_mode(&self.id, mode);
         Ok(Enforcer {
             adopted: self.adopted_maps,
             took_over_link: self.live_link,
+            upgraded_from: self.older.as_ref().map(|(l, _)| *l),
             id: self.id,
             mode,
             link_id: link.1,

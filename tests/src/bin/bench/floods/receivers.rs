@@ -25,6 +25,9 @@ pub(super) enum Receiver_ {
     /// The exact floor: the limiter's 20-byte key in an LRU hash, updated by
     /// compare-and-swap.
     ExactFloor,
+    /// The exact floor of the state table the program keeps IPv4 sources in:
+    /// a slot in one of two 64-byte lines, updated by compare-and-swap.
+    TableFloor,
     Ratelimit {
         generic: bool,
         coarse: bool,
@@ -39,6 +42,7 @@ impl Receiver_ {
             Receiver_::Floor => "XDP_DROP floor (counting)",
             Receiver_::ParseFloor => "floor that reads the source, then drops",
             Receiver_::ExactFloor => "exact floor (LRU lookup + compare-and-swap)",
+            Receiver_::TableFloor => "exact floor of the table (line lookup + compare-and-swap)",
             Receiver_::Ratelimit {
                 generic: false,
                 coarse: false,
@@ -81,10 +85,14 @@ impl Setup {
         };
         let (rx, rx_if) = (&setup.pair.rx, setup.pair.rx_if.clone());
         match kind {
-            Receiver_::Floor | Receiver_::ParseFloor | Receiver_::ExactFloor => {
+            Receiver_::Floor
+            | Receiver_::ParseFloor
+            | Receiver_::ExactFloor
+            | Receiver_::TableFloor => {
                 let name = match kind {
                     Receiver_::Floor => "floor_count",
                     Receiver_::ParseFloor => "floor_parse",
+                    Receiver_::TableFloor => "floor_table_count",
                     _ => "floor_exact_count",
                 };
                 let mut obj = EbpfLoader::new()
@@ -136,7 +144,10 @@ impl Setup {
     /// Frames the receiver took in so far.
     pub(super) fn frames(&self) -> u64 {
         match self.kind {
-            Receiver_::Floor | Receiver_::ParseFloor | Receiver_::ExactFloor => {
+            Receiver_::Floor
+            | Receiver_::ParseFloor
+            | Receiver_::ExactFloor
+            | Receiver_::TableFloor => {
                 let obj = self.floor.as_ref().expect("floor");
                 let m: aya::maps::PerCpuArray<&aya::maps::MapData, u64> =
                     aya::maps::PerCpuArray::try_from(obj.map("FLOOR_COUNT").expect("map"))
@@ -171,6 +182,7 @@ impl Setup {
             Receiver_::Floor => "floor_count",
             Receiver_::ParseFloor => "floor_parse",
             Receiver_::ExactFloor => "floor_exact_count",
+            Receiver_::TableFloor => "floor_table_count",
             Receiver_::Ratelimit { .. } => "ratelimit",
             Receiver_::Nft | Receiver_::Iptables => return None,
         };

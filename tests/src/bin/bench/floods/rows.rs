@@ -99,6 +99,7 @@ pub(super) fn measure(
             Receiver_::Floor,
             Receiver_::ParseFloor,
             Receiver_::ExactFloor,
+            Receiver_::TableFloor,
             native,
         ];
         if !opts.quick {
@@ -137,7 +138,10 @@ pub(super) fn measure(
             // to ~1.2× what it handled.
             let paced = (!matches!(
                 kind,
-                Receiver_::Floor | Receiver_::ParseFloor | Receiver_::ExactFloor
+                Receiver_::Floor
+                    | Receiver_::ParseFloor
+                    | Receiver_::ExactFloor
+                    | Receiver_::TableFloor
             ))
             .then(|| {
                 let offered = rounds

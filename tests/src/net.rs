@@ -281,7 +281,12 @@ impl Drop for Pair {
 /// (`/sys/fs/bpf/ratelimit/<layout>/<namespace>/<iface>`): the tests'
 /// interface names are unique.
 pub fn pin_dirs(iface: &str) -> Vec<std::path::PathBuf> {
-    let root = Path::new("/sys/fs/bpf/ratelimit").join(ratelimit_user::host::identity::PIN_LAYOUT);
+    pin_dirs_of(iface, ratelimit_user::host::identity::PIN_LAYOUT)
+}
+
+/// [`pin_dirs`] under pin layout `layout` (an earlier version's).
+pub fn pin_dirs_of(iface: &str, layout: &str) -> Vec<std::path::PathBuf> {
+    let root = Path::new("/sys/fs/bpf/ratelimit").join(layout);
     let Ok(entries) = std::fs::read_dir(root) else {
         return Vec::new();
     };

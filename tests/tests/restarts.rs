@@ -17,7 +17,7 @@ use ratelimit_tests::{
     ChildGuard, Daemon, TempDir,
     check::{ip, ipv6_list},
     fixture::Host,
-    net::{Pair, pin_dirs},
+    net::{Pair, pin_dirs, pin_dirs_of},
     privileged, ratelimit_bin,
 };
 
@@ -866,4 +866,105 @@ fn a_rule_deleted_from_the_pins_by_hand_is_put_back_while_the_daemon_runs() {
         "{}",
         d.output()
     );
+}
+
+/// An upgrade with `--keep-attached` (issue 36): the earlier version's
+/// program (here this build pinning under the earlier layout, through the
+/// test switch) is replaced in its link by the next daemon, which pins under
+/// the new layout and removes the earlier pins. Frames are counted at the
+/// receiver across the switch: a denied source never passes (a moment
+/// without a program would let it through), a limited one gets its rate and
+/// at most its burst once more (buckets start anew). A start of the earlier
+/// version after it is refused, and the program keeps enforcing.
+#[test]
+fn an_upgrade_swaps_the_earlier_versions_program_in_its_link_without_a_gap() {
+    privileged!("an_upgrade_swaps_the_earlier_versions_program_in_its_link_without_a_gap");
+    use ratelimit_user::host::identity::TEST_PIN_LAYOUT;
+    let older = ratelimit_user::host::identity::OLDER_LAYOUTS[0];
+    let h = Host::bare("upgrade");
+    let args = ["--rate", "50/s", "--burst", "10", "--keep-attached"];
+    let mut cmd = h.daemon_command(&args);
+    cmd.env(TEST_PIN_LAYOUT, older);
+    let d = h.spawn(cmd);
+    let (denied, limited) = (ip("198.18.0.88"), ip("198.18.0.89"));
+    d.cli_ok(&["deny", "198.18.0.88"]);
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    assert_eq!(
+        pin_dirs_of(&h.pair.rx_if, older).len(),
+        1,
+        "the earlier pins: {}",
+        String::from_utf8_lossy(
+            &Command::new("find")
+                .args(["/sys/fs/bpf/ratelimit", "-maxdepth", "3"])
+                .output()
+                .expect("find")
+                .stdout
+        )
+    );
+    assert!(pin_dirs(&h.pair.rx_if).is_empty());
+
+    const PORT: u16 = 5998;
+    let rx = h.pair.receiver(PORT);
+    let flows = [
+        h.pair.flow(limited, PORT, 2000),
+        h.pair.flow(denied, PORT, 2000),
+    ];
+    let start = Instant::now();
+    let sender = h.pair.send_async(&flows, Duration::from_secs(3));
+    sleep(Duration::from_millis(800));
+    let d = h.daemon(&args);
+    let sent = sender.join().expect("the sender");
+    let secs = start.elapsed().as_secs_f64();
+    let got = rx.finish();
+    let status = d.json(&["status"]);
+    assert_eq!(
+        (status["took_over_link"].clone(), status["adopted"].clone()),
+        (true.into(), false.into()),
+        "{status}"
+    );
+    assert!(
+        pin_dirs_of(&h.pair.rx_if, older).is_empty(),
+        "the earlier version's pins stayed"
+    );
+    assert_eq!(
+        pin_dirs(&h.pair.rx_if).len(),
+        1,
+        "pinned under the new layout"
+    );
+    assert!(
+        sent.iter().all(|s| s.frames > 1000),
+        "the sender sent {sent:?}"
+    );
+    assert_eq!(
+        got.get(&denied).copied().unwrap_or(0),
+        0,
+        "the denied source passed across the upgrade"
+    );
+    let passed = got.get(&limited).copied().unwrap_or(0);
+    // Its rate over the time, its burst at the first start and once more
+    // at the upgrade (buckets start anew).
+    let most = (50.0 * secs).ceil() as u64 + 2 * 10;
+    assert!(
+        passed <= most && passed >= (50.0 * secs * 0.5) as u64,
+        "{passed} passed from a source limited to 50/s burst 10 in {secs:.1} s (at most {most})"
+    );
+
+    // The earlier version started after it finds the link taken: refused,
+    // and the program enforces on.
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let mut cmd = h.daemon_command(&args);
+    cmd.env(TEST_PIN_LAYOUT, older);
+    let out = cmd.output().expect("the earlier version's start");
+    assert!(
+        !out.status.success(),
+        "the earlier version started: {out:?}"
+    );
+    assert!(
+        h.pair.rx_has_xdp(),
+        "the program went with the refused start"
+    );
+    let got = h.pair.probe(&[(denied, 2000)], Duration::from_millis(500));
+    assert_eq!(got.get(&denied).copied().unwrap_or(0), 0, "the deny went");
+    let out = h.command(&["detach"]).output().expect("ratelimit detach");
+    assert!(out.status.success(), "{out:?}");
 }

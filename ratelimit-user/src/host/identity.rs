@@ -347,9 +347,23 @@ pub const PIN_LAYOUT: &str = "v10";
 /// this version's program, its maps unpinned.
 pub const OLDER_LAYOUTS: &[&str] = &["v9"];
 
+/// A test-only switch: `RATELIMIT_TEST_PIN_LAYOUT=v9` (one of
+/// [`OLDER_LAYOUTS`]) makes the daemon pin where an earlier version did: the
+/// tests' way to run an upgrade with one build. Any other value is ignored.
+pub const TEST_PIN_LAYOUT: &str = "RATELIMIT_TEST_PIN_LAYOUT";
+
+/// The layout this process pins under: [`PIN_LAYOUT`], unless the test
+/// switch [`TEST_PIN_LAYOUT`] names an older one.
+pub fn pin_layout() -> &'static str {
+    std::env::var(TEST_PIN_LAYOUT)
+        .ok()
+        .and_then(|v| OLDER_LAYOUTS.iter().find(|l| **l == v).copied())
+        .unwrap_or(PIN_LAYOUT)
+}
+
 /// Where the daemon of `id` pins its link and maps under `root`.
 pub fn pin_dir(root: &Path, id: &Identity) -> PathBuf {
-    pin_dir_of(root, id, PIN_LAYOUT)
+    pin_dir_of(root, id, pin_layout())
 }
 
 /// Where a daemon of pin layout `layout` pins them.

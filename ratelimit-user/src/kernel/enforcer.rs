@@ -189,10 +189,14 @@ impl Enforcer {
         let older = if live_link {
             None
         } else {
-            identity::OLDER_LAYOUTS.iter().find_map(|&layout| {
-                let old = identity::pin_dir_of(&root.path, id, layout);
-                (pinned_link_ifindex(&old.join(LINK_PIN)) == Some(index)).then_some((layout, old))
-            })
+            identity::OLDER_LAYOUTS
+                .iter()
+                .filter(|&&l| l != identity::pin_layout())
+                .find_map(|&layout| {
+                    let old = identity::pin_dir_of(&root.path, id, layout);
+                    (pinned_link_ifindex(&old.join(LINK_PIN)) == Some(index))
+                        .then_some((layout, old))
+                })
         };
         let live_link = live_link || older.is_some();
         fresh_dir.0 = None;

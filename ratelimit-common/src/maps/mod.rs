@@ -205,9 +205,12 @@ pub const DROPS_CAPACITY: u32 = 65_536;
 /// and its birth stamps), 1 M sources cost 48 MiB. A load-time setting.
 pub const DEFAULT_STATE_CAPACITY: u32 = 1 << 20;
 
-/// The most lines [`MAP_STATE_V4`] may have (32 GiB): a slot's position
-/// then fits in 32 bits, as the program hands it between functions.
-pub const MAX_STATE_LINES: u32 = 1 << 29;
+/// The most lines [`MAP_STATE_V4`] may have: 4 GiB, and 2 GiB of birth
+/// stamps beside it, for 134 217 728 sources ([`state_sources`]); the
+/// daemon refuses a `--max-sources` past it. (A slot's position must fit in
+/// 32 bits, as the program hands it between functions: it does up to 2^29
+/// lines.)
+pub const MAX_STATE_LINES: u32 = 1 << 26;
 
 /// Lines of [`MAP_STATE_V4`] for `sources` IPv4 sources: [`crate::table::SLOTS_PER_SOURCE`]
 /// slots each, rounded up to a power of two of lines.

@@ -180,8 +180,6 @@ impl Cells for HostCells {
 pub enum Slot {
     /// Line `0` (of the pair given), slot `1`.
     At(u32, u32),
-    /// Not in either line.
-    Missing,
     /// Being claimed by another CPU, or claimed twice at once: the caller
     /// judges the frame without a state this time.
     Busy,

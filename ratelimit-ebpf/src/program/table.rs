@@ -129,7 +129,7 @@ pub(crate) fn claim(kw: u64, h: u64, mask: u32, state: u64, now: u64) -> u64 {
         Slot::At(0, i) => pos(a, i),
         Slot::At(_, i) => pos(b, i),
         Slot::Full => FULL,
-        Slot::Missing | Slot::Busy | Slot::Raced => match find(kw, h, mask) {
+        Slot::Busy | Slot::Raced => match find(kw, h, mask) {
             0 => BUSY,
             p => p,
         },

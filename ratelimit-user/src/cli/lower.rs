@@ -129,6 +129,17 @@ impl RunArgs {
                 "0/s for the default rule would drop every source; to drop a network use `ratelimit deny CIDR`",
             ));
         }
+        let most = ratelimit_common::state_sources(ratelimit_common::MAX_STATE_LINES);
+        if self.max_sources > most {
+            return Err(Error::invalid(
+                "--max-sources",
+                format!(
+                    "{} is more than the IPv4 state table holds: at most {most} (its map would take {} GiB of kernel memory, 48 bytes a source)",
+                    self.max_sources,
+                    (u64::from(most) * 48) >> 30
+                ),
+            ));
+        }
         if !self.doorkeeper_slots.is_power_of_two() || self.doorkeeper_slots < 1024 {
             return Err(Error::invalid(
                 "--doorkeeper-slots",

@@ -92,13 +92,22 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
 }
 
 /// A first start that fails after it made its pin directory (here the kernel
-/// cannot allocate the state map asked for) leaves no directory behind.
+/// cannot allocate the IPv6 state map asked for) leaves no directory behind;
+/// an IPv4 table past what the daemon allows is refused before anything.
 #[test]
 fn a_failed_first_start_leaves_no_pin_directory() {
     privileged!("a_failed_first_start_leaves_no_pin_directory");
     let h = Host::bare("nopins");
     let out = refused(
         h.daemon_command(&["--max-sources", "4000000000"]),
+        "an IPv4 state table past the most",
+    );
+    assert!(
+        out.contains("--max-sources") && out.contains("134217728"),
+        "{out}"
+    );
+    let out = refused(
+        h.daemon_command(&["--max-sources-v6", "4000000000"]),
         "a state map the kernel cannot allocate",
     );
     assert!(out.contains("RL_STATE") || out.contains("map"), "{out}");

@@ -12,8 +12,10 @@ use super::{limit, rules, v4};
 
 /// Four sources over their limit whose drops arrive in turn (A B C D A B …):
 /// with a fixed stride of 16 per CPU they were counted 0, 384, 0 and 7 488
-/// for 1 970 drops each. Each count must be within three standard
-/// deviations (3·√(15·n)) of the drops.
+/// for 1 970 drops each. Each count must be within five standard
+/// deviations (5·√(15·n), ±860) of the drops: the seed is drawn at each
+/// load, and five keeps a false failure below one run in a million while
+/// the stride's 0 and 7 880 stay far outside.
 #[test]
 fn top_counts_each_source_within_its_bound_whatever_the_order() {
     privileged!("top_counts_each_source_within_its_bound_whatever_the_order");
@@ -38,7 +40,7 @@ fn top_counts_each_source_within_its_bound_whatever_the_order() {
     unpin();
     let counted: Vec<(ratelimit_common::DropKey, u64)> =
         l.maps.drops().map(|e| e.expect("reading drops")).collect();
-    let bound = 3 * (15 * DROPS).isqrt();
+    let bound = 5 * (15 * DROPS).isqrt();
     for s in &sources {
         let got = counted
             .iter()

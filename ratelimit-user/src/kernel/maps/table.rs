@@ -243,7 +243,7 @@ impl StateTable {
             match got {
                 Slot::At(..) => return true,
                 Slot::Full => return false,
-                Slot::Busy | Slot::Missing | Slot::Raced => {}
+                Slot::Busy | Slot::Raced => {}
             }
         }
         false

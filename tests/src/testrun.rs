@@ -55,18 +55,19 @@ static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
 /// the maps typed.
 fn load(sources: u32) -> (Ebpf, Maps, i32) {
     let mut ebpf = EbpfLoader::new()
-        .map_max_entries(ratelimit_common::MAP_STATE, sources)
+        // Room for `sources` of each family.
         .map_max_entries(
-            ratelimit_common::MAP_STATE_V4,
-            ratelimit_common::state_lines(sources),
+            ratelimit_common::MAP_TABLE,
+            2 * ratelimit_common::state_lines(sources),
         )
         .map_max_entries(
-            ratelimit_common::MAP_BORN_V4,
-            ratelimit_common::state_lines(sources),
+            ratelimit_common::MAP_BORN,
+            2 * ratelimit_common::state_lines(sources),
         )
         .load(ratelimit_user::EBPF_OBJECT)
         .expect("loading the object");
-    let maps = Maps::from_ebpf(&mut ebpf).expect("maps");
+    let maps =
+        Maps::from_ebpf(&mut ebpf, Some(ratelimit_common::state_lines(sources))).expect("maps");
     let prog: &mut Xdp = ebpf
         .program_mut(PROGRAM_NAME)
         .expect("program in object")

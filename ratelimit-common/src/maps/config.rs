@@ -163,8 +163,25 @@ pub struct Config {
     /// The drop log's budget: records per second per CPU at most
     /// ([`crate::admit`]); 0: off, dropped frames are not logged.
     pub drop_log_rate: u32,
-    /// Lines of [`crate::MAP_STATE_V4`] less one (a power of two less one):
-    /// the mask of [`crate::table::lines`].
+    /// IPv4 lines of [`crate::MAP_TABLE`] less one (a power of two less
+    /// one): the mask of [`crate::table::lines`] for IPv4 keys, whose lines
+    /// come first.
     pub state_mask: u32,
+    /// IPv6 lines of [`crate::MAP_TABLE`] less one, after the IPv4 lines.
+    pub state6_mask: u32,
+    /// Zero.
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 88);
+const _: () = assert!(core::mem::size_of::<Config>() == 96);
+
+impl Config {
+    /// The table's region for keys of family `fam` ([`crate::table::region`]).
+    #[inline(always)]
+    pub const fn region(&self, fam: u8) -> u64 {
+        if fam == crate::family::V4 {
+            crate::table::region(self.state_mask, 0)
+        } else {
+            crate::table::region(self.state6_mask, self.state_mask.wrapping_add(1))
+        }
+    }
+}

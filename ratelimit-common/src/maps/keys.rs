@@ -108,7 +108,7 @@ pub fn mask_addr(addr: &mut Addr, bits: u8) {
     *addr = addr_of(&mask_words(&words(addr), u32::from(bits)));
 }
 
-/// Key of [`MAP_STATE`](crate::MAP_STATE): the rule a source fell under and its address masked to
+/// A key of a gcra state ([`crate::table`]) or a wide one ([`crate::MAP_WIDE`]): the rule a source fell under and its address masked to
 /// that rule's key prefix. 128 bits kept whole: never hashed or folded.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -120,7 +120,7 @@ pub struct FlowKey {
 }
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 20);
 
-/// Key of [`MAP_STATE_V4`](crate::MAP_STATE_V4): a [`FlowKey`] of an IPv4 source, without the
+/// Key of [`MAP_TABLE`](crate::MAP_TABLE): a [`FlowKey`] of an IPv4 source, without the
 /// IPv4-mapped prefix.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

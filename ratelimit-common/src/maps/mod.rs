@@ -39,17 +39,14 @@ pub const MAP_RULES_B: &str = "RL_RULES_B";
 /// it, so the program never reads a half-written rule. Twice the rule capacity
 /// plus two entries, so that every rule can change at once.
 pub const MAP_RULE_TABLE: &str = "RL_RULE_TABLE";
-/// `LruHash<FlowKey, SourceState>`: one bucket per (rule, masked IPv6 source)
-/// under a gcra rule. Written by the program.
-pub const MAP_STATE: &str = "RL_STATE";
 /// `Array<table::Line>` (mmapable): one bucket per (rule or key level, masked
-/// IPv4 source) under a gcra rule, in a set-associative table of 64-byte
-/// lines ([`crate::table`]). Written by the program, and by the daemon under
+/// source) under a gcra rule, in a set-associative table of 64-byte lines
+/// ([`crate::table`]): the IPv4 keys' lines first, then the IPv6 keys'. Written by the program, and by the daemon under
 /// fleet-wide rules; read by the daemon through a mapping of its memory.
-pub const MAP_STATE_V4: &str = "RL_STATE4";
-/// `Array<table::Born>` (mmapable), beside [`MAP_STATE_V4`]: when each slot's
+pub const MAP_TABLE: &str = "RL_TABLE";
+/// `Array<table::Born>` (mmapable), beside [`MAP_TABLE`]: when each slot's
 /// key got its state.
-pub const MAP_BORN_V4: &str = "RL_BORN4";
+pub const MAP_BORN: &str = "RL_BORN";
 /// `PerCpuArray<Counter>` indexed by [`Reason`]. Written by the program.
 pub const MAP_STATS: &str = "RL_STATS";
 /// `Array<Config>` of one entry: global runtime settings. Written by the daemon.
@@ -125,13 +122,12 @@ pub const fn known_bit(h: u64) -> (u32, u64) {
 }
 
 /// Every map.
-pub const ALL_MAPS: [&str; 23] = [
+pub const ALL_MAPS: [&str; 22] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
-    MAP_STATE,
-    MAP_STATE_V4,
-    MAP_BORN_V4,
+    MAP_TABLE,
+    MAP_BORN,
     MAP_STATS,
     MAP_CONFIG,
     MAP_DROPS,
@@ -152,13 +148,12 @@ pub const ALL_MAPS: [&str; 23] = [
 ];
 
 /// The maps pinned for a restart to adopt: all but the per-CPU scratch.
-pub const PINNED_MAPS: [&str; 22] = [
+pub const PINNED_MAPS: [&str; 21] = [
     MAP_RULES,
     MAP_RULES_B,
     MAP_RULE_TABLE,
-    MAP_STATE,
-    MAP_STATE_V4,
-    MAP_BORN_V4,
+    MAP_TABLE,
+    MAP_BORN,
     MAP_STATS,
     MAP_CONFIG,
     MAP_DROPS,
@@ -200,19 +195,19 @@ pub const fn drop_sampled(n: u64, seed: u64) -> bool {
 /// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
 pub const DROPS_CAPACITY: u32 = 65_536;
 
-/// Default number of IPv4 sources [`MAP_STATE_V4`] holds at once: its lines
-/// are [`state_lines`] of it. At 48 bytes of kernel memory each (the table
+/// Default number of IPv4 sources [`MAP_TABLE`] holds at once: its IPv4
+/// lines are [`state_lines`] of it. At 48 bytes of kernel memory each (the table
 /// and its birth stamps), 1 M sources cost 48 MiB. A load-time setting.
 pub const DEFAULT_STATE_CAPACITY: u32 = 1 << 20;
 
-/// The most lines [`MAP_STATE_V4`] may have: 4 GiB, and 2 GiB of birth
-/// stamps beside it, for 134 217 728 sources ([`state_sources`]); the
-/// daemon refuses a `--max-sources` past it. (A slot's position must fit in
-/// 32 bits, as the program hands it between functions: it does up to 2^29
-/// lines.)
+/// The most lines each family may have in [`MAP_TABLE`]: 4 GiB, and 2 GiB
+/// of birth stamps beside it, for 134 217 728 sources ([`state_sources`]);
+/// the daemon refuses a `--max-sources` or `--max-sources-v6` past it. (A
+/// slot's position must fit in 32 bits, as the program hands it between
+/// functions: it does up to 2^29 lines, both families together.)
 pub const MAX_STATE_LINES: u32 = 1 << 26;
 
-/// Lines of [`MAP_STATE_V4`] for `sources` IPv4 sources: [`crate::table::SLOTS_PER_SOURCE`]
+/// Lines of [`MAP_TABLE`] for `sources` sources of one family: [`crate::table::SLOTS_PER_SOURCE`]
 /// slots each, rounded up to a power of two of lines.
 pub const fn state_lines(sources: u32) -> u32 {
     let slots = sources as u64 * crate::table::SLOTS_PER_SOURCE as u64;
@@ -226,7 +221,7 @@ pub const fn state_lines(sources: u32) -> u32 {
     }
 }
 
-/// The IPv4 sources a table of `lines` lines is sized for ([`state_lines`]).
+/// The sources `lines` lines of the table are sized for ([`state_lines`]).
 pub const fn state_sources(lines: u32) -> u32 {
     let s = lines as u64 * crate::table::WAYS as u64 / crate::table::SLOTS_PER_SOURCE as u64;
     if s > u32::MAX as u64 {
@@ -235,8 +230,9 @@ pub const fn state_sources(lines: u32) -> u32 {
         s as u32
     }
 }
-/// Default capacity of [`MAP_STATE`]: IPv6 sources (per /64 by default) tracked
-/// at once, 96 bytes each. A load-time setting.
+/// Default number of IPv6 sources (per /64 by default) [`MAP_TABLE`] holds at
+/// once: its IPv6 lines are [`state_lines`] of it, 48 bytes a source as for
+/// IPv4. A load-time setting.
 pub const DEFAULT_STATE_V6_CAPACITY: u32 = 1 << 18;
 /// Default number of rules (the rule table holds twice as many, see
 /// [`rule_table_len`]). A load-time setting.

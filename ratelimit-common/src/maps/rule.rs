@@ -113,7 +113,7 @@ impl KeyLevel {
 /// Which algorithm a limit rule uses: [`Rule::algorithm`].
 pub mod algorithm {
     /// Token bucket, greedy refill, as GCRA ([`crate::gcra`]); state in
-    /// [`super::MAP_STATE_V4`] and [`super::MAP_STATE`].
+    /// [`super::MAP_TABLE`].
     pub const GCRA: u8 = 0;
     /// Token bucket, interval refill ([`crate::interval`]); state in [`super::MAP_WIDE`].
     pub const INTERVAL: u8 = 1;

@@ -47,7 +47,7 @@ pub const EPISODE_QUIET_NS: u64 = 60_000_000_000;
 /// so a flood's refusals do not bounce its cache line between CPUs.
 pub const REFUSAL_MARK_NS: u64 = 1_000_000;
 
-/// Value of [`MAP_STATE`](crate::MAP_STATE) and [`MAP_STATE_V4`](crate::MAP_STATE_V4): a key's GCRA state (the only
+/// A key's GCRA state in [`MAP_TABLE`](crate::MAP_TABLE), as the daemon reads it: its GCRA state (the only
 /// word written with compare-and-swap) and when the key got it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

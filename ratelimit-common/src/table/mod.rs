@@ -1,15 +1,28 @@
-//! The IPv4 state table: each key's GCRA word in a set-associative table of
+//! The state table: each key's GCRA word in a set-associative table of
 //! 64-byte lines, so that finding a source's state costs one cache line, not
 //! a walk of a hash bucket's list.
 //!
 //! # Layout
-//! [`MAP_STATE_V4`](crate::MAP_STATE_V4) is an array of [`Line`]s: four key
-//! words, then their four state words. A key may live in either of two lines
-//! ([`lines`], from a keyed hash of the key whose seed the daemon draws at
-//! load); a new key takes a free slot of the emptier one. With two choices a
-//! table whose slots are half taken refuses a new key about once in 30 000
-//! tries ([`SLOTS_PER_SOURCE`]). [`MAP_BORN_V4`](crate::MAP_BORN_V4) holds, at
-//! the same line and slot, when each key got its state.
+//! [`MAP_TABLE`](crate::MAP_TABLE) is an array of [`Line`]s: four key words,
+//! then their four state words. IPv4 keys have the first lines, IPv6 keys the
+//! rest ([`region`]: each family's share is sized by its own flag). A key may
+//! live in either of two lines of its region ([`lines`], from a keyed hash of
+//! the key whose seed the daemon draws at load); a new key takes a free slot
+//! of the emptier one. With two choices a table whose slots are half taken
+//! refuses a new key about once in 30 000 tries ([`SLOTS_PER_SOURCE`]).
+//! [`MAP_BORN`](crate::MAP_BORN) holds, at the same line and slot, when each
+//! key got its state.
+//!
+//! # Key words
+//! An IPv4 key (a 32-bit address and a key id) is its own key word
+//! ([`key_word`]): exact. An IPv6 key (a 128-bit prefix and a key id) does not
+//! fit in a word: its key word is a 64-bit hash of it under a second seed
+//! drawn at load ([`key_word6`]), independent of the hash that picks its
+//! lines. Two IPv6 keys share a state only if their key words are equal and
+//! they share a line: about once in 2^63 comparisons, with no way to aim it
+//! without the seed. A lookup compares eight slots, so at 25 M frames a
+//! second for a year (2^50 lookups) the chance that any frame is judged
+//! against another key's bucket is below 2^-10.
 //!
 //! # Exact
 //! A slot may be given to another key only when it is *free*: empty, or its
@@ -47,7 +60,7 @@ pub const WAYS: usize = 4;
 /// from, a table half full refuses about 0.003 % of new keys.
 pub const SLOTS_PER_SOURCE: u32 = 2;
 
-/// One line of [`MAP_STATE_V4`](crate::MAP_STATE_V4): 64 bytes, one cache line.
+/// One line of [`MAP_TABLE`](crate::MAP_TABLE): 64 bytes, one cache line.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Line {
@@ -59,7 +72,7 @@ pub struct Line {
 const _: () = assert!(core::mem::size_of::<Line>() == 64);
 
 /// When each slot's key got its state (the program's clock, ns): the value
-/// of [`MAP_BORN_V4`](crate::MAP_BORN_V4) for a line.
+/// of [`MAP_BORN`](crate::MAP_BORN) for a line.
 pub type Born = [u64; WAYS];
 
 /// A state word while its slot is being claimed. Never a state a bucket holds
@@ -85,6 +98,43 @@ pub const fn key_of(word: u64) -> (u32, u32) {
 #[inline(always)]
 pub const fn key_word_of(masked: &Words, key_id: u32) -> u64 {
     key_word(masked[3], key_id)
+}
+
+/// What makes [`key_word6`]'s seed from the table's: another seed, as secret.
+pub const KEY6_SALT: u64 = 0x6b65_7936_2d73_616c;
+
+/// The key word of an IPv6 key (`masked` words under `key_id`), with the
+/// seed `seed` ([`Config::hash_seed`](crate::Config::hash_seed)): a hash of
+/// it under a seed of its own, never 0 (module docs).
+#[inline(always)]
+pub fn key_word6(masked: &Words, key_id: u32, seed: u64) -> u64 {
+    crate::doorkeeper::hash_words(masked, key_id, crate::doorkeeper::mix(seed ^ KEY6_SALT)) | 1
+}
+
+/// The key word of a key of family `fam` ([`key_word_of`], [`key_word6`]).
+#[inline(always)]
+pub fn key_word_for(fam: u8, masked: &Words, key_id: u32, seed: u64) -> u64 {
+    if fam == crate::family::V4 {
+        key_word_of(masked, key_id)
+    } else {
+        key_word6(masked, key_id, seed)
+    }
+}
+
+/// A family's region of the table: its lines less one (`mask`, a power of
+/// two less one) and its first line (`base`), as one number.
+#[inline(always)]
+pub const fn region(mask: u32, base: u32) -> u64 {
+    mask as u64 | ((base as u64) << 32)
+}
+
+/// [`lines`] of hash `h` in `region` ([`region`]): the two lines' indices in
+/// the whole table.
+#[inline(always)]
+pub const fn region_lines(h: u64, region: u64) -> (u32, u32) {
+    let (a, b) = lines(h, region as u32);
+    let base = (region >> 32) as u32;
+    (base.wrapping_add(a), base.wrapping_add(b))
 }
 
 /// The two lines a key of hash `h` may live in, in a table of `mask + 1`

@@ -221,3 +221,36 @@ fn a_reclaimed_slot_never_takes_the_old_owners_charge() {
     });
     assert_eq!(wrong.into_inner(), 0, "a new owner's bucket was charged");
 }
+
+#[test]
+fn each_family_keeps_to_its_region() {
+    // IPv4: lines 0..1024; IPv6: 256 lines after them.
+    let v4 = region(1023, 0);
+    let v6 = region(255, 1024);
+    for h in [0u64, 1, u64::MAX, 0x1234_5678_9abc_def0, 0xdead_beef] {
+        let (a, b) = region_lines(h, v4);
+        assert!(a < 1024 && b < 1024 && a != b);
+        let (a, b) = region_lines(h, v6);
+        assert!((1024..1280).contains(&a) && (1024..1280).contains(&b) && a != b);
+    }
+}
+
+#[test]
+fn ipv6_key_words_are_never_empty_and_differ_by_key_and_seed() {
+    let a: Words = [0x2001_0db8u32.to_be(), 0, 0, 0];
+    let mut b = a;
+    b[1] = 1;
+    let w = key_word6(&a, 7, 42);
+    assert_ne!(w, 0);
+    assert_eq!(w, key_word6(&a, 7, 42));
+    assert_ne!(w, key_word6(&b, 7, 42));
+    assert_ne!(w, key_word6(&a, 8, 42));
+    // Another seed, another word: nobody can compute it without the seed.
+    assert_ne!(w, key_word6(&a, 7, 43));
+    // Not the hash that picks the lines.
+    assert_ne!(w | 1, crate::doorkeeper::hash_words(&a, 7, 42) | 1);
+    // Never 0, whatever the key.
+    for i in 0..10_000u32 {
+        assert_ne!(key_word6(&[i, 0, 0, 0], i, 1), 0);
+    }
+}

@@ -23,13 +23,10 @@
 
 use core::ptr::read_volatile;
 
-use aya_ebpf::{
-    bindings::{BPF_NOEXIST, xdp_md},
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use ratelimit_common::{
-    CAS_RETRIES, Event, FlowKey, KeyLevel, Reason, Rule, SourceState, Words, doorkeeper, family,
-    gcra, level_flags, rule_flags, table,
+    CAS_RETRIES, Event, KeyLevel, Reason, Rule, Words, doorkeeper, gcra, level_flags, rule_flags,
+    table,
 };
 
 use super::{
@@ -37,7 +34,7 @@ use super::{
     bucket::{Taken, cas, give_back, take},
     count::event,
     key::{Level, mask_source, reason_of},
-    maps::{RL_CONFIG, RL_RULE_TABLE, RL_STATE},
+    maps::{RL_CONFIG, RL_RULE_TABLE},
     parse::source_at,
     table::{BUSY, FULL, find, rl_claim, still_owned, word},
 };
@@ -219,10 +216,9 @@ pub extern "C" fn rl_levels(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, 
     let keyed = rule.flags & rule_flags::LEVELS != 0 && rule.levels[0].is_on();
     let second = keyed && rule.levels[1].is_on();
     let agg = rule.flags & rule_flags::AGGREGATE != 0;
-    let v4 = packed & 0xff == u64::from(family::V4);
     let level = |n: u64, op: u64| {
         let mut packed = packed | op | (n << LEVEL_SHIFT);
-        if v4 && n != 0 {
+        if n != 0 {
             // The key's slot (claimed if it has none and units are taken),
             // found by a function of its own beside `rl_level` rather than
             // under it, and handed to it (see `rl_level_slot`).
@@ -313,11 +309,14 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
         } else {
             1
         };
-        let (word, owner) = if fam == family::V4 {
-            level_word_v4(rule.id, n as u32, lv, &source, packed >> LEVEL_POS_SHIFT)
-        } else {
-            level_state(rule.id, n as u32, lv, fam, &source, now, !giving)
-        };
+        let (word, owner) = level_word(
+            rule.id,
+            n as u32,
+            lv,
+            fam,
+            &source,
+            packed >> LEVEL_POS_SHIFT,
+        );
         (word, owner, &lv.params, cost, refused)
     };
     if word.is_null() {
@@ -344,12 +343,12 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
     }
 }
 
-/// Where [`rl_level`] finds an IPv4 key level's slot in `packed` (a
+/// Where [`rl_level`] finds a key level's slot in `packed` (a
 /// position of [`super::table`], 0 for none): the bits above the length.
 pub(crate) const LEVEL_POS_SHIFT: u64 = 32;
 
 /// The slot of `source`'s key at key level `n` of the rule at `index` (both
-/// in `packed`, as for [`rl_level`]) in the IPv4 table, claimed full if it
+/// in `packed`, as for [`rl_level`]) in the state table, claimed full if it
 /// has none and the operation takes units (only frames their own level
 /// admits come here, so a spoofed flood does not create them): its position,
 /// or 0.
@@ -383,13 +382,15 @@ pub extern "C" fn rl_level_slot(
     let Ok(source) = source_at(&XdpContext::new(ctx), l3) else {
         return 0;
     };
-    let (kw, h) = level_key_v4(rule.id, n, lv, &source, config.hash_seed);
-    let at = find(kw, h, config.state_mask);
+    let fam = (packed & 0xff) as u8;
+    let (kw, h) = level_key(rule.id, n, lv, fam, &source, config.hash_seed);
+    let region = config.region(fam);
+    let at = find(kw, h, region);
     if at != 0 || packed & LEVELS_GIVE_BACK != 0 {
         return at;
     }
     let state = gcra::State::full(now, &lv.params).tat;
-    match rl_claim(kw, h, u64::from(config.state_mask), state, now) {
+    match rl_claim(kw, h, region, state, now) {
         FULL => {
             event(Event::StateFull);
             0
@@ -399,20 +400,21 @@ pub extern "C" fn rl_level_slot(
     }
 }
 
-/// The table's key word and hash of `source`'s key at IPv4 key level `n`
-/// (1 or 2) of the rule `rule_id`.
+/// The table's key word and hash of `source`'s key (of family `fam`) at key
+/// level `n` (1 or 2) of the rule `rule_id`.
 #[inline(always)]
-pub(crate) fn level_key_v4(
+pub(crate) fn level_key(
     rule_id: u32,
     n: u32,
     lv: &KeyLevel,
+    fam: u8,
     source: &Words,
     seed: u64,
 ) -> (u64, u64) {
-    let masked = level_masked(lv, family::V4, source);
+    let masked = level_masked(lv, fam, source);
     let id = KeyLevel::key_id(rule_id, n);
     (
-        table::key_word_of(&masked, id),
+        table::key_word_for(fam, &masked, id, seed),
         doorkeeper::hash_words(&masked, id, seed),
     )
 }
@@ -423,14 +425,15 @@ pub(crate) fn level_masked(lv: &KeyLevel, fam: u8, source: &Words) -> Words {
     mask_source(lv.mask_v4, &lv.mask_v6, fam, source)
 }
 
-/// The state word of the IPv4 key of `source` at level `n` (1 or 2) of the
-/// rule `rule_id`, in the table slot at `at` ([`rl_level_slot`]), and the
-/// key word it must hold; null if there is none.
+/// The state word of the key of `source` (of family `fam`) at level `n` (1 or
+/// 2) of the rule `rule_id`, in the table slot at `at` ([`rl_level_slot`]),
+/// and the key word it must hold; null if there is none.
 #[inline(always)]
-pub(crate) fn level_word_v4(
+pub(crate) fn level_word(
     rule_id: u32,
     n: u32,
     lv: &KeyLevel,
+    fam: u8,
     source: &Words,
     at: u64,
 ) -> (*mut u64, u64) {
@@ -442,45 +445,6 @@ pub(crate) fn level_word_v4(
     };
     (
         word(at),
-        level_key_v4(rule_id, n, lv, source, config.hash_seed).0,
+        level_key(rule_id, n, lv, fam, source, config.hash_seed).0,
     )
-}
-
-/// The state word of `source`'s IPv6 key at level `n` (1 or 2) of the rule
-/// `rule_id`, created full if missing and `create`; null if there is none
-/// (the key word is 0: no table).
-#[inline(always)]
-pub(crate) fn level_state(
-    rule_id: u32,
-    n: u32,
-    lv: &KeyLevel,
-    fam: u8,
-    source: &Words,
-    now: u64,
-    create: bool,
-) -> (*mut u64, u64) {
-    let masked = level_masked(lv, fam, source);
-    let id = KeyLevel::key_id(rule_id, n);
-    let key = FlowKey::of(&masked, id);
-    // Looked up here, not through `state_v6`: its frame would make the
-    // deepest chain of calls (the program, `rl_limit`, `rl_levels`,
-    // `rl_level`) too deep for the verifier's 512-byte stack.
-    let fresh = SourceState {
-        gcra: gcra::State::full(now, &lv.params),
-        born: now,
-    };
-    let found = match RL_STATE.get_ptr_mut(key) {
-        Some(p) => Some(p),
-        // Another CPU creating it at the same moment wins; this one then
-        // takes from the winner's state.
-        None if create => {
-            let _ = RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST));
-            RL_STATE.get_ptr_mut(key)
-        }
-        None => None,
-    };
-    match found {
-        Some(p) => (p.cast(), 0),
-        None => (core::ptr::null_mut(), 0),
-    }
 }

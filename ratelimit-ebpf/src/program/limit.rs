@@ -12,8 +12,7 @@ use core::ptr::read_volatile;
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use ratelimit_common::{
-    Config, Event, FlowKey, Reason, Rule, SourceState, Words, algorithm, doorkeeper, family, gcra,
-    rule_flags, table,
+    Config, Event, FlowKey, Reason, Rule, Words, algorithm, doorkeeper, gcra, rule_flags, table,
 };
 
 use super::{
@@ -24,12 +23,12 @@ use super::{
     fleet::{rl_fleet_cost, rl_fleet_count},
     key::{Kind, Level, Target, masked, reason_of},
     levels::{shared_levels, two_levels},
-    maps::{RL_CONFIG, RL_RULE_STATE, RL_RULE_TABLE, RL_STATE, RL_WIDE},
+    maps::{RL_CONFIG, RL_RULE_STATE, RL_RULE_TABLE, RL_WIDE},
     parse::source_at,
     table::{BUSY, FULL, Pos, born as born_at, rl_claim, rl_find, word},
     untracked::{
-        UNTRACKED_BUDGET, UNTRACKED_CLAIM, UNTRACKED_PROMOTED, UNTRACKED_PROMOTED_WIDE,
-        new_source_level, rl_known, rl_untracked, without_slot,
+        UNTRACKED_BUDGET, UNTRACKED_CLAIM, UNTRACKED_PROMOTED_WIDE, new_source_level, rl_known,
+        rl_untracked, without_slot,
     },
     wide::rl_wide,
 };
@@ -117,36 +116,29 @@ pub(crate) fn limit(
     // looked up whatever it says (the daemon inserts states for them).
     let h = doorkeeper::hash_words(&masked, rule.id, config.hash_seed);
     let known = rl_known(h, u64::from(rule.flags & rule_flags::FLEET)) != 0;
-    // The IPv4 table's key word (0 for IPv6: no table).
-    let kw = if fam == family::V4 {
-        table::key_word_of(&masked, rule.id)
+    // The key's word in the state table (made only for a key that may have
+    // a state or is given one now: IPv6's costs a hash), and its family's
+    // region there.
+    let kw_of = || table::key_word_for(fam, &masked, rule.id, config.hash_seed);
+    let region = config.region(fam);
+    let kw = if rule.algorithm == algorithm::GCRA && known {
+        kw_of()
     } else {
         0
     };
     if rule.algorithm == algorithm::GCRA {
-        if fam == family::V4 {
-            let at = known_v4(kw, h, config.state_mask, known);
-            let word = if at == 0 {
-                core::ptr::null_mut()
-            } else {
-                word(at)
-            };
-            if !word.is_null() {
-                target = Target::gcra(Level::own(word, kw, rule, charged));
-                tracked = true;
-                // Read only where it matters (the reserve's classes).
-                if rule.aggregate_reserve != 0 {
-                    born = born_at(at);
-                }
-            }
+        let at = known_at(kw, h, region, known);
+        let word = if at == 0 {
+            core::ptr::null_mut()
         } else {
-            let state = known_v6(&key, known);
-            if !state.is_null() {
-                target = Target::gcra(Level::own(state.cast::<u64>(), 0, rule, charged));
-                tracked = true;
-                // SAFETY: a map value valid for this run; written once, at its
-                // creation.
-                born = unsafe { read_volatile(&raw const (*state).born) };
+            word(at)
+        };
+        if !word.is_null() {
+            target = Target::gcra(Level::own(word, kw, rule, charged));
+            tracked = true;
+            // Read only where it matters (the reserve's classes).
+            if rule.aggregate_reserve != 0 {
+                born = born_at(at);
             }
         }
     } else if known_wide(&key, known) {
@@ -162,17 +154,17 @@ pub(crate) fn limit(
             now,
         );
         target = match found {
-            r if r & 0xffff == UNTRACKED_CLAIM => {
-                claimed(rule, kw, h, config, now, r >> 16, cost, charged)
-            }
-            UNTRACKED_PROMOTED => {
-                let state = state_v6(&key);
-                if state.is_null() {
-                    Target::done(Reason::StateFailed, rule)
-                } else {
-                    Target::gcra(Level::own(state.cast::<u64>(), 0, rule, charged))
-                }
-            }
+            r if r & 0xffff == UNTRACKED_CLAIM => claimed(
+                rule,
+                kw_of(),
+                h,
+                region,
+                config,
+                now,
+                r >> 16,
+                cost,
+                charged,
+            ),
             UNTRACKED_PROMOTED_WIDE => Target::wide(rule),
             UNTRACKED_BUDGET => new_source_level(rule),
             r => Target::done(reason_of(r), rule),
@@ -203,7 +195,7 @@ pub(crate) fn limit(
     reason
 }
 
-/// The target of an IPv4 gcra key that earned a state ([`UNTRACKED_CLAIM`]):
+/// The target of a gcra key that earned a state ([`UNTRACKED_CLAIM`]):
 /// a slot of the table claimed ([`rl_claim`]) charged with the `units` (frames,
 /// or [`doorkeeper::BYTE_UNIT`]s) it got before, its frame judged against
 /// it; with no free slot, the new-source budget.
@@ -213,6 +205,7 @@ fn claimed(
     rule: &'static Rule,
     kw: u64,
     h: u64,
+    region: u64,
     config: &Config,
     now: u64,
     units: u32,
@@ -227,7 +220,7 @@ fn claimed(
     };
     let mut state = gcra::State::full(now, params);
     gcra::charge(&mut state, params, now, u64::from(units) * unit);
-    match rl_claim(kw, h, u64::from(config.state_mask), state.tat, now) {
+    match rl_claim(kw, h, region, state.tat, now) {
         FULL => {
             // No free slot in its two lines: judged as a new source's.
             event(Event::StateFull);
@@ -247,43 +240,17 @@ fn claimed(
     }
 }
 
-/// The table position of an IPv4 key the filter may know, or 0. Apart from
-/// the limit, as are [`known_v6`] and [`known_wide`]: a key the filter does
-/// not know then comes back as a key without a state, and the verifier walks
-/// what follows once for both.
+/// The table position of a gcra key the filter may know, or 0. Apart from
+/// the limit, as is [`known_wide`]: a key the filter does not know then comes
+/// back as a key without a state, and the verifier walks what follows once
+/// for both.
 #[inline(never)]
-pub(crate) fn known_v4(kw: u64, h: u64, mask: u32, known: bool) -> Pos {
-    if known {
-        rl_find(kw, h, u64::from(mask))
-    } else {
-        0
-    }
+pub(crate) fn known_at(kw: u64, h: u64, region: u64, known: bool) -> Pos {
+    if known { rl_find(kw, h, region) } else { 0 }
 }
 
-/// The state of an IPv6 key the filter may know, or null. See [`known_v4`].
-#[inline(never)]
-pub(crate) fn known_v6(key: &FlowKey, known: bool) -> *mut SourceState {
-    if known {
-        state_v6(key)
-    } else {
-        core::ptr::null_mut()
-    }
-}
-
-/// Whether a key the filter may know has a wide state. See [`known_v4`].
+/// Whether a key the filter may know has a wide state. See [`known_at`].
 #[inline(never)]
 pub(crate) fn known_wide(key: &FlowKey, known: bool) -> bool {
     known && RL_WIDE.get_ptr_mut(key).is_some()
-}
-
-/// The state of an IPv6 key, or null. Not inlined: with the lookup in the
-/// limit LLVM merged it with others into one call on either map, and the
-/// verifier, which inlines a lookup only when its call site always sees the
-/// same map, then left both to the slower generic helper.
-#[inline(never)]
-pub(crate) fn state_v6(key: &FlowKey) -> *mut SourceState {
-    match RL_STATE.get_ptr_mut(*key) {
-        Some(p) => p,
-        None => core::ptr::null_mut(),
-    }
 }

@@ -12,7 +12,7 @@ use ratelimit_common::{
     DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_LOG_BYTES, DROPS_CAPACITY, DropKey,
     DropLogBudget, EVENT_COUNT, FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey,
     GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule,
-    RuleAddr, RuleState, SourceState, WideState, rule_table_len, state_lines,
+    RuleAddr, RuleState, WideState, rule_table_len, state_lines,
     table::{Born, Line},
 };
 
@@ -37,19 +37,17 @@ pub(crate) static RL_RULE_TABLE: Array<Rule> =
 #[map(name = "RL_GROUPS")]
 pub(crate) static RL_GROUPS: Array<MatchGroup> = Array::with_max_entries(2 * GROUPS_CAPACITY, 0);
 
-#[map(name = "RL_STATE")]
-pub(crate) static RL_STATE: LruHashMap<FlowKey, SourceState> =
-    LruHashMap::with_max_entries(DEFAULT_STATE_V6_CAPACITY, 0);
-
 // Mapped into the daemon's memory (`BPF_F_MMAPABLE`), which reads and,
 // under fleet-wide rules, claims slots with the same atomics.
-#[map(name = "RL_STATE4")]
-pub(crate) static RL_STATE4: Array<Line> =
-    Array::with_max_entries(state_lines(DEFAULT_STATE_CAPACITY), BPF_F_MMAPABLE);
+#[map(name = "RL_TABLE")]
+pub(crate) static RL_TABLE: Array<Line> = Array::with_max_entries(TABLE_LINES, BPF_F_MMAPABLE);
 
-#[map(name = "RL_BORN4")]
-pub(crate) static RL_BORN4: Array<Born> =
-    Array::with_max_entries(state_lines(DEFAULT_STATE_CAPACITY), BPF_F_MMAPABLE);
+#[map(name = "RL_BORN")]
+pub(crate) static RL_BORN: Array<Born> = Array::with_max_entries(TABLE_LINES, BPF_F_MMAPABLE);
+
+/// The table's default lines: both families' (the daemon sizes it at load).
+const TABLE_LINES: u32 =
+    state_lines(DEFAULT_STATE_CAPACITY) + state_lines(DEFAULT_STATE_V6_CAPACITY);
 
 #[map(name = "RL_STATS")]
 pub(crate) static RL_STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(REASON_COUNT, 0);

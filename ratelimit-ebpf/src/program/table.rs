@@ -1,8 +1,8 @@
-//! The IPv4 state table ([`ratelimit_common::table`]): a key's slot found in
-//! its two lines, or claimed. Positions travel as one number ([`Pos`]), so
+//! The state table ([`ratelimit_common::table`]): a key's slot found in its
+//! two lines, or claimed. Positions travel as one number ([`Pos`]), so
 //! that the functions that find them return no pointer.
 //!
-//! Enters: the key's word and hash, the table's mask. Leaves: the slot's
+//! Enters: the key's word and hash, its family's region of the table. Leaves: the slot's
 //! position, its state word, when it was born. Called by the limit
 //! ([`super::limit`]), the untracked path ([`super::untracked`]) and the key
 //! levels ([`super::levels`]).
@@ -16,7 +16,7 @@ use ratelimit_common::table::{self, Cells, Line, Slot};
 
 use super::{
     bucket::cas,
-    maps::{RL_BORN4, RL_STATE4},
+    maps::{RL_BORN, RL_TABLE},
 };
 
 /// The program's atomics for [`table`]'s protocol.
@@ -44,7 +44,7 @@ pub(crate) type Pos = u64;
 
 #[inline(always)]
 fn line(n: u32) -> *mut Line {
-    match RL_STATE4.get_ptr_mut(n) {
+    match RL_TABLE.get_ptr_mut(n) {
         Some(p) => p,
         None => core::ptr::null_mut(),
     }
@@ -55,21 +55,21 @@ fn pos(line: u32, slot: u32) -> Pos {
     ((u64::from(line) << 2) | u64::from(slot & 3)) + 1
 }
 
-/// The position of key word `kw` (hash `h`) in the table of `mask + 1`
-/// lines, or 0.
+/// The position of key word `kw` (hash `h`) in the table's `region`
+/// ([`table::region`]), or 0.
 ///
 /// A global function: the caller sees an unknown number come back, and so
 /// walks what follows once, not once for each slot a key may be found in.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn rl_find(kw: u64, h: u64, mask: u64) -> Pos {
-    find(kw, h, mask as u32)
+pub extern "C" fn rl_find(kw: u64, h: u64, region: u64) -> Pos {
+    find(kw, h, region)
 }
 
 /// [`rl_find`], inlined in its caller.
 #[inline(always)]
-pub(crate) fn find(kw: u64, h: u64, mask: u32) -> Pos {
-    let (a, b) = table::lines(h, mask);
+pub(crate) fn find(kw: u64, h: u64, region: u64) -> Pos {
+    let (a, b) = table::region_lines(h, region);
     let la = line(a);
     if la.is_null() {
         return 0;
@@ -89,8 +89,7 @@ pub(crate) fn find(kw: u64, h: u64, mask: u32) -> Pos {
     }
 }
 
-/// Claims a slot for key word `kw` (hash `h`, in a table of `mask + 1`
-/// lines) holding state word `state` (module docs of [`table`]); `now` is
+/// Claims a slot for key word `kw` (hash `h`, in the table's `region`) holding state word `state` (module docs of [`table`]); `now` is
 /// its birth. Answers its position; [`FULL`] when both lines are full of
 /// busy slots; the position of the key claimed at the same moment by another
 /// CPU, or [`BUSY`] if it is not stored yet.
@@ -99,19 +98,19 @@ pub(crate) fn find(kw: u64, h: u64, mask: u32) -> Pos {
 /// caller sees one number come back.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn rl_claim(kw: u64, h: u64, mask: u64, state: u64, now: u64) -> u64 {
-    claim(kw, h, mask as u32, state, now)
+pub extern "C" fn rl_claim(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
+    claim(kw, h, region, state, now)
 }
 
 /// [`rl_claim`], inlined in its caller.
 #[inline(always)]
-pub(crate) fn claim(kw: u64, h: u64, mask: u32, state: u64, now: u64) -> u64 {
-    let (a, b) = table::lines(h, mask);
+pub(crate) fn claim(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
+    let (a, b) = table::region_lines(h, region);
     let (la, lb) = (line(a), line(b));
     if la.is_null() || lb.is_null() {
         return BUSY;
     }
-    let born = |n: u32| match RL_BORN4.get_ptr_mut(n) {
+    let born = |n: u32| match RL_BORN.get_ptr_mut(n) {
         Some(p) => p,
         None => core::ptr::null_mut(),
     };
@@ -129,7 +128,7 @@ pub(crate) fn claim(kw: u64, h: u64, mask: u32, state: u64, now: u64) -> u64 {
         Slot::At(0, i) => pos(a, i),
         Slot::At(_, i) => pos(b, i),
         Slot::Full => FULL,
-        Slot::Busy | Slot::Raced => match find(kw, h, mask) {
+        Slot::Busy | Slot::Raced => match find(kw, h, region) {
             0 => BUSY,
             p => p,
         },
@@ -165,7 +164,7 @@ pub(crate) fn word(p: Pos) -> *mut u64 {
 #[inline(always)]
 pub(crate) fn born(p: Pos) -> u64 {
     let p = p.wrapping_sub(1);
-    match RL_BORN4.get((p >> 2) as u32) {
+    match RL_BORN.get((p >> 2) as u32) {
         Some(b) => b[(p & 3) as usize],
         None => 0,
     }

@@ -19,8 +19,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use ratelimit_common::{
-    Config, Event, FlowKey, Reason, Rule, SourceState, Words, algorithm, dispatch::Op, doorkeeper,
-    family, gcra, known_bit, rule_flags,
+    Config, Event, FlowKey, Reason, Rule, Words, algorithm, dispatch::Op, doorkeeper, gcra,
+    known_bit, rule_flags,
 };
 
 use super::{
@@ -28,23 +28,18 @@ use super::{
     bucket::{SHORT_RETRIES, cas},
     count::event,
     key::{Kind, Level, Target, masked},
-    maps::{
-        RL_CONFIG, RL_GLOBAL, RL_KNOWN, RL_RULE_TABLE, RL_SEEN, RL_STATE, RL_WIDE, RL_WIDE_ZERO,
-    },
+    maps::{RL_CONFIG, RL_GLOBAL, RL_KNOWN, RL_RULE_TABLE, RL_SEEN, RL_WIDE, RL_WIDE_ZERO},
     parse::source_at,
     wide::{self, zero_wide},
 };
 
 pub(crate) const EEXIST: i32 = 17;
 
-/// [`rl_untracked`]: the key got a gcra state now (the frame is judged
-/// against it).
-pub(crate) const UNTRACKED_PROMOTED: u32 = 0x100;
 /// [`rl_untracked`]: the key got a wide state now.
 pub(crate) const UNTRACKED_PROMOTED_WIDE: u32 = 0x101;
 /// [`rl_untracked`]: the frame is judged by the new-source budget.
 pub(crate) const UNTRACKED_BUDGET: u32 = 0x102;
-/// [`rl_untracked`]: an IPv4 gcra key earned a state; the limit claims its
+/// [`rl_untracked`]: a gcra key earned a state; the limit claims its
 /// slot ([`super::table::rl_claim`]) charged with the units (frames, or
 /// [`doorkeeper::BYTE_UNIT`]s) in bits 16-31, which the key got before. Not
 /// claimed here: the claim's frame below this one's would make the chain of
@@ -52,7 +47,7 @@ pub(crate) const UNTRACKED_BUDGET: u32 = 0x102;
 pub(crate) const UNTRACKED_CLAIM: u32 = 0x103;
 
 /// A frame from a key without state under the limit rule at `index` ([`untracked`];
-/// arguments as for [`super::levels::rl_levels`]): answers [`UNTRACKED_PROMOTED`],
+/// arguments as for [`super::levels::rl_levels`]): answers [`UNTRACKED_CLAIM`],
 /// [`UNTRACKED_PROMOTED_WIDE`], [`UNTRACKED_BUDGET`], or the [`Reason`] of a
 /// verdict already made.
 ///
@@ -87,12 +82,12 @@ pub extern "C" fn rl_untracked(
     } else {
         1
     };
-    let target = untracked(&key, &masked, fam, rule, config, now, cost);
+    let target = untracked(&key, &masked, rule, config, now, cost);
     match target.kind {
         // The units it got before: at most 2^16 - 1 (a doorkeeper slot's count).
         Kind::Claim => UNTRACKED_CLAIM | ((target.level.cost as u32) << 16),
-        // Its own bucket (the budget passes as `NewSource`).
-        Kind::Gcra if target.level.pass == Reason::Passed => UNTRACKED_PROMOTED,
+        // A gcra key gets its state as a claim: its own level here is the
+        // budget (which passes as `NewSource`).
         Kind::Gcra => UNTRACKED_BUDGET,
         Kind::Wide => UNTRACKED_PROMOTED_WIDE,
         Kind::Done => target.reason as u32,
@@ -133,7 +128,6 @@ pub(crate) fn new_source_level(rule: &'static Rule) -> Target {
 pub(crate) fn untracked(
     key: &FlowKey,
     masked: &Words,
-    fam: u8,
     rule: &'static Rule,
     config: &Config,
     now: u64,
@@ -181,7 +175,7 @@ pub(crate) fn untracked(
     }
     if again {
         if take_new_state(config, now) {
-            return promote(key, h, fam, rule, now, cost, admitted, unit);
+            return promote(key, h, rule, now, admitted, unit);
         }
         event(Event::NewStateCapped);
         fits = admitted * unit + cost <= rule.burst;
@@ -309,40 +303,15 @@ pub(crate) fn take_new_state(config: &Config, now: u64) -> bool {
 pub(crate) fn promote(
     key: &FlowKey,
     h: u64,
-    fam: u8,
     rule: &'static Rule,
     now: u64,
-    cost: u64,
     admitted: u64,
     unit: u64,
 ) -> Target {
     // Before the insert: a CPU that finds the state must find the bit.
     mark_known(h);
-    if rule.algorithm == algorithm::GCRA && fam == family::V4 {
-        return Target::claim(admitted);
-    }
     if rule.algorithm == algorithm::GCRA {
-        let params = rule.gcra_params();
-        let mut gcra = gcra::State::full(now, params);
-        gcra::charge(&mut gcra, params, now, admitted * unit);
-        let fresh = SourceState { gcra, born: now };
-        // Errors as plain numbers: see `Aggregate` on values with payloads.
-        let code = |r: Result<(), i32>| match r {
-            Ok(()) => 0,
-            Err(e) => e,
-        };
-        let inserted = code(RL_STATE.insert(key, fresh, u64::from(BPF_NOEXIST)));
-        let state = RL_STATE.get_ptr_mut(key);
-        match inserted {
-            0 => event(Event::StateCreated),
-            // Another CPU promoted it first: its charge stands.
-            e if e == -EEXIST => {}
-            _ => return Target::done(Reason::StateFailed, rule),
-        }
-        return match state {
-            Some(state) => Target::gcra(Level::own(state.cast::<u64>(), 0, rule, cost)),
-            None => Target::done(Reason::StateFailed, rule),
-        };
+        return Target::claim(admitted);
     }
     let Some(fresh) = RL_WIDE_ZERO.get_ptr_mut(0) else {
         return Target::done(Reason::StateFailed, rule);

@@ -370,7 +370,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_CAPACITY)]
     pub max_sources: u32,
     /// IPv6 sources (per key prefix, /64 by default) tracked at once (a
-    /// load-time setting; 96 bytes each).
+    /// load-time setting): lines of their own in the state table, sized as
+    /// for `--max-sources` (48 bytes a source).
     #[arg(long, default_value_t = ratelimit_common::DEFAULT_STATE_V6_CAPACITY)]
     pub max_sources_v6: u32,
     /// Prefix rules at most (a load-time setting; each rule's counters take

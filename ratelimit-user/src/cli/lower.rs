@@ -130,15 +130,19 @@ impl RunArgs {
             ));
         }
         let most = ratelimit_common::state_sources(ratelimit_common::MAX_STATE_LINES);
-        if self.max_sources > most {
-            return Err(Error::invalid(
-                "--max-sources",
-                format!(
-                    "{} is more than the IPv4 state table holds: at most {most} (its map would take {} GiB of kernel memory, 48 bytes a source)",
-                    self.max_sources,
-                    (u64::from(most) * 48) >> 30
-                ),
-            ));
+        for (flag, n, fam) in [
+            ("--max-sources", self.max_sources, "IPv4"),
+            ("--max-sources-v6", self.max_sources_v6, "IPv6"),
+        ] {
+            if n > most {
+                return Err(Error::invalid(
+                    flag,
+                    format!(
+                        "{n} is more than the state table holds of {fam} sources: at most {most} (its lines would take {} GiB of kernel memory, 48 bytes a source)",
+                        (u64::from(most) * 48) >> 30
+                    ),
+                ));
+            }
         }
         if !self.doorkeeper_slots.is_power_of_two() || self.doorkeeper_slots < 1024 {
             return Err(Error::invalid(

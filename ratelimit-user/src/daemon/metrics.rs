@@ -192,7 +192,7 @@ impl Collector for Snapshot {
         counter(
             &mut encoder,
             "ratelimit_state_events",
-            "States created for sources the doorkeeper saw twice (states_created), promotions refused by the state-creation cap (new_states_capped), frames judged without state (unjudged), and IPv4 keys the state table had no free slot for (state_full).",
+            "States created for sources the doorkeeper saw twice (states_created), promotions refused by the state-creation cap (new_states_capped), frames judged without state (unjudged), and keys the state table had no free slot for (state_full).",
             Event::ALL
                 .iter()
                 .map(|e| {

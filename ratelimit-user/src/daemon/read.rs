@@ -312,39 +312,25 @@ pub(super) fn status_of(
             let full = |n: usize, cap: u32| n as u64 * 100 >= u64::from(cap) * 99;
             let mut state_map_full = false;
             let (slots, held, active) = maps.table_occupancy();
-            let ipv4_table = answer::TableStatus {
+            let state_table = answer::TableStatus {
                 slots,
                 held,
                 active,
                 refused: events[Event::StateFull as usize],
             };
-            if ipv4_table.refused > 0 {
+            if state_table.refused > 0 {
                 state_map_full = true;
                 notes.push(format!(
-                    "the IPv4 state table had no free slot for {} new sources ({active} of its {slots} slots active now): their frames were judged by the new-source budget (a table never evicts an active source); restart with --reset --max-sources N to make room (rules are kept)",
-                    ipv4_table.refused
+                    "the state table had no free slot for {} new sources ({active} of its {slots} slots active now): their frames were judged by the new-source budget (a table never evicts an active source); restart with --reset --max-sources N (IPv4) or --max-sources-v6 N to make room (rules are kept)",
+                    state_table.refused
                 ));
             }
-            for (what, n, cap, flag) in [
-                (
-                    "IPv6 state map",
-                    v6_keys,
-                    sizes.state_capacity_v6,
-                    "--max-sources-v6",
-                ),
-                (
-                    "wide-state map",
-                    wide_keys,
-                    sizes.wide_capacity,
-                    "--max-wide-sources",
-                ),
-            ] {
-                if full(n, cap) {
-                    state_map_full = true;
-                    notes.push(format!(
-                        "the {what} is full ({n} of {cap}): a source that earns a state now evicts the one seen least recently (busy sources stay); restart with --reset {flag} N to make room (rules are kept)"
-                    ));
-                }
+            if full(wide_keys, sizes.wide_capacity) {
+                state_map_full = true;
+                notes.push(format!(
+                    "the wide-state map is full ({wide_keys} of {}): a source that earns a state now evicts the one seen least recently (busy sources stay); restart with --reset --max-wide-sources N to make room (rules are kept)",
+                    sizes.wide_capacity
+                ));
             }
             let interface = match facts.interface {
                 InterfaceState::Attached => answer::Interface::Attached,
@@ -371,7 +357,7 @@ pub(super) fn status_of(
                 list_entries: set.lists.values().map(|l| l.entries.len()).sum(),
                 list_capacity: sizes.list_capacity,
                 state_map_full,
-                ipv4_table,
+                state_table,
                 states_created: created,
                 new_states_capped: events[Event::NewStateCapped as usize],
                 // States created since the start, less what the maps gained

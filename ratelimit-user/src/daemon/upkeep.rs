@@ -82,13 +82,11 @@ impl Daemon {
         let idle: Vec<_> = self
             .enforcer
             .maps
-            .states()
-            .filter_map(|e| e.ok())
-            .filter(|(_, s)| gcra::idle_for_ns(s, now).is_some_and(|idle| idle > limit_ns))
-            .map(|(k, _)| k)
+            .held_states()
+            .filter(|h| gcra::idle_for_ns(&h.state.gcra, now).is_some_and(|idle| idle > limit_ns))
             .collect();
-        for key in &idle {
-            if self.enforcer.maps.remove_state(key).is_ok() {
+        for held in &idle {
+            if self.enforcer.maps.free_idle(held) {
                 self.baseline.swept += 1;
             }
         }

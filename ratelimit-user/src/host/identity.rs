@@ -340,12 +340,12 @@ fn mount_bpffs(pid: Option<u32>) -> Result<()> {
 
 /// The layout of the maps this build pins. A daemon never adopts pins of another
 /// layout: they live under another directory.
-pub const PIN_LAYOUT: &str = "v10";
+pub const PIN_LAYOUT: &str = "v11";
 
 /// Layouts of earlier versions whose running program a daemon of this one
 /// takes over (an upgrade with `--keep-attached`): its link is swapped to
 /// this version's program, its maps unpinned.
-pub const OLDER_LAYOUTS: &[&str] = &["v9"];
+pub const OLDER_LAYOUTS: &[&str] = &["v10", "v9"];
 
 /// A test-only switch: `RATELIMIT_TEST_PIN_LAYOUT=v9` (one of
 /// [`OLDER_LAYOUTS`]) makes the daemon pin where an earlier version did: the
@@ -391,13 +391,13 @@ mod tests {
         let root = Path::new("/sys/fs/bpf");
         assert_eq!(
             pin_dir(root, &host),
-            Path::new("/sys/fs/bpf/ratelimit/v10/host/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v11/host/eth0")
         );
         // One inode, reused by a later namespace: another directory.
         assert_ne!(pin_dir(root, &other(7)), pin_dir(root, &other(8)));
         assert_eq!(
             pin_dir(root, &other(7)),
-            Path::new("/sys/fs/bpf/ratelimit/v10/ns7/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v11/ns7/eth0")
         );
     }
 

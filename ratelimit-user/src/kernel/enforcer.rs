@@ -156,7 +156,12 @@ impl Enforcer {
             }
         }
         let mut ebpf = loader.load(crate::EBPF_OBJECT).map_err(Error::Load)?;
-        let maps = Maps::from_ebpf(&mut ebpf)?;
+        // Fresh maps take the table's split from the options; adopted ones
+        // from their config.
+        let maps = Maps::from_ebpf(
+            &mut ebpf,
+            (!adopt_maps).then(|| common::state_lines(opts.state_capacity)),
+        )?;
         let logger =
             match aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::host::logs::TracingLog) {
                 Ok(l) => Some(l),

@@ -14,8 +14,8 @@ use aya::{
 };
 use ratelimit_common::{
     self as common, Counter, FlowKey, GlobalState, MAP_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_GLOBAL,
-    MAP_GROUPS, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATE,
-    MAP_STATE_V4, MAP_STATS, RuleAddr, RuleState,
+    MAP_GROUPS, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATS,
+    MAP_TABLE, RuleAddr, RuleState,
 };
 
 use super::{
@@ -38,9 +38,8 @@ pub struct Maps {
     /// The two rule tries; `Config::active_rules` says which the program reads.
     tries: [LpmTrie<MapData, RuleAddr, u32>; 2],
     table: Array<MapData, common::Rule>,
-    state: HashMap<MapData, FlowKey, common::SourceState>,
-    /// The IPv4 state table, mapped into memory.
-    state_v4: table::StateTable,
+    /// The state table, mapped into memory.
+    state_table: table::StateTable,
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
     drops: HashMap<MapData, common::DropKey, u64>,
@@ -171,9 +170,11 @@ fn typed<T: TryFrom<Map, Error = aya::maps::MapError>>(
 }
 
 impl Maps {
-    /// Takes the maps out of a loaded object, by name.
-    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self> {
-        Self::from_maps(|name| {
+    /// Takes the maps out of a loaded object, by name; the first `v4_lines`
+    /// lines of its state table are IPv4 keys' (`None`: as its config says,
+    /// for maps adopted from pins).
+    pub fn from_ebpf(ebpf: &mut Ebpf, v4_lines: Option<u32>) -> Result<Self> {
+        Self::from_maps(v4_lines, |name| {
             ebpf.take_map(name).ok_or_else(|| Error::Map {
                 op: "finding",
                 map: name,
@@ -186,7 +187,7 @@ impl Maps {
 
     /// Opens the maps pinned in `dir` (a daemon's pin directory), by name.
     pub fn from_pins(dir: &Path) -> Result<Self> {
-        Self::from_maps(|name| {
+        Self::from_maps(None, |name| {
             let data =
                 MapData::from_pin(dir.join(name)).map_err(map_err("opening pinned", name))?;
             Map::from_map_data(data).map_err(map_err("opening pinned", name))
@@ -194,8 +195,20 @@ impl Maps {
     }
 
     /// Types each map `take` gives for its name.
-    fn from_maps(mut take: impl FnMut(&'static str) -> Result<Map>) -> Result<Self> {
+    fn from_maps(
+        v4_lines: Option<u32>,
+        mut take: impl FnMut(&'static str) -> Result<Map>,
+    ) -> Result<Self> {
         let t = &mut take;
+        let config: Array<MapData, common::Config> = typed(t, MAP_CONFIG)?;
+        let v4_lines = match v4_lines {
+            Some(n) => n,
+            None => config
+                .get(&0, 0)
+                .map_err(map_err("reading", MAP_CONFIG))?
+                .state_mask
+                .wrapping_add(1),
+        };
         let seen: Array<MapData, u64> = typed(t, MAP_SEEN)?;
         if !seen.len().is_power_of_two() {
             return Err(Error::invalid(
@@ -206,13 +219,13 @@ impl Maps {
         Ok(Self {
             tries: [typed(t, MAP_RULES)?, typed(t, MAP_RULES_B)?],
             table: typed(t, MAP_RULE_TABLE)?,
-            state: typed(t, MAP_STATE)?,
-            state_v4: table::StateTable::new(
-                typed(t, MAP_STATE_V4)?,
-                typed(t, common::MAP_BORN_V4)?,
+            state_table: table::StateTable::new(
+                typed(t, MAP_TABLE)?,
+                typed(t, common::MAP_BORN)?,
+                v4_lines,
             )?,
             stats: typed(t, MAP_STATS)?,
-            config: typed(t, MAP_CONFIG)?,
+            config,
             drops: typed(t, MAP_DROPS)?,
             wide: typed(t, common::MAP_WIDE)?,
             seen,
@@ -241,7 +254,7 @@ impl Maps {
     /// a daemon's pins): the kernel tier's tests share one loaded object and
     /// start each from its maps emptied, with a view of its own.
     pub fn reopen(&self) -> Result<Self> {
-        Self::from_maps(|name| {
+        Self::from_maps(Some(self.state_table.lines().0), |name| {
             let map = self.named(name).ok_or_else(|| Error::Map {
                 op: "finding",
                 map: name,
@@ -269,9 +282,8 @@ impl Maps {
             MAP_RULES => self.tries[0].map(),
             MAP_RULES_B => self.tries[1].map(),
             MAP_RULE_TABLE => self.table.map(),
-            MAP_STATE => self.state.map(),
-            MAP_STATE_V4 => self.state_v4.lines_map.map(),
-            common::MAP_BORN_V4 => self.state_v4.born_map.map(),
+            MAP_TABLE => self.state_table.lines_map.map(),
+            common::MAP_BORN => self.state_table.born_map.map(),
             MAP_STATS => self.stats.map(),
             MAP_CONFIG => self.config.map(),
             MAP_DROPS => self.drops.map(),
@@ -311,8 +323,8 @@ impl Maps {
         let max = |m: &MapData| m.info().map(|i| i.max_entries()).unwrap_or(0);
         let rules_capacity = self.rules_capacity();
         LoadOptions {
-            state_capacity: common::state_sources(self.state_v4.lines()),
-            state_capacity_v6: max(self.state.map()),
+            state_capacity: common::state_sources(self.state_table.lines().0),
+            state_capacity_v6: common::state_sources(self.state_table.lines().1),
             rules_capacity,
             list_capacity: max(self.tries[0].map()).saturating_sub(rules_capacity),
             wide_capacity: max(self.wide.map()),
@@ -551,7 +563,7 @@ impl Maps {
             table_len: self.table.len(),
             slots: self.rule_state.len(),
             seen_slots: self.seen.len(),
-            state_lines: self.state_v4.lines(),
+            state_lines: self.state_table.lines(),
             list_capacity: self.list_capacity(),
         })
     }

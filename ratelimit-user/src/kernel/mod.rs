@@ -16,8 +16,7 @@ use std::fmt;
 
 use aya::EbpfLoader;
 use ratelimit_common::{
-    self as common, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_STATE,
-    MAP_STATE_V4,
+    self as common, MAP_RULE_STATE, MAP_RULE_TABLE, MAP_RULES, MAP_RULES_B, MAP_SEEN, MAP_TABLE,
 };
 
 pub use enforcer::{Enforcer, InterfaceState, Prepared, remove_pins};
@@ -105,12 +104,8 @@ impl LoadOptions {
     /// Sets every map's size on `loader`.
     fn size(&self, loader: &mut EbpfLoader) {
         loader
-            .map_max_entries(MAP_STATE_V4, common::state_lines(self.state_capacity))
-            .map_max_entries(
-                common::MAP_BORN_V4,
-                common::state_lines(self.state_capacity),
-            )
-            .map_max_entries(MAP_STATE, self.state_capacity_v6)
+            .map_max_entries(MAP_TABLE, self.table_lines())
+            .map_max_entries(common::MAP_BORN, self.table_lines())
             .map_max_entries(MAP_RULES, self.trie_capacity())
             .map_max_entries(MAP_RULES_B, self.trie_capacity())
             .map_max_entries(MAP_RULE_TABLE, common::rule_table_len(self.rules_capacity))
@@ -146,14 +141,38 @@ impl LoadOptions {
         // The rule-state array has a slot per rule and the default's; the
         // tries hold the rules and the list entries.
         let rules_capacity = size(MAP_RULE_STATE)?.saturating_sub(1);
+        // The state table's split between the families is the config's (written
+        // before anything was pinned).
+        let config = aya::maps::MapData::from_pin(dir.join(common::MAP_CONFIG))
+            .map_err(|source| crate::Error::Map {
+                op: "opening pinned",
+                map: common::MAP_CONFIG,
+                source,
+            })
+            .and_then(|data| {
+                aya::maps::Array::<_, common::Config>::try_from(aya::maps::Map::Array(data))
+                    .and_then(|a| a.get(&0, 0))
+                    .map_err(|source| crate::Error::Map {
+                        op: "reading pinned",
+                        map: common::MAP_CONFIG,
+                        source,
+                    })
+            })?;
+        let v4_lines = config.state_mask.wrapping_add(1);
+        let v6_lines = size(MAP_TABLE)?.wrapping_sub(v4_lines);
         Ok(Self {
-            state_capacity: common::state_sources(size(MAP_STATE_V4)?),
-            state_capacity_v6: size(MAP_STATE)?,
+            state_capacity: common::state_sources(v4_lines),
+            state_capacity_v6: common::state_sources(v6_lines),
             rules_capacity,
             list_capacity: size(MAP_RULES)?.saturating_sub(rules_capacity),
             wide_capacity: size(common::MAP_WIDE)?,
             seen_slots: size(MAP_SEEN)?,
         })
+    }
+
+    /// Lines of the state table: each family's ([`common::state_lines`]).
+    pub fn table_lines(&self) -> u32 {
+        common::state_lines(self.state_capacity) + common::state_lines(self.state_capacity_v6)
     }
 
     /// Entries of each rule trie: the rules and the list entries.

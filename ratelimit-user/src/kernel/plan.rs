@@ -264,8 +264,8 @@ pub struct Current {
     pub slots: u32,
     /// Doorkeeper slots (a power of two).
     pub seen_slots: u32,
-    /// Lines of the IPv4 state table (a power of two).
-    pub state_lines: u32,
+    /// Lines of the state table for (IPv4, IPv6) keys (powers of two).
+    pub state_lines: (u32, u32),
     /// List entries at most (all lists together).
     pub list_capacity: usize,
 }
@@ -375,7 +375,8 @@ pub fn plan(
         host.fresh_seed
     };
     config.seen_mask = now.seen_slots - 1;
-    config.state_mask = now.state_lines - 1;
+    config.state_mask = now.state_lines.0 - 1;
+    config.state6_mask = now.state_lines.1 - 1;
     config.local_ports = host.local_ports;
     config.active_rules = idle as u32;
     let placed = place(set, now, &rules, &default, &counted)?;

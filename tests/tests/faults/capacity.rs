@@ -92,8 +92,8 @@ fn a_change_that_does_not_fit_changes_nothing_in_the_kernel_or_the_list() {
 }
 
 /// A first start that fails after it made its pin directory (here the kernel
-/// cannot allocate the IPv6 state map asked for) leaves no directory behind;
-/// an IPv4 table past what the daemon allows is refused before anything.
+/// cannot allocate the wide-state map asked for) leaves no directory behind;
+/// a state table past what the daemon allows is refused before anything.
 #[test]
 fn a_failed_first_start_leaves_no_pin_directory() {
     privileged!("a_failed_first_start_leaves_no_pin_directory");
@@ -108,9 +108,17 @@ fn a_failed_first_start_leaves_no_pin_directory() {
     );
     let out = refused(
         h.daemon_command(&["--max-sources-v6", "4000000000"]),
+        "an IPv6 share of the state table past the most",
+    );
+    assert!(
+        out.contains("--max-sources-v6") && out.contains("134217728"),
+        "{out}"
+    );
+    let out = refused(
+        h.daemon_command(&["--max-wide-sources", "4000000000"]),
         "a state map the kernel cannot allocate",
     );
-    assert!(out.contains("RL_STATE") || out.contains("map"), "{out}");
+    assert!(out.contains("RL_WIDE") || out.contains("map"), "{out}");
     assert!(!h.pair.rx_has_xdp());
     assert!(
         pin_dirs(&h.pair.rx_if).is_empty(),

@@ -7,7 +7,8 @@ use ratelimit_tests::privileged;
 fn every_map_is_found_by_its_shared_name() {
     privileged!("every_map_is_found_by_its_shared_name");
     let ebpf = aya::EbpfLoader::new()
-        .map_max_entries(ratelimit_common::MAP_STATE, 1024)
+        .map_max_entries(ratelimit_common::MAP_TABLE, 1024)
+        .map_max_entries(ratelimit_common::MAP_BORN, 1024)
         .load(ratelimit_user::EBPF_OBJECT)
         .expect("loading the object");
     for name in ratelimit_common::ALL_MAPS {

@@ -1,5 +1,5 @@
-//! The IPv4 state table: a source never loses an active bucket to a new
-//! one, a full table sends new sources to the new-source budget (counted),
+//! The state table: a source (IPv4 or IPv6) never loses an active bucket to
+//! a new one, a full table sends new sources to the new-source budget (counted),
 //! and a slot given to a new source while its old owner is still sending
 //! never mixes their buckets, on two CPUs.
 
@@ -15,7 +15,7 @@ use ratelimit_tests::{
 };
 use ratelimit_user::model::rules::{Action, NewSources, Selector};
 
-use super::{limit, rules, v4};
+use super::{limit, rules, v4, v6};
 
 /// Sources the test object is sized for: one line of four slots.
 const ONE_LINE: u32 = 2;
@@ -32,21 +32,37 @@ fn admitted(l: &Loaded, frame: &[u8], n: u32) -> u32 {
 #[test]
 fn a_full_table_never_takes_an_active_sources_bucket() {
     privileged!("a_full_table_never_takes_an_active_sources_bucket");
+    full_table(|i| v4(&format!("198.18.40.{i}")).build());
+}
+
+/// IPv6 keys have lines of their own, as full and as exact.
+#[test]
+fn a_full_ipv6_table_never_takes_an_active_sources_bucket() {
+    privileged!("a_full_ipv6_table_never_takes_an_active_sources_bucket");
+    // Each its own /64 (the rule's key prefix).
+    full_table(|i| v6(&format!("2001:db8:40:{i}::1")).build());
+}
+
+/// Four sources fill the one line of their family (`frame(1..=4)`); a fifth
+/// gets no state and none of the four loses its bucket.
+fn full_table(frame: impl Fn(u32) -> Vec<u8>) {
     let l = Loaded::with_capacity(&rules(limit("1/hour", 3)), ONE_LINE);
+    let held = |l: &Loaded| {
+        let (v4, v6, _) = l.maps.tracked_by_map().expect("tracked");
+        v4 + v6
+    };
     // Four sources take the four slots and use their bursts: active for an hour.
     for i in 1..=4 {
-        let f = v4(&format!("198.18.40.{i}")).build();
         assert_eq!(
-            admitted(&l, &f, 6),
+            admitted(&l, &frame(i), 6),
             3,
             "source {i}: its burst, then nothing"
         );
     }
-    assert_eq!(l.maps.tracked().expect("tracked").0, 4);
+    assert_eq!(held(&l), 4);
     // A fifth finds no free slot: no state, judged as a new source, counted.
     let full_before = events(&l)[Event::StateFull as usize];
-    let fifth = v4("198.18.40.5").build();
-    let got = admitted(&l, &fifth, 6);
+    let got = admitted(&l, &frame(5), 6);
     assert!(
         got <= 3,
         "the fifth source got {got}, more than its own burst of 3"
@@ -57,14 +73,13 @@ fn a_full_table_never_takes_an_active_sources_bucket() {
     );
     // The four active sources kept their empty buckets: nothing more passes.
     for i in 1..=4 {
-        let f = v4(&format!("198.18.40.{i}")).build();
         assert_eq!(
-            admitted(&l, &f, 3),
+            admitted(&l, &frame(i), 3),
             0,
             "source {i} was given a fresh burst while active"
         );
     }
-    assert_eq!(l.maps.tracked().expect("tracked").0, 4);
+    assert_eq!(held(&l), 4);
 }
 
 /// One CPU sends from an old owner whose bucket refills between its frames

@@ -5,11 +5,11 @@
 
 use aya::maps::{Map, MapData, RingBuf};
 use ratelimit_common::{
-    self as common, Counter, EVENT_COUNT, Event, FlowKey, MAP_DROPS, MAP_EVENTS, MAP_STATE,
-    MAP_STATS, REASON_COUNT, Reason, gcra,
+    self as common, Counter, EVENT_COUNT, Event, FlowKey, MAP_DROPS, MAP_EVENTS, MAP_STATS,
+    REASON_COUNT, Reason, gcra,
 };
 
-use super::{DropLogCounts, Maps, count_entries, dup_map, map_err};
+use super::{DropLogCounts, Maps, count_entries, dup_map, map_err, table};
 use crate::error::{Error, Result};
 
 impl Maps {
@@ -70,16 +70,20 @@ impl Maps {
         Ok((v4 + v6, wide))
     }
 
-    /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide). An IPv4 key holds
+    /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide). A gcra key holds
     /// its slot of the table until another key needs it: those counted are
     /// the slots held, idle or not (see [`Maps::table_occupancy`]).
     pub fn tracked_by_map(&self) -> Result<(usize, usize, usize)> {
         use aya::maps::IterableMap as _;
-        Ok((
-            self.state_v4.held().count(),
-            count_entries(self.state.map(), MAP_STATE)?,
-            count_entries(self.wide.map(), common::MAP_WIDE)?,
-        ))
+        let (mut v4, mut v6) = (0, 0);
+        for h in self.state_table.held() {
+            if self.state_table.is_v4_line(h.line) {
+                v4 += 1;
+            } else {
+                v6 += 1;
+            }
+        }
+        Ok((v4, v6, count_entries(self.wide.map(), common::MAP_WIDE)?))
     }
 
     /// Zeroes every counter (tests).
@@ -114,22 +118,16 @@ impl Maps {
         Ok(out)
     }
 
-    /// The IPv4 state table: (slots, slots held, slots whose bucket is not
-    /// full now).
+    /// The state table: (slots, slots held, slots whose bucket is not full
+    /// now).
     pub fn table_occupancy(&self) -> (u64, u64, u64) {
-        let (held, active) = self.state_v4.occupancy(crate::kernel::monotonic_ns());
-        (self.state_v4.slots(), held, active)
+        let (held, active) = self.state_table.occupancy(crate::kernel::monotonic_ns());
+        (self.state_table.slots(), held, active)
     }
 
-    /// Every tracked gcra source and its state (IPv4 first).
-    pub fn states(&self) -> impl Iterator<Item = Result<(FlowKey, gcra::State)>> + '_ {
-        self.state_v4
-            .held()
-            .map(|h| Ok((h.key, h.state.gcra)))
-            .chain(self.state.iter().map(|e| {
-                e.map(|(k, v)| (k, v.gcra))
-                    .map_err(map_err("reading", MAP_STATE))
-            }))
+    /// Every slot of the state table that holds a gcra key, with its state.
+    pub fn held_states(&self) -> impl Iterator<Item = table::Held> + '_ {
+        self.state_table.held()
     }
 
     /// Drop counts by source address, or by key of a rule's key level.
@@ -146,11 +144,7 @@ impl Maps {
 
     /// The state of one gcra key with when it was created, if tracked.
     pub fn source_state(&self, key: &FlowKey) -> Option<common::SourceState> {
-        if common::is_v4_mapped(&key.addr) {
-            self.state_v4.get(key, self.seed())
-        } else {
-            self.state.get(key, 0).ok()
-        }
+        self.state_table.get(key, self.seed())
     }
 
     /// Every key of a fleet-wide rule with what it was admitted.
@@ -205,27 +199,16 @@ impl Maps {
         if target <= current {
             return;
         }
-        if common::is_v4_mapped(&key.addr) {
-            // Raised with compare-and-swap, or a slot claimed, as the
-            // program does; a key whose lines are full keeps no state here
-            // (its frames are judged as a new source's until one frees).
-            self.state_v4.raise(key, self.seed(), now, |seen| {
-                let want = gcra::with_debt(params, now, target);
-                match seen {
-                    Some(s) if gcra::debt_ns(s, params, now) >= target => s,
-                    _ => want,
-                }
-            });
-            return;
-        }
-        let state = common::SourceState {
-            gcra: gcra::State {
-                tat: gcra::with_debt(params, now, target),
-            },
-            // A key the fleet made known here is as old as it is here.
-            born: found.map_or(now, |s| s.born),
-        };
-        let _ = self.state.insert(key, state, 0);
+        // Raised with compare-and-swap, or a slot claimed, as the program
+        // does; a key whose lines are full keeps no state here (its frames
+        // are judged as a new source's until one frees).
+        self.state_table.raise(key, self.seed(), now, |seen| {
+            let want = gcra::with_debt(params, now, target);
+            match seen {
+                Some(s) if gcra::debt_ns(s, params, now) >= target => s,
+                _ => want,
+            }
+        });
     }
 
     /// The wide state of one key, if tracked.
@@ -240,18 +223,11 @@ impl Maps {
             .map_err(map_err("removing", common::MAP_WIDE))
     }
 
-    /// Deletes the gcra state of `key` (the idle sweep).
-    pub fn remove_state(&mut self, key: &FlowKey) -> Result<()> {
-        if common::is_v4_mapped(&key.addr) {
-            // A slot is freed only while its bucket reads as full: one the
-            // program charged since the sweep looked stays.
-            self.state_v4
-                .free_idle(key, self.seed(), crate::kernel::monotonic_ns());
-            Ok(())
-        } else {
-            self.state
-                .remove(key)
-                .map_err(map_err("removing", MAP_STATE))
-        }
+    /// Frees the slot `held` ([`Maps::held_states`]) if it still holds the
+    /// same key with a bucket that reads as full (the idle sweep): one the
+    /// program charged since the sweep looked stays. Whether it was freed.
+    pub fn free_idle(&self, held: &table::Held) -> bool {
+        self.state_table
+            .free_idle(held, crate::kernel::monotonic_ns())
     }
 }

@@ -1,5 +1,5 @@
-//! The IPv4 state table ([`common::table`]) as the daemon sees it: the
-//! program's two arrays mapped into its memory (`BPF_F_MMAPABLE`), read
+//! The state table ([`common::table`]) as the daemon sees it: the program's
+//! two arrays mapped into its memory (`BPF_F_MMAPABLE`), read
 //! without a system call per key and, under fleet-wide rules, written with
 //! the same atomics and claim protocol as the program's.
 
@@ -7,7 +7,7 @@ use std::os::fd::AsFd as _;
 
 use aya::maps::{Array, IterableMap as _, MapData};
 use ratelimit_common::{
-    self as common, FlowKey, MAP_BORN_V4, MAP_STATE_V4, Words,
+    self as common, FlowKey, MAP_BORN, MAP_TABLE, Words,
     table::{self, Born, Cells as _, HostCells, Line, Slot},
 };
 
@@ -65,47 +65,61 @@ impl Drop for Mapping {
     }
 }
 
-/// The IPv4 state table and its birth stamps.
+/// The state table and its birth stamps.
 pub struct StateTable {
     pub(super) lines_map: Array<MapData, Line>,
     pub(super) born_map: Array<MapData, Born>,
     lines: Mapping,
     born: Mapping,
     count: u32,
+    /// Lines of IPv4 keys (first); the rest are IPv6 keys'.
+    v4_lines: u32,
 }
 
-/// A slot that holds a key: its key, state word and birth.
+/// A slot that holds a key: its line, slot, key word, state word and birth.
 #[derive(Clone, Copy, Debug)]
 pub struct Held {
-    pub key: FlowKey,
+    pub line: u32,
+    pub slot: u32,
+    pub word: u64,
     pub state: common::SourceState,
 }
 
 impl StateTable {
-    /// Maps the two arrays.
-    pub fn new(lines_map: Array<MapData, Line>, born_map: Array<MapData, Born>) -> Result<Self> {
+    /// Maps the two arrays, whose first `v4_lines` lines are IPv4 keys'.
+    pub fn new(
+        lines_map: Array<MapData, Line>,
+        born_map: Array<MapData, Born>,
+        v4_lines: u32,
+    ) -> Result<Self> {
         let count = lines_map.len();
-        if !count.is_power_of_two() || born_map.len() != count {
+        let v6_lines = count.wrapping_sub(v4_lines);
+        if born_map.len() != count
+            || !v4_lines.is_power_of_two()
+            || !v6_lines.is_power_of_two()
+            || v4_lines >= count
+        {
             return Err(Error::invalid(
                 "--max-sources",
                 format!(
-                    "{MAP_STATE_V4} has {count} lines and {MAP_BORN_V4} {}: a power of two of lines each, the same",
+                    "{MAP_TABLE} has {count} lines ({v4_lines} of them IPv4 keys') and {MAP_BORN} {}: two powers of two of lines, the same in both",
                     born_map.len()
                 ),
             ));
         }
         Ok(Self {
-            lines: Mapping::of(lines_map.map(), MAP_STATE_V4)?,
-            born: Mapping::of(born_map.map(), MAP_BORN_V4)?,
+            lines: Mapping::of(lines_map.map(), MAP_TABLE)?,
+            born: Mapping::of(born_map.map(), MAP_BORN)?,
             lines_map,
             born_map,
             count,
+            v4_lines,
         })
     }
 
-    /// Lines in the table.
-    pub fn lines(&self) -> u32 {
-        self.count
+    /// Lines of (IPv4, IPv6) keys.
+    pub fn lines(&self) -> (u32, u32) {
+        (self.v4_lines, self.count - self.v4_lines)
     }
 
     /// Slots in the table.
@@ -113,25 +127,30 @@ impl StateTable {
         u64::from(self.count) * table::WAYS as u64
     }
 
-    fn line(&self, n: u32) -> *mut Line {
-        debug_assert!(n < self.count);
-        // SAFETY: `n` is a line of the mapping (masked by callers).
-        unsafe {
-            self.lines
-                .ptr
-                .cast::<Line>()
-                .add((n & (self.count - 1)) as usize)
+    /// The region of the family of `key` ([`table::region`]).
+    fn region(&self, key: &FlowKey) -> u64 {
+        if common::is_v4_mapped(&key.addr) {
+            table::region(self.v4_lines - 1, 0)
+        } else {
+            table::region(self.count - self.v4_lines - 1, self.v4_lines)
         }
     }
 
+    /// Whether line `n` holds IPv4 keys.
+    pub fn is_v4_line(&self, n: u32) -> bool {
+        n < self.v4_lines
+    }
+
+    fn line(&self, n: u32) -> *mut Line {
+        assert!(n < self.count, "line {n} of a table of {}", self.count);
+        // SAFETY: `n` is a line of the mapping (checked above).
+        unsafe { self.lines.ptr.cast::<Line>().add(n as usize) }
+    }
+
     fn born_of(&self, n: u32) -> *mut Born {
+        assert!(n < self.count, "line {n} of a table of {}", self.count);
         // SAFETY: as in `line`.
-        unsafe {
-            self.born
-                .ptr
-                .cast::<Born>()
-                .add((n & (self.count - 1)) as usize)
-        }
+        unsafe { self.born.ptr.cast::<Born>().add(n as usize) }
     }
 
     /// Every slot that holds a key, with its state (a slot being claimed is
@@ -150,7 +169,9 @@ impl StateTable {
                 // SAFETY: the birth stamp of the same slot.
                 let b = unsafe { (*born)[i as usize] };
                 Some(Held {
-                    key: key_of(k),
+                    line: n,
+                    slot: i,
+                    word: k,
                     state: common::SourceState {
                         gcra: common::gcra::State { tat: t },
                         born: b,
@@ -171,11 +192,10 @@ impl StateTable {
         (held, active)
     }
 
-    /// The slot of `key` (an IPv4-mapped key) in the table, hashed with
-    /// `seed`: (line, slot).
+    /// The slot of `key` in the table, hashed with `seed`: (line, slot).
     fn find(&self, key: &FlowKey, seed: u64) -> Option<(u32, u32)> {
         let (kw, h) = word_and_hash(key, seed);
-        let (a, b) = table::lines(h, self.count - 1);
+        let (a, b) = table::region_lines(h, self.region(key));
         for n in [a, b] {
             // SAFETY: a line of the mapping.
             if let Some(i) = unsafe { table::find_in::<HostCells>(self.line(n), kw) } {
@@ -227,7 +247,7 @@ impl StateTable {
                 }
                 continue;
             }
-            let (a, b) = table::lines(h, self.count - 1);
+            let (a, b) = table::region_lines(h, self.region(key));
             // SAFETY: two lines of the mapping and their birth stamps.
             let got = unsafe {
                 table::claim::<HostCells>(
@@ -249,32 +269,26 @@ impl StateTable {
         false
     }
 
-    /// Frees the slot of `key` if its bucket reads as full at `now_ns` (the
-    /// idle sweep). Whether it was.
-    pub fn free_idle(&self, key: &FlowKey, seed: u64, now_ns: u64) -> bool {
-        let Some((n, i)) = self.find(key, seed) else {
-            return false;
-        };
-        // SAFETY: a line of the mapping.
+    /// Frees the slot held at `held` if it still holds the same key and its
+    /// bucket reads as full at `now_ns` (the idle sweep). Whether it was.
+    pub fn free_idle(&self, held: &Held, now_ns: u64) -> bool {
+        // SAFETY: a line of the mapping (checked by `line`).
         unsafe {
-            table::sweep_slot::<HostCells>(self.line(n), i, word_and_hash(key, seed).0, now_ns)
+            table::sweep_slot::<HostCells>(self.line(held.line), held.slot, held.word, now_ns)
         }
     }
 }
 
-/// The key word and hash of an IPv4-mapped key, as the program makes them.
+/// The key word and hash of a key, as the program makes them.
 fn word_and_hash(key: &FlowKey, seed: u64) -> (u64, u64) {
     let w: Words = common::words(&key.addr);
+    let fam = if common::is_v4_mapped(&key.addr) {
+        common::family::V4
+    } else {
+        common::family::V6
+    };
     (
-        table::key_word_of(&w, key.rule_id),
+        table::key_word_for(fam, &w, key.rule_id, seed),
         common::doorkeeper::hash_words(&w, key.rule_id, seed),
     )
-}
-
-/// The key of a key word.
-fn key_of(word: u64) -> FlowKey {
-    let (addr, id) = table::key_of(word);
-    let mut w: Words = common::words(&common::map_v4([0; 4]));
-    w[3] = addr;
-    FlowKey::of(&w, id)
 }

@@ -70,7 +70,7 @@ impl Kernel {
             table_len: self.table.len() as u32,
             slots: self.slots,
             seen_slots: 1 << 10,
-            state_lines: 1 << 10,
+            state_lines: (1 << 10, 1 << 8),
             list_capacity: self.list_capacity,
         }
     }

@@ -228,7 +228,7 @@ mod tests {
             list_entries: 4,
             list_capacity: 100,
             state_map_full: false,
-            ipv4_table: Default::default(),
+            state_table: Default::default(),
             states_created: 7,
             new_states_capped: 0,
             evicted_estimate: 1,

@@ -97,12 +97,12 @@ pub struct Running {
     /// Room for them.
     pub list_capacity: u32,
     /// Whether a state map is full (a new source evicts an old one, or, in
-    /// the IPv4 table, gets no state).
+    /// the state table, gets no state).
     pub state_map_full: bool,
-    /// The IPv4 state table: its slots, held and active, and the new
-    /// sources it had no slot for.
+    /// The state table (both families): its slots, held and active, and the
+    /// new sources it had no slot for. Named `ipv4_table` before v11.
     #[serde(default)]
-    pub ipv4_table: TableStatus,
+    pub state_table: TableStatus,
     /// States created, ever (the maps' count).
     pub states_created: u64,
     /// States refused by the cap on creations per second.
@@ -127,12 +127,13 @@ pub struct Running {
     pub drift_repaired: u64,
 }
 
-/// The IPv4 state table in [`Running`]: a key keeps its slot until another
+/// The state table in [`Running`]: a key keeps its slot until another
 /// key needs it, so slots held include idle ones; only active slots (a
 /// bucket not full) are never given away.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableStatus {
-    /// Slots in all (two per source of `--max-sources`).
+    /// Slots in all (two per source of `--max-sources` and of
+    /// `--max-sources-v6`).
     pub slots: u64,
     /// Slots holding a key.
     pub held: u64,

@@ -49,7 +49,7 @@ pub fn memory_and_scale(opts: &Opts, report: &mut Report) {
         let _ = test_run(l.prog_fd(), &f, 1);
     }
     let create = start.elapsed();
-    let tracked = l.maps.states().count();
+    let tracked = l.maps.held_states().count();
     // What `status` does: count the states with batched reads.
     let walk = {
         let t = Instant::now();

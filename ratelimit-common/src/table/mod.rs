@@ -275,10 +275,17 @@ pub unsafe fn words_of(line: *mut Line, i: u32) -> (*mut u64, *mut u64) {
     }
 }
 
-/// Claims a free slot for `key` in the emptier of `a` and `b` (its two lines)
-/// and stores `state` there ([`fresh`] of it); writes `born` beside it if
-/// given. Answers where, or why not. The caller has looked for the key and
-/// not found it.
+/// Claims a free slot for `key` in `a` or `b` (its two lines) and stores
+/// `state` there ([`fresh`] of it); writes `born` beside it if given. Answers
+/// where, or why not. The caller has looked for the key and not found it.
+///
+/// The slot chosen is an empty one, in the emptier line, if either line has
+/// one; else the free slot idle the longest ([`idle_age`]). So a source that
+/// sends now and then, below its rate (its bucket refills between frames),
+/// keeps its slot, and with it its birth (an established source stays
+/// established), while a flood's keys that came once take each other's: the
+/// eight slots a key may take are kept as a recency order would keep them,
+/// and an active slot is still never given away.
 ///
 /// # Safety
 /// `a` and `b` are valid lines of the table, `born_a` and `born_b` their
@@ -293,20 +300,75 @@ pub unsafe fn claim<C: Cells>(
     state: u64,
     now_ns: u64,
 ) -> Slot {
-    // The emptier line's first free slot.
     // SAFETY: the caller's.
-    let (fa, ia, ta) = unsafe { first_free::<C>(a, now_ns) };
+    let (ca, cb) = unsafe { (choose::<C>(a, now_ns), choose::<C>(b, now_ns)) };
     // SAFETY: the caller's.
-    let (fb, ib, tb) = unsafe { first_free::<C>(b, now_ns) };
-    let (line, born, which, i, seen) = if fa == 0 && fb == 0 {
+    unsafe { claim_with::<C>(a, b, born_a, born_b, ca, cb, key, state, now_ns) }
+}
+
+/// What a line offers a claim ([`choose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choice {
+    /// Free slots.
+    pub free: u32,
+    /// The free slot idle the longest.
+    pub slot: u32,
+    /// How long, coarsely ([`idle_age`] ÷ 256: below 2^56).
+    pub age: u64,
+}
+
+impl Choice {
+    /// As one number (the program's global functions return one).
+    #[inline(always)]
+    pub const fn pack(self) -> u64 {
+        (self.age << 5) | ((self.free as u64 & 7) << 2) | (self.slot as u64 & 3)
+    }
+
+    /// [`Choice::pack`] read back.
+    #[inline(always)]
+    pub const fn unpack(p: u64) -> Self {
+        Self {
+            free: ((p >> 2) & 7) as u32,
+            slot: (p & 3) as u32,
+            age: p >> 5,
+        }
+    }
+}
+
+/// [`claim`] with each line's [`Choice`] made (the program makes them in a
+/// global function of their own: its paths are many).
+///
+/// # Safety
+/// As [`claim`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn claim_with<C: Cells>(
+    a: *mut Line,
+    b: *mut Line,
+    born_a: *mut Born,
+    born_b: *mut Born,
+    ca: Choice,
+    cb: Choice,
+    key: u64,
+    state: u64,
+    now_ns: u64,
+) -> Slot {
+    // The slot idle the longest (an empty one first); of two empty ones, the
+    // emptier line's.
+    let (line, born, which, i) = if ca.free == 0 && cb.free == 0 {
         return Slot::Full;
-    } else if fa >= fb {
-        (a, born_a, 0, ia, ta)
+    } else if cb.free == 0 || ca.age > cb.age || (ca.age == cb.age && ca.free >= cb.free) {
+        (a, born_a, 0, ca.slot)
     } else {
-        (b, born_b, 1, ib, tb)
+        (b, born_b, 1, cb.slot)
     };
+    // Read again: still free, or another claim took it since.
     // SAFETY: the caller's; `i < WAYS`.
     let (kw, tw) = unsafe { words_of(line, i) };
+    let seen = C::load(tw);
+    if !free(C::load(kw), seen, now_ns) {
+        return Slot::Raced;
+    }
     if !C::cas(tw, seen, LOCKED).1 {
         return Slot::Raced;
     }
@@ -332,28 +394,83 @@ pub unsafe fn claim<C: Cells>(
     Slot::At(which, i)
 }
 
-/// (free slots of `line` at `now_ns`, the first one, its state word).
+/// What `line` offers a claim at `now_ns`: its free slots and the one idle
+/// the longest.
 ///
 /// # Safety
 /// As [`find_in`].
 #[inline(always)]
-unsafe fn first_free<C: Cells>(line: *mut Line, now_ns: u64) -> (u32, u32, u64) {
-    let (mut n, mut first, mut seen) = (0u32, 0u32, 0u64);
+pub unsafe fn choose<C: Cells>(line: *mut Line, now_ns: u64) -> Choice {
+    let mut c = Choice {
+        free: 0,
+        slot: 0,
+        age: 0,
+    };
+    let now = crate::ns_to_ticks(now_ns);
     let mut i = 0u32;
     while (i as usize) < WAYS {
         // SAFETY: the caller's.
         let (kw, tw) = unsafe { words_of(line, i) };
         let (k, t) = (C::load(kw), C::load(tw));
         if free(k, t, now_ns) {
-            if n == 0 {
-                first = i;
-                seen = t;
+            let a = idle_age(k, t, now) >> 8;
+            if c.free == 0 || a > c.age {
+                c.slot = i;
+                c.age = a;
             }
-            n += 1;
+            c.free += 1;
         }
         i += 1;
     }
-    (n, first, seen)
+    c
+}
+
+/// What `line` offers a claim at `now_ns` when which idle slot goes does
+/// not matter: its free slots and the first (its age left 0, so that of two
+/// lines the emptier is chosen). The program's key levels claim so: their
+/// frame is on its deepest chain of calls, where [`choose`]'s does not fit.
+///
+/// # Safety
+/// As [`find_in`].
+#[inline(always)]
+pub unsafe fn choose_first<C: Cells>(line: *mut Line, now_ns: u64) -> Choice {
+    let mut c = Choice {
+        free: 0,
+        slot: 0,
+        age: 0,
+    };
+    let mut i = 0u32;
+    while (i as usize) < WAYS {
+        // SAFETY: the caller's.
+        let (kw, tw) = unsafe { words_of(line, i) };
+        if free(C::load(kw), C::load(tw), now_ns) {
+            if c.free == 0 {
+                c.slot = i;
+            }
+            c.free += 1;
+        }
+        i += 1;
+    }
+    c
+}
+
+/// How long a free slot (key word `key`, state word `tat`) has been idle at
+/// `now` (ticks), as a number that only orders slots: an empty slot is the
+/// oldest ([`u64::MAX`]), then a state wrapped around (idle for days), then
+/// the longer its bucket has been full.
+#[inline(always)]
+pub const fn idle_age(key: u64, tat: u64, now: u64) -> u64 {
+    if key == 0 {
+        return u64::MAX;
+    }
+    let d = tat.wrapping_sub(now) << (64 - gcra::TAT_BITS);
+    if d as i64 <= 0 {
+        // Behind now by this much (shifted): full since then.
+        (d as i64).unsigned_abs() >> 1
+    } else {
+        // Ahead by more than any rule allows: wrapped around.
+        u64::MAX - 1
+    }
 }
 
 /// Whether a slot of `line` other than slot `i` of `mine` holds `key`.

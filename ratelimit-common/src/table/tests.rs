@@ -84,6 +84,78 @@ fn a_full_pair_of_lines_refuses_and_a_free_slot_is_reused() {
     }
 }
 
+/// A new key takes an empty slot first, then the free slot idle the
+/// longest: a source that sends now and then keeps its slot (and its birth)
+/// while keys that came once give theirs to each other.
+#[test]
+fn a_new_key_takes_the_slot_idle_the_longest() {
+    let p = gcra::Params::from_rate(1, 1_000_000_000, 1).unwrap();
+    let mut t = table(2);
+    let (a, b): (*mut Line, *mut Line) = (&mut t[0], &mut t[1]);
+    // Eight keys, one a second: key k last charged at k s.
+    let at = |s: u64| s * 1_000_000_000;
+    for k in 1..=8u64 {
+        let mut st = gcra::State::full(at(k), &p);
+        gcra::admit(&mut st, &p, at(k), 1);
+        // SAFETY: two lines of a live table.
+        let got = unsafe { claim::<C>(a, b, null(), null(), k, st.tat, at(k)) };
+        assert!(matches!(got, Slot::At(..)), "key {k}: {got:?}");
+    }
+    // Key 3 sends again at 20 s: the freshest of all.
+    // SAFETY: as above.
+    let (l, i) = unsafe {
+        find_in::<C>(a, 3)
+            .map(|i| (a, i))
+            .or(find_in::<C>(b, 3).map(|i| (b, i)))
+    }
+    .expect("key 3 holds a slot");
+    let mut st = gcra::State::full(at(20), &p);
+    gcra::admit(&mut st, &p, at(20), 1);
+    // SAFETY: as above.
+    unsafe { *words_of(l, i).1 = st.tat };
+    // At 30 s every bucket is full again: new keys (idle from now on) take
+    // the old keys' slots in the order those went idle, key 3 last.
+    let order = [1u64, 2, 4, 5, 6, 7, 8];
+    for n in 0..order.len() {
+        let new = 100 + n as u64;
+        let fresh = gcra::State::full(at(30), &p).tat;
+        // SAFETY: as above.
+        let got = unsafe { claim::<C>(a, b, null(), null(), new, fresh, at(30)) };
+        assert!(matches!(got, Slot::At(..)), "key {new}: {got:?}");
+        let gone: Vec<u64> = (1..=8u64).filter(|k| !holds_in(a, b, *k)).collect();
+        assert_eq!(
+            gone.as_slice(),
+            {
+                let mut g = order[..=n].to_vec();
+                g.sort();
+                g
+            }
+            .as_slice(),
+            "after {} new keys",
+            n + 1
+        );
+    }
+    assert!(holds_in(a, b, 3));
+    // An empty slot goes before any idle one.
+    let mut t = table(2);
+    let (a, b): (*mut Line, *mut Line) = (&mut t[0], &mut t[1]);
+    // SAFETY: as above.
+    unsafe {
+        let idle = gcra::State::full(at(1), &p).tat;
+        claim::<C>(a, b, null(), null(), 1, idle, at(1));
+        claim::<C>(a, b, null(), null(), 2, 0, at(30));
+    }
+    assert!(
+        holds_in(a, b, 1),
+        "an idle key was replaced while an empty slot was left"
+    );
+}
+
+fn holds_in(a: *mut Line, b: *mut Line, k: u64) -> bool {
+    // SAFETY: two lines of a live table.
+    unsafe { find_in::<C>(a, k).is_some() || find_in::<C>(b, k).is_some() }
+}
+
 fn null() -> *mut Born {
     core::ptr::null_mut()
 }

@@ -36,7 +36,7 @@ use super::{
     key::{Level, mask_source, reason_of},
     maps::{RL_CONFIG, RL_RULE_TABLE},
     parse::source_at,
-    table::{BUSY, FULL, find, rl_claim, still_owned, word},
+    table::{BUSY, FULL, find, rl_claim_level, still_owned, word},
 };
 
 /// How the own level's commit ended.
@@ -390,7 +390,7 @@ pub extern "C" fn rl_level_slot(
         return at;
     }
     let state = gcra::State::full(now, &lv.params).tat;
-    match rl_claim(kw, h, region, state, now) {
+    match rl_claim_level(kw, h, region, state, now) {
         FULL => {
             event(Event::StateFull);
             0

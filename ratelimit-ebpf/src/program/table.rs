@@ -12,7 +12,7 @@ use core::{
     ptr::read_volatile,
 };
 
-use ratelimit_common::table::{self, Cells, Line, Slot};
+use ratelimit_common::table::{self, Cells, Choice, Line, Slot};
 
 use super::{
     bucket::cas,
@@ -99,12 +99,23 @@ pub(crate) fn find(kw: u64, h: u64, region: u64) -> Pos {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn rl_claim(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
-    claim(kw, h, region, state, now)
+    claim::<true>(kw, h, region, state, now)
 }
 
-/// [`rl_claim`], inlined in its caller.
+/// [`rl_claim`] for a key level's key: of the free slots, the first is
+/// taken, not the one idle the longest ([`table::choose_first`]). Called
+/// on the deepest chain of calls ([`super::levels::rl_level_slot`]), where
+/// [`rl_choose`]'s frame does not fit.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_claim_level(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
+    claim::<false>(kw, h, region, state, now)
+}
+
+/// [`rl_claim`] (`OLDEST`: the free slot idle the longest is taken) or
+/// [`rl_claim_level`], inlined in its caller.
 #[inline(always)]
-pub(crate) fn claim(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
+pub(crate) fn claim<const OLDEST: bool>(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
     let (a, b) = table::region_lines(h, region);
     let (la, lb) = (line(a), line(b));
     if la.is_null() || lb.is_null() {
@@ -117,9 +128,23 @@ pub(crate) fn claim(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
     let mut got = Slot::Raced;
     // A slot that changed under the claim is chosen again, a few times.
     for _ in 0..CLAIM_TRIES {
+        let (ca, cb) = if OLDEST {
+            (
+                Choice::unpack(rl_choose(u64::from(a), now)),
+                Choice::unpack(rl_choose(u64::from(b), now)),
+            )
+        } else {
+            // SAFETY: two lines of the table, valid for this run.
+            unsafe {
+                (
+                    table::choose_first::<Bpf>(la, now),
+                    table::choose_first::<Bpf>(lb, now),
+                )
+            }
+        };
         // SAFETY: two lines of the table and their birth stamps (or null),
         // valid for this run.
-        got = unsafe { table::claim::<Bpf>(la, lb, born(a), born(b), kw, state, now) };
+        got = unsafe { table::claim_with::<Bpf>(la, lb, born(a), born(b), ca, cb, kw, state, now) };
         if got != Slot::Raced {
             break;
         }
@@ -133,6 +158,22 @@ pub(crate) fn claim(kw: u64, h: u64, region: u64, state: u64, now: u64) -> u64 {
             p => p,
         },
     }
+}
+
+/// What line `n` offers a claim at `now` ([`table::choose`], packed; a line
+/// that cannot be read offers nothing).
+///
+/// A global function: choosing the slot idle the longest has many paths,
+/// which the verifier walks once here, not for each line and try.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rl_choose(n: u64, now: u64) -> u64 {
+    let l = line(n as u32);
+    if l.is_null() {
+        return 0;
+    }
+    // SAFETY: a line of the table, valid for this run.
+    unsafe { table::choose::<Bpf>(l, now) }.pack()
 }
 
 /// Tries of a claim whose chosen slot changed before it was locked.

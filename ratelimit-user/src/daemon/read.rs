@@ -288,7 +288,10 @@ pub(super) fn status_of(
     pins: String,
     teller: Teller,
 ) -> Result<Status> {
-    let (v4_keys, v6_keys, wide_keys) = maps.tracked_by_map()?;
+    // One pass over the state table for both families and the active slots.
+    let census = maps.table_census();
+    let (v4_keys, v6_keys) = (census.v4 as usize, census.v6 as usize);
+    let wide_keys = maps.wide_count()?;
     let tracked = v4_keys + v6_keys + wide_keys;
     let sizes = maps.capacities();
     let mut notes: Vec<String> = crate::host::kernel::missing()
@@ -311,7 +314,7 @@ pub(super) fn status_of(
             // keeps a few free entries of its own.
             let full = |n: usize, cap: u32| n as u64 * 100 >= u64::from(cap) * 99;
             let mut state_map_full = false;
-            let (slots, held, active) = maps.table_occupancy();
+            let (slots, held, active) = (maps.table_slots(), census.v4 + census.v6, census.active);
             let state_table = answer::TableStatus {
                 slots,
                 held,

@@ -72,18 +72,16 @@ impl Maps {
 
     /// Keys with a state: (IPv4 gcra, IPv6 gcra, wide). A gcra key holds
     /// its slot of the table until another key needs it: those counted are
-    /// the slots held, idle or not (see [`Maps::table_occupancy`]).
+    /// the slots held, idle or not (see [`Maps::table_census`]).
     pub fn tracked_by_map(&self) -> Result<(usize, usize, usize)> {
+        let c = self.table_census();
+        Ok((c.v4 as usize, c.v6 as usize, self.wide_count()?))
+    }
+
+    /// Keys with a wide state, counted with batched reads.
+    pub fn wide_count(&self) -> Result<usize> {
         use aya::maps::IterableMap as _;
-        let (mut v4, mut v6) = (0, 0);
-        for h in self.state_table.held() {
-            if self.state_table.is_v4_line(h.line) {
-                v4 += 1;
-            } else {
-                v6 += 1;
-            }
-        }
-        Ok((v4, v6, count_entries(self.wide.map(), common::MAP_WIDE)?))
+        count_entries(self.wide.map(), common::MAP_WIDE)
     }
 
     /// Zeroes every counter (tests).
@@ -118,11 +116,14 @@ impl Maps {
         Ok(out)
     }
 
-    /// The state table: (slots, slots held, slots whose bucket is not full
-    /// now).
-    pub fn table_occupancy(&self) -> (u64, u64, u64) {
-        let (held, active) = self.state_table.occupancy(crate::kernel::monotonic_ns());
-        (self.state_table.slots(), held, active)
+    /// What the state table holds now, in one pass.
+    pub fn table_census(&self) -> table::Census {
+        self.state_table.census(crate::kernel::monotonic_ns())
+    }
+
+    /// Slots in the state table.
+    pub fn table_slots(&self) -> u64 {
+        self.state_table.slots()
     }
 
     /// Every slot of the state table that holds a gcra key, with its state.

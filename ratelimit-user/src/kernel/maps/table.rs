@@ -76,6 +76,17 @@ pub struct StateTable {
     v4_lines: u32,
 }
 
+/// What the table holds ([`StateTable::census`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Slots holding an IPv4 key.
+    pub v4: u64,
+    /// Slots holding an IPv6 key.
+    pub v6: u64,
+    /// Of those, slots whose bucket is not full.
+    pub active: u64,
+}
+
 /// A slot that holds a key: its line, slot, key word, state word and birth.
 #[derive(Clone, Copy, Debug)]
 pub struct Held {
@@ -136,11 +147,6 @@ impl StateTable {
         }
     }
 
-    /// Whether line `n` holds IPv4 keys.
-    pub fn is_v4_line(&self, n: u32) -> bool {
-        n < self.v4_lines
-    }
-
     fn line(&self, n: u32) -> *mut Line {
         assert!(n < self.count, "line {n} of a table of {}", self.count);
         // SAFETY: `n` is a line of the mapping (checked above).
@@ -181,15 +187,34 @@ impl StateTable {
         })
     }
 
-    /// Slots holding a key, and of those the ones whose bucket is not full
-    /// at `now_ns` (active).
-    pub fn occupancy(&self, now_ns: u64) -> (u64, u64) {
-        let (mut held, mut active) = (0, 0);
-        for h in self.held() {
-            held += 1;
-            active += u64::from(!table::reads_full(h.state.gcra.tat, now_ns));
+    /// One pass over the table at `now_ns`: slots holding an IPv4 key, an
+    /// IPv6 key, and of those the ones whose bucket is not full (active). A
+    /// slot being claimed is not counted. Reads two words a slot, nothing
+    /// else: `status` asks for it on the daemon's loop.
+    pub fn census(&self, now_ns: u64) -> Census {
+        let mut c = Census::default();
+        let lines = self.lines.ptr.cast::<Line>();
+        for n in 0..self.count {
+            // SAFETY: `n` is a line of the mapping.
+            let line = unsafe { lines.add(n as usize) };
+            let (mut held, mut active) = (0, 0);
+            for i in 0..table::WAYS as u32 {
+                // SAFETY: a line of the mapping, `i < WAYS`.
+                let (kw, tw) = unsafe { table::words_of(line, i) };
+                let (k, t) = (HostCells::load(kw), HostCells::load(tw));
+                if k != 0 && t != table::LOCKED {
+                    held += 1;
+                    active += u64::from(!table::reads_full(t, now_ns));
+                }
+            }
+            if n < self.v4_lines {
+                c.v4 += held;
+            } else {
+                c.v6 += held;
+            }
+            c.active += active;
         }
-        (held, active)
+        c
     }
 
     /// The slot of `key` in the table, hashed with `seed`: (line, slot).

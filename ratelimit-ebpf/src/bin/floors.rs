@@ -201,7 +201,7 @@ mod floors {
         xdp_action::XDP_DROP
     }
 
-    /// The exact floor of the state table the program keeps IPv4 sources in
+    /// The exact floor of the state table the program keeps sources in
     /// (`ratelimit_common::table`): the source's key word and keyed hash, its
     /// slot found in the first of its two 64-byte lines or the second, and
     /// its 8-byte state updated with one compare-and-swap; a missing key
@@ -226,15 +226,37 @@ mod floors {
     fn table(ctx: &XdpContext) -> u32 {
         use ratelimit_common::table as t;
         let start = ctx.data();
-        if start + EthHdr::LEN + Ipv4Hdr::LEN > ctx.data_end() {
+        let end = ctx.data_end();
+        if start + EthHdr::LEN + Ipv6Hdr::LEN > end {
             return xdp_action::XDP_PASS;
         }
         // SAFETY: bounds checked above.
-        let src = unsafe { (*((start + EthHdr::LEN) as *const Ipv4Hdr)).src_addr };
-        let w = ratelimit_common::words(&ratelimit_common::map_v4(src));
-        let kw = t::key_word_of(&w, 0);
+        let ether_type = unsafe { (*(start as *const EthHdr)).ether_type };
+        // The key as the program makes it: IPv4 exact; IPv6 its /64, hashed
+        // under a second seed, in lines of its own.
+        let (w, kw, region) = if ether_type == EtherType::Ipv4 as u16 {
+            // SAFETY: an IPv4 header is shorter than the IPv6 one checked.
+            let src = unsafe { (*((start + EthHdr::LEN) as *const Ipv4Hdr)).src_addr };
+            let w = ratelimit_common::words(&ratelimit_common::map_v4(src));
+            (
+                w,
+                t::key_word_of(&w, 0),
+                t::region(FLOOR_TABLE_LINES / 2 - 1, 0),
+            )
+        } else {
+            // SAFETY: bounds checked above.
+            let src = unsafe { (*((start + EthHdr::LEN) as *const Ipv6Hdr)).src_addr };
+            let mut w = ratelimit_common::words(&src);
+            w[2] = 0;
+            w[3] = 0;
+            (
+                w,
+                t::key_word6(&w, 0, 0x5eed),
+                t::region(FLOOR_TABLE_LINES / 2 - 1, FLOOR_TABLE_LINES / 2),
+            )
+        };
         let h = ratelimit_common::doorkeeper::hash_words(&w, 0, 0x5eed);
-        let (a, b) = t::lines(h, FLOOR_TABLE_LINES - 1);
+        let (a, b) = t::region_lines(h, region);
         for n in [a, b] {
             let Some(line) = FLOOR_TABLE.get_ptr_mut(n) else {
                 return xdp_action::XDP_DROP;
@@ -269,9 +291,10 @@ mod floors {
         xdp_action::XDP_DROP
     }
 
-    /// Lines of `FLOOR_TABLE`: the program's default.
+    /// Lines of `FLOOR_TABLE`: the program's default for IPv4 (the first
+    /// half) and as many for IPv6.
     const FLOOR_TABLE_LINES: u32 =
-        ratelimit_common::state_lines(ratelimit_common::DEFAULT_STATE_CAPACITY);
+        2 * ratelimit_common::state_lines(ratelimit_common::DEFAULT_STATE_CAPACITY);
 
     #[map(name = "FLOOR_TABLE")]
     static FLOOR_TABLE: Array<ratelimit_common::table::Line> =

@@ -2,13 +2,14 @@
 //! hammers the login form is told how long to wait; others are not affected.
 //!
 //! `cargo run -p ratelimit-common --features std --example logins`
-use std::time::Duration;
+use std::{error::Error, time::Duration};
 
 use ratelimit_common::keyed::{Algorithm, FakeClock, Limiter};
 
-fn main() {
+fn main() -> Result<(), Box<dyn Error>> {
     let clock = FakeClock::default();
-    let per_minute = Algorithm::per(5, Duration::from_secs(60), 5).expect("valid limit");
+    // A refused limit is an error `?` takes, as in the README.
+    let per_minute = Algorithm::per(5, Duration::from_secs(60), 5)?;
     let logins: Limiter<String, FakeClock> =
         Limiter::with_clock(per_minute, 100_000, clock.clone());
     for attempt in 1..=7 {
@@ -39,4 +40,5 @@ fn main() {
             "refused"
         }
     );
+    Ok(())
 }

@@ -69,6 +69,10 @@ impl core::fmt::Display for ParamError {
     }
 }
 
+/// So that `?` takes it in a `fn main() -> Result<(), Box<dyn Error>>`.
+#[cfg(feature = "std")]
+impl core::error::Error for ParamError {}
+
 impl ParamError {
     /// The checks every algorithm counted over a window makes: the window is
     /// longer than 0 and the limit from 1 to `max` (`limit_accepted` says so

@@ -261,7 +261,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         warn!(rules = %named, "started without --fleet: the fleet-wide rules are removed (--drop-fleet-rules); a fleet-wide default rule is a limit of this host alone");
     }
     let sizes = prepared.maps.capacities();
-    if prepared.adopted_maps && sizes != opts.load {
+    if prepared.adopted_maps && sizes != opts.load.as_created() {
         info!(
             "the pinned maps keep the sizes they were created with ({} rules, {} IPv4 and {} IPv6 sources, {} wide-state sources); restart with --reset to resize (rules are kept)",
             sizes.rules_capacity,

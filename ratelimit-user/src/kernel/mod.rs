@@ -170,6 +170,18 @@ impl LoadOptions {
         })
     }
 
+    /// These options as the maps they make read back ([`Maps::capacities`]):
+    /// the state table holds a power of two of lines per family, so a
+    /// capacity reads back as the sources those lines are sized for.
+    pub fn as_created(&self) -> Self {
+        let round = |n: u32| common::state_sources(common::state_lines(n));
+        Self {
+            state_capacity: round(self.state_capacity),
+            state_capacity_v6: round(self.state_capacity_v6),
+            ..self.clone()
+        }
+    }
+
     /// Lines of the state table: each family's ([`common::state_lines`]).
     pub fn table_lines(&self) -> u32 {
         common::state_lines(self.state_capacity) + common::state_lines(self.state_capacity_v6)

@@ -787,6 +787,9 @@ fn lists_survive_restarts_and_reload_with_the_config() {
     d.cli_ok(&["mode", "allowlist-only"]);
     probe("allowlist-only", &[bans, cfg], &[free]);
     let out = d.cli_ok(&["unset", "--list", "bans"]);
+    // Said once: the list's name, then what it was (not "list bans deny list").
     assert!(out.starts_with("removed list bans"), "{out}");
+    assert!(out.contains("(deny, 2 entries from "), "{out}");
+    assert_eq!(out.matches("list").count(), 1, "{out}");
     assert!(!d.cli_ok(&["list"]).contains("bans"));
 }

@@ -70,9 +70,10 @@ pub(super) fn changes(changes: &[Change], quiet: bool) {
         + 5;
     let list = |l: &ListChange| {
         format!(
-            "{} list, {} entries from {}{}",
+            "({}, {} {} from {}{})",
             l.action,
             l.entries,
+            if l.entries == 1 { "entry" } else { "entries" },
             l.source,
             ends(l.expires_in_s.as_ref())
         )

@@ -124,19 +124,24 @@ pub fn fits(set: &RuleSet, max_rules: u32, max_list_entries: u32) -> Vec<Problem
     let lists = set.lists.values().filter(|l| l.counted).count();
     let rules = set.rules.len() + lists;
     if rules > max_rules as usize {
+        let n = |n: usize, one: &str, many: &str| {
+            format!("{n} {}", if n == 1 { one } else { many })
+        };
         let what = if lists == 0 {
-            format!("{rules} rules")
+            n(rules, "rule", "rules")
         } else {
             format!(
-                "{} rules and {lists} lists (a list takes a rule for its counters)",
-                set.rules.len()
+                "{} and {} (a list takes a rule for its counters)",
+                n(set.rules.len(), "rule", "rules"),
+                n(lists, "list", "lists")
             )
         };
         out.push(Problem {
             line: None,
             field: "--max-rules".into(),
             message: format!(
-                "{what} do not fit in {max_rules}: run the daemon (and this check) with --max-rules {rules} or more"
+                "{what} {} not fit in {max_rules}: run the daemon (and this check) with --max-rules {rules} or more",
+                if rules == 1 { "does" } else { "do" }
             ),
         });
     }

@@ -272,6 +272,33 @@ fn what_does_not_fit_names_the_option() {
     );
 }
 
+/// One rule and one list over a cap of one: said in the singular, not
+/// "1 rules and 1 lists".
+#[test]
+fn what_does_not_fit_is_counted_in_words() {
+    let mut set = check("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"deny\"\n").unwrap();
+    set.lists.insert(
+        "bans".into(),
+        crate::model::lists::List {
+            action: crate::model::lists::ListAction::Deny,
+            source: "bans.txt".into(),
+            entries: std::sync::Arc::from(Vec::new()),
+            counted: true,
+        },
+    );
+    let over = fits(&set, 1, 1);
+    assert_eq!(over.len(), 1, "{over:?}");
+    assert!(
+        over[0]
+            .message
+            .starts_with("1 rule and 1 list (a list takes a rule for its counters) do not fit in 1"),
+        "{over:?}"
+    );
+    let alone = check("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"deny\"\n").unwrap();
+    let over = fits(&alone, 0, 1);
+    assert!(over[0].message.starts_with("1 rule does not fit in 0"), "{over:?}");
+}
+
 #[test]
 fn key_paths_leave_out_the_selector_and_count_levels_from_one() {
     assert_eq!(

@@ -615,6 +615,31 @@ fn a_fleet_rule_without_fleet_names_the_rules_and_the_way_out() {
 /// port's frames from its sources (the longest prefix wins). Under a flood,
 /// the source's state shows: tracked, nothing left, the next admission
 /// within one token's time. `get` gives the state under every rule.
+/// A source no frame has met yet shows a full bucket of its rule as the rule
+/// is now: after the rule's rate and burst change, the new burst (it showed
+/// the old one, read as a state of the rule's earlier generation).
+#[test]
+fn get_shows_the_changed_rules_burst_for_a_source_not_yet_tracked() {
+    privileged!("get_shows_the_changed_rules_burst_for_a_source_not_yet_tracked");
+    let (_h, d) = Host::start("getburst", &[]);
+    let left = |d: &ratelimit_tests::Daemon| {
+        let got = d.json(&["get", "198.18.0.5"]);
+        let state = got["states"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["rule"] == "198.18.0.0/24"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no state under the /24: {got}"));
+        assert_eq!(state["tracked"], false, "{got}");
+        state["remaining"].as_u64().expect("remaining")
+    };
+    d.cli_ok(&["set", "198.18.0.0/24", "--rate", "30/s", "--burst", "30"]);
+    assert_eq!(left(&d), 29);
+    d.cli_ok(&["set", "198.18.0.0/24", "--rate", "40/s", "--burst", "40"]);
+    assert_eq!(left(&d), 39, "the burst before the change");
+    d.cli_ok(&["set", "198.18.0.0/24", "--rate", "10/s", "--burst", "5"]);
+    assert_eq!(left(&d), 4);
+}
+
 #[test]
 fn explain_names_the_judging_rule_and_get_the_sources_state() {
     privileged!("explain_names_the_judging_rule_and_get_the_sources_state");

@@ -124,9 +124,8 @@ pub fn fits(set: &RuleSet, max_rules: u32, max_list_entries: u32) -> Vec<Problem
     let lists = set.lists.values().filter(|l| l.counted).count();
     let rules = set.rules.len() + lists;
     if rules > max_rules as usize {
-        let n = |n: usize, one: &str, many: &str| {
-            format!("{n} {}", if n == 1 { one } else { many })
-        };
+        let n =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let what = if lists == 0 {
             n(rules, "rule", "rules")
         } else {

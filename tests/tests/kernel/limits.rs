@@ -249,3 +249,26 @@ fn a_burst_is_admitted_whole_at_any_rate() {
         assert_eq!(admitted, burst, "{rate} burst {burst}");
     }
 }
+
+/// A prefix rule whose limit changes: a new source gets the new burst, and
+/// the rule the daemon reads back from the kernel (what `get` and `explain`
+/// show) is the new one, not the one before.
+#[test]
+fn a_changed_prefix_rule_is_read_back_and_enforced_as_changed() {
+    privileged!("a_changed_prefix_rule_is_read_back_and_enforced_as_changed");
+    let p = Selector::parse("cidr", "198.18.6.0/24").expect("prefix");
+    let with = |burst| {
+        let mut set = rules(limit("1000/s", 1000));
+        set.rules.insert(p, Action::Limit(limit("1/min", burst)));
+        set
+    };
+    let mut l = Loaded::new(&with(3));
+    l.maps.apply(&with(7)).expect("changing the /24's burst");
+    let read = l.maps.rules().expect("rules")[&p];
+    assert_eq!(read.burst, 7, "the rule read back is the one before");
+    let f = v4("198.18.6.9").build();
+    let admitted = (0..20).filter(|_| l.verdict(&f) == XDP_PASS).count();
+    assert_eq!(admitted, 7, "a new source under the changed rule");
+    l.maps.apply(&with(5)).expect("changing it again");
+    assert_eq!(l.maps.rules().expect("rules")[&p].burst, 5);
+}

@@ -289,14 +289,17 @@ fn what_does_not_fit_is_counted_in_words() {
     let over = fits(&set, 1, 1);
     assert_eq!(over.len(), 1, "{over:?}");
     assert!(
-        over[0]
-            .message
-            .starts_with("1 rule and 1 list (a list takes a rule for its counters) do not fit in 1"),
+        over[0].message.starts_with(
+            "1 rule and 1 list (a list takes a rule for its counters) do not fit in 1"
+        ),
         "{over:?}"
     );
     let alone = check("[[rule]]\ncidr = \"198.18.0.0/24\"\naction = \"deny\"\n").unwrap();
     let over = fits(&alone, 0, 1);
-    assert!(over[0].message.starts_with("1 rule does not fit in 0"), "{over:?}");
+    assert!(
+        over[0].message.starts_with("1 rule does not fit in 0"),
+        "{over:?}"
+    );
 }
 
 #[test]

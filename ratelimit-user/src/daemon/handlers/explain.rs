@@ -130,7 +130,13 @@ impl Daemon {
         };
         let (tracked, born, decision) = if rule.algorithm == algorithm::GCRA {
             let found = maps.source_state(&key);
-            let mut state = found.map(|s| s.gcra).unwrap_or_default();
+            // A key without a state meets a full bucket of the rule as it is
+            // now (the program gives it one when it earns a state): not a
+            // zero word, which reads as a state of the rule's earlier
+            // generation, converted under the limit it had before a change.
+            let mut state = found
+                .map(|s| s.gcra)
+                .unwrap_or_else(|| gcra::State::full(now, rule.gcra_params()));
             let d = gcra::decide(&mut state, rule.gcra_params(), now, cost);
             (found.is_some(), found.map(|s| s.born), d)
         } else {

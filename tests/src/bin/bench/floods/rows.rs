@@ -338,11 +338,7 @@ pub(super) fn write_rows(
                 ipt / c,
             );
             if let Some(x) = x_netfilter {
-                let _ = write!(
-                    t,
-                    " (≥ {x}: **{}**)",
-                    met(nft / c >= x && ipt / c >= x)
-                );
+                let _ = write!(t, " (≥ {x}: **{}**)", met(nft / c >= x && ipt / c >= x));
             }
             let _ = write!(t, "; the program's own {own_ns:.0} ns/run");
             if let Some(max) = own_max {

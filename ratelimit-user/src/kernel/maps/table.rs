@@ -113,7 +113,7 @@ impl StateTable {
             return Err(Error::invalid(
                 "--max-sources",
                 format!(
-                    "{MAP_TABLE} has {count} lines ({v4_lines} of them IPv4 keys') and {MAP_BORN} {}: two powers of two of lines, the same in both",
+                    "{MAP_TABLE} has {count} lines ({v4_lines} of them IPv4 keys', as the pinned config says) and {MAP_BORN} {}: the accepted form is a power of two of lines for each family, the same in both maps; the pinned maps were changed by hand: restart with --reset to create them anew (rules are kept)",
                     born_map.len()
                 ),
             ));

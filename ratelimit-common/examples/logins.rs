@@ -8,7 +8,7 @@ use ratelimit_common::keyed::{Algorithm, FakeClock, Limiter};
 
 fn main() -> Result<(), Box<dyn Error>> {
     let clock = FakeClock::default();
-    // A refused limit is an error `?` takes, as in the README.
+    // A refused limit is an error `?` takes, as in docs/concepts/algorithms.md.
     let per_minute = Algorithm::per(5, Duration::from_secs(60), 5)?;
     let logins: Limiter<String, FakeClock> =
         Limiter::with_clock(per_minute, 100_000, clock.clone());

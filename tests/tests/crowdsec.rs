@@ -380,7 +380,7 @@ fn a_rule_made_by_hand_on_a_banned_cidr_survives_deletions_and_resyncs() {
     needs_crowdsec!("a_rule_made_by_hand_on_a_banned_cidr_survives_deletions_and_resyncs");
     let (h, mut lapi, d) = start("cs-hand", &[]);
     // By hand: a deny of 198.18.0.5, an allow of 198.18.0.7 (the operator's
-    // word beats CrowdSec's), and a list named as the README's piped recipe.
+    // word beats CrowdSec's), and a list named as docs/guide/bans.md's piped recipe.
     d.cli_ok(&["deny", "198.18.0.5/32"]);
     d.cli_ok(&["allow", "198.18.0.7/32"]);
     let list = h.write("crowdsec.txt", "198.18.9.9\n");

@@ -14,6 +14,8 @@
 //!   or a smoke check, in qemu guests booted on Debian's kernels, with the
 //!   host's root shared read-only (see `vm/`).
 
+#[cfg(test)]
+mod docs;
 mod install;
 mod setup;
 mod vm;

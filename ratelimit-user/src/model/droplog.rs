@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DropLog(pub u32);
 
-/// The default: on, 100 records a second per CPU (see the README's "Drop
-/// log" for what it costs a dropped frame).
+/// The default: on, 100 records a second per CPU (see
+/// docs/reference/drop-log.md for what it costs a dropped frame).
 pub const DEFAULT_DROP_LOG: DropLog = DropLog(100);
 
 /// The forms `--drop-log` and `drop-log` accept, for errors.

@@ -510,7 +510,7 @@ mod tests {
         assert_eq!(parse_duration("w", "24h").unwrap(), 86_400 * NS_PER_S);
         assert_eq!(parse_duration("w", "30min").unwrap(), 1800 * NS_PER_S);
         assert_eq!(parse_duration("w", "7ns").unwrap(), 7);
-        // `--for 10y` as the README's bans read: a year is 365 days.
+        // `--for 10y` as docs/guide/bans.md's bans read: a year is 365 days.
         assert_eq!(parse_duration("w", "2w").unwrap(), 14 * 86_400 * NS_PER_S);
         assert_eq!(
             parse_duration("w", "10y").unwrap(),

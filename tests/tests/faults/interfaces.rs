@@ -13,7 +13,7 @@ use ratelimit_tests::{
 
 use super::{eventually, listed};
 
-/// (Item 5) Run the way the README's users test in namespaces, `ip netns exec`:
+/// (Item 5) Run the way users test in namespaces, `ip netns exec`:
 /// a SIGKILL leaves the program enforcing, the next start adopts it, and
 /// `--keep-attached` keeps what it says.
 #[test]

@@ -1,4 +1,4 @@
-//! The faults fleets meet, each against the bound the README states for
+//! The faults fleets meet, each against the bound docs/fleet/fleets.md states for
 //! it, frames counted at the receivers: a daemon cut off from Redis (its
 //! Redis traffic dropped in its namespace), a daemon SIGKILLed (its program
 //! left attached), and Redis stalling under every daemon.

@@ -66,7 +66,7 @@ fn download(pair: &Pair, bytes: usize, limit: Duration) -> (usize, f64) {
     })
 }
 
-/// The README's default (1000 frames/s per source) must not throttle the
+/// The default (docs/concepts/how-it-decides.md) (1000 frames/s per source) must not throttle the
 /// host's own download from a server: its replies belong to a connection the
 /// host opened, so none is dropped (they pass as `host_connection` once the
 /// server's bucket is empty). With `--host-connections limit` the same
@@ -135,7 +135,7 @@ fn a_syn_rule_limits_the_flood_not_the_sources_established_traffic() {
         time::Instant,
     };
     privileged!("a_syn_rule_limits_the_flood_not_the_sources_established_traffic");
-    // The README's recipe as written, under the default limit (1000/s per
+    // The recipe of docs/guide/recipes.md as written, under the default limit (1000/s per
     // source): SYNs at 20/s, the rest of TCP at up to 100k frames/s.
     let (h, d) = Host::start("syn", &[]);
     d.cli_ok(&[

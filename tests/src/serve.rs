@@ -38,6 +38,8 @@ pub struct Setup<'a> {
     pub tls: Option<(&'a str, &'a str)>,
     /// More arguments.
     pub args: &'a [&'a str],
+    /// The command it runs under (e.g. `prlimit --nofile=1024:1024 --`).
+    pub wrapper: &'a [&'a str],
 }
 
 /// A free port on 127.0.0.1.
@@ -70,7 +72,7 @@ impl Service {
     /// `ratelimit serve` against the Redis (or Cluster) at `url`, as `setup`
     /// says, once it serves.
     pub fn start_with(url: &str, setup: &Setup) -> Self {
-        Self::launch(&[], url, setup)
+        Self::launch(setup.wrapper, url, setup)
     }
 
     fn launch(wrapper: &[&str], url: &str, setup: &Setup) -> Self {

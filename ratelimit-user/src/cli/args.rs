@@ -246,20 +246,22 @@ pub struct ServeArgs {
     /// Prefix of the Redis keys (each key is PREFIX{KEY}).
     #[arg(long, default_value = "ratelimit:")]
     pub prefix: String,
-    /// Client connections open at once; past it the one idle longest is
-    /// closed for a new one, and when all are busy a new one is answered 503
-    /// [default: 1024, or the open-file limit minus 96 if lower].
+    /// Client connections open at once, HTTP and gRPC together; past it the
+    /// one idle longest is closed for a new one, and when all are busy a new
+    /// one is answered 503 (gRPC: closed) [default: 1024, or the open-file
+    /// limit minus 96 if lower].
     #[arg(long, value_name = "N")]
     pub max_connections: Option<String>,
     /// How long a request's headers may take to arrive, from the connection's
-    /// opening (or a later request's first byte).
+    /// opening (or a later request's first byte); a TLS handshake too.
     #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_HEADER_TIMEOUT)]
     pub header_timeout: String,
-    /// How long a keep-alive connection may wait for its next request.
+    /// How long a keep-alive connection may wait for its next request (gRPC:
+    /// a connection with no request in flight).
     #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_IDLE_TIMEOUT)]
     pub idle_timeout: String,
     /// How long a request's body may take to arrive, from its headers
-    /// (answered 408 past it).
+    /// (answered 408 past it; gRPC: DEADLINE_EXCEEDED).
     #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_BODY_TIMEOUT)]
     pub body_timeout: String,
     /// Largest request body, like 16KiB or 65536 (bytes); answered 413 past

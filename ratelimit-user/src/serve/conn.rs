@@ -1,18 +1,25 @@
-//! The service's connections: accepted, bounded, and handed to hyper, which
-//! calls the router of [`super::api`] for each request.
+//! The service's connections, on both listeners: accepted, bounded, and
+//! handed to hyper (HTTP/1.1 for the HTTP API, HTTP/2 for gRPC), which calls
+//! the listener's router for each request.
 //!
-//! What a flood of idle or slow clients can cost is bounded:
+//! What a flood of idle or slow clients can cost is bounded, the same on
+//! both listeners, and the cap is one for both (the open-file limit is):
 //! - at most [`Limits::max_connections`] are open ([`crate::host::slots`]); past
-//!   it, the one idle longest (it has not sent a request, or waits between
-//!   two) is closed for the newcomer, and when every one is busy with a
-//!   request the newcomer is answered 503 at once (at most [`OVERFLOW`] such
-//!   answers at a time; past that it is closed unanswered). Either is logged
-//!   once per [`LOG_EVERY`](crate::host::logs::LOG_EVERY), with the count since;
-//! - a request's headers must arrive within [`Limits::header_timeout`] (from
-//!   the connection's opening, or from the first byte of a later request),
-//!   and be at most [`MAX_HEAD`] bytes; a keep-alive connection waits at most
-//!   [`Limits::idle_timeout`] for its next request; the body's own timeout
-//!   and limit are the handlers' (see [`super::api`]);
+//!   it, the one idle longest (it has no request in flight: it has not sent
+//!   one, or waits between two) is closed for the newcomer, whichever
+//!   listener either came by; when every one is busy with a request, an HTTP
+//!   newcomer is answered 503 at once (at most [`OVERFLOW`] such answers at a
+//!   time; past that it is closed unanswered) and a gRPC one is closed.
+//!   Either is logged once per [`LOG_EVERY`](crate::host::logs::LOG_EVERY),
+//!   with the count since;
+//! - a connection's first request must arrive within
+//!   [`Limits::header_timeout`] of its opening (HTTP/1.1: a later request's
+//!   headers within it from their first byte, and be at most [`MAX_HEAD`]
+//!   bytes; HTTP/2: its header list at most as much, and at most
+//!   [`MAX_STREAMS`] requests at once); a connection with no request in
+//!   flight waits at most [`Limits::idle_timeout`] for its next; the body's
+//!   own timeout and limit are the handlers' (see [`super::api`] and
+//!   [`super::grpc`]);
 //! - on shutdown, requests in flight have [`SHUTDOWN_GRACE`] to finish.
 //!
 //! With TLS, the handshake must end within the header timeout.
@@ -28,7 +35,7 @@ use std::{
 
 use axum::Router;
 use hyper_util::{
-    rt::{TokioIo, TokioTimer},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::graceful::{GracefulShutdown, Watcher},
     service::TowerToHyperService,
 };
@@ -53,6 +60,14 @@ use crate::{
 /// The largest request head (request line and headers), bytes; hyper
 /// answers 431 past it. Also what a connection buffers of its input.
 pub const MAX_HEAD: usize = 16 * 1024;
+/// Requests in flight at once on one HTTP/2 (gRPC) connection: a client
+/// that wants more opens another connection (Envoy's pool does).
+pub const MAX_STREAMS: u32 = 64;
+/// What an HTTP/2 connection buffers of its requests' bodies before they
+/// are read, bytes: a stream's window fits the largest request
+/// ([`super::grpc::MAX_MESSAGE`] and its frame), the connection's two.
+const STREAM_WINDOW: u32 = super::grpc::MAX_MESSAGE as u32 + 1024;
+const CONNECTION_WINDOW: u32 = 2 * STREAM_WINDOW;
 /// Connections answered 503 at once when every connection is busy.
 pub const OVERFLOW: usize = 32;
 /// How long such a connection may take to send its request's headers.
@@ -134,22 +149,79 @@ impl ConnMetrics {
 /// the cap): the router's, so that it is worded like its other errors.
 pub type Overload = fn(usize) -> axum::response::Response;
 
-/// Accepts connections on `listener` until `shutdown`, then lets requests in
-/// flight finish (for at most [`SHUTDOWN_GRACE`]).
+/// What a listener speaks.
+#[derive(Clone, Copy)]
+pub enum Protocol {
+    /// HTTP/1.1 (the HTTP API); a connection that finds every slot busy is
+    /// answered this.
+    Http1(Overload),
+    /// HTTP/2 (gRPC); a connection that finds every slot busy is closed.
+    Http2,
+}
+
+/// One listener: its socket, what it speaks, its router and its TLS.
+pub struct Listener {
+    /// The bound socket.
+    pub tcp: TcpListener,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// Called for each request.
+    pub router: Router,
+    /// TLS, when the service has it.
+    pub tls: Option<TlsAcceptor>,
+}
+
+/// The cap both listeners share: one set of slots for all the service's
+/// connections, and its log lines (each once per
+/// [`LOG_EVERY`](crate::host::logs::LOG_EVERY) whichever listener hit it).
+#[derive(Clone)]
+pub struct Cap {
+    slots: Slots,
+    made_room: Arc<Mutex<QuietLog>>,
+    refused: Arc<Mutex<QuietLog>>,
+}
+
+impl Cap {
+    /// The cap of `limits`.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            slots: Slots::new(limits.max_connections),
+            made_room: Arc::default(),
+            refused: Arc::default(),
+        }
+    }
+}
+
+fn warn(log: &Mutex<QuietLog>, what: &str, error: &dyn std::fmt::Display) {
+    log.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .warn(what, error);
+}
+
+/// Accepts connections on `listener` until `shutdown`, each in one of
+/// `cap`'s slots (shared with the other listener), then lets requests in flight
+/// finish (for at most [`SHUTDOWN_GRACE`]).
 pub async fn run(
-    listener: TcpListener,
-    router: Router,
-    overload: Overload,
+    listener: Listener,
+    cap: Cap,
     limits: Limits,
     metrics: ConnMetrics,
-    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let slots = Slots::new(limits.max_connections);
+    let Listener {
+        tcp: listener,
+        protocol,
+        router,
+        tls,
+    } = listener;
     let overflow = Arc::new(Semaphore::new(OVERFLOW));
     let graceful = GracefulShutdown::new();
     let mut backoff = AcceptBackoff::default();
-    let (mut made_room, mut refused) = (QuietLog::new(), QuietLog::new());
+    let Cap {
+        slots,
+        made_room,
+        refused,
+    } = cap;
     tokio::pin!(shutdown);
     loop {
         // Sockets of connections closed for room are let go a moment later:
@@ -175,24 +247,37 @@ pub async fn run(
         let (router, metrics2, watcher) = (router.clone(), metrics.clone(), graceful.watcher());
         let tls2 = tls.clone();
         let admission = slots.spawn_with(stream, move |slot, stream| {
-            connection(stream, slot, router, limits, metrics2, watcher, tls2)
+            connection(
+                stream, slot, protocol, router, limits, metrics2, watcher, tls2,
+            )
         });
         match admission {
             Admission::Admitted => {}
             Admission::MadeRoom => {
                 metrics.shed("closed_idle");
-                made_room.warn(
+                warn(
+                    &made_room,
                     "serve: connection cap reached; closing the connection idle longest for each new one",
-                    &format_args!("{} connections open (--max-connections)", limits.max_connections),
+                    &format_args!(
+                        "{} connections open (--max-connections)",
+                        limits.max_connections
+                    ),
                 );
             }
             Admission::Full(stream) => {
                 metrics.shed("refused");
-                refused.warn(
+                warn(
+                    &refused,
                     "serve: overloaded: every connection is busy with a request; new ones are answered 503",
-                    &format_args!("{} connections busy (--max-connections)", limits.max_connections),
+                    &format_args!(
+                        "{} connections busy (--max-connections)",
+                        limits.max_connections
+                    ),
                 );
                 // Answered 503 if few are being answered so, else closed.
+                let Protocol::Http1(overload) = protocol else {
+                    continue;
+                };
                 if let Ok(permit) = overflow.clone().try_acquire_owned() {
                     let cap = limits.max_connections;
                     let tls = tls.clone();
@@ -218,9 +303,11 @@ pub async fn run(
 }
 
 /// Serves one connection until it closes or a timeout closes it.
+#[allow(clippy::too_many_arguments)]
 async fn connection(
     stream: TcpStream,
     slot: Slot,
+    protocol: Protocol,
     router: Router,
     limits: Limits,
     metrics: ConnMetrics,
@@ -230,20 +317,24 @@ async fn connection(
     metrics.open.inc();
     let _open = Decrement(metrics.open.clone());
     let Some(tls) = tls else {
-        return serve_on(stream, slot, router, limits, metrics, watcher).await;
+        return serve_on(stream, slot, protocol, router, limits, metrics, watcher).await;
     };
     match tokio::time::timeout(limits.header_timeout, tls.accept(stream)).await {
-        Ok(Ok(stream)) => serve_on(stream, slot, router, limits, metrics, watcher).await,
+        Ok(Ok(stream)) => {
+            serve_on(stream, slot, protocol, router, limits, metrics, watcher).await;
+        }
         // A handshake that failed: the client was told by TLS.
         Ok(Err(_)) => {}
         Err(_) => metrics.timed_out("header"),
     }
 }
 
-/// Serves HTTP/1.1 on `stream` until it closes or a timeout closes it.
+/// Serves the listener's protocol on `stream` until it closes or a timeout
+/// closes it.
 async fn serve_on<S>(
     stream: S,
     slot: Slot,
+    protocol: Protocol,
     router: Router,
     limits: Limits,
     metrics: ConnMetrics,
@@ -256,31 +347,72 @@ async fn serve_on<S>(
     let service = {
         let activity = activity.clone();
         tower::service_fn(move |req| {
-            slot.busy();
-            activity.request();
+            let flight = InFlight::start(activity.clone(), slot.clone());
             let mut router = router.clone();
-            let (slot, activity) = (slot.clone(), activity.clone());
             async move {
                 let response = tower::Service::call(&mut router, req).await;
-                activity.answered();
-                slot.idle();
+                drop(flight);
                 response
             }
         })
     };
-    let io = TokioIo::new(Watched {
-        stream,
-        activity: activity.clone(),
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        // The header and idle timeouts are the watchdog's: hyper's header
-        // timer would also run between requests.
-        .header_read_timeout(None)
-        .max_buf_size(MAX_HEAD)
-        .serve_connection(io, TowerToHyperService::new(service));
-    tokio::select! {
-        _ = watcher.watch(conn) => {}
-        phase = activity.watchdog(limits) => metrics.timed_out(phase),
+    match protocol {
+        Protocol::Http1(_) => {
+            let io = TokioIo::new(Watched {
+                stream,
+                activity: activity.clone(),
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                // The header and idle timeouts are the watchdog's: hyper's
+                // header timer would also run between requests.
+                .header_read_timeout(None)
+                .max_buf_size(MAX_HEAD)
+                .serve_connection(io, TowerToHyperService::new(service));
+            tokio::select! {
+                _ = watcher.watch(conn) => {}
+                phase = activity.watchdog(limits) => metrics.timed_out(phase),
+            }
+        }
+        Protocol::Http2 => {
+            // Not watched byte by byte: a ping or a window update is not a
+            // request, and the header timeout runs until the first request
+            // (its whole header list) is in.
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_header_list_size(MAX_HEAD as u32)
+                .max_concurrent_streams(MAX_STREAMS)
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            tokio::select! {
+                _ = watcher.watch(conn) => {}
+                phase = activity.watchdog(limits) => metrics.timed_out(phase),
+            }
+        }
+    }
+}
+
+/// A request in flight on a connection: its connection is busy (neither
+/// idle nor closed for room) until every request in flight is answered or
+/// dropped (an HTTP/2 client may reset a stream).
+struct InFlight {
+    activity: Arc<Activity>,
+    slot: Arc<Slot>,
+}
+
+impl InFlight {
+    fn start(activity: Arc<Activity>, slot: Arc<Slot>) -> Self {
+        slot.busy();
+        activity.request();
+        Self { activity, slot }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.activity.answered() == 0 {
+            self.slot.idle();
+        }
     }
 }
 
@@ -310,8 +442,8 @@ impl Drop for Decrement {
 
 /// Where a connection is, for its timeouts.
 struct State {
-    /// A request's headers are in and its answer is not made yet.
-    handling: bool,
+    /// Requests whose headers are in and whose answers are not made yet.
+    in_flight: u32,
     /// Requests answered.
     answered: u64,
     /// Since when it waits for a request (its opening, or the last answer).
@@ -331,7 +463,7 @@ impl Activity {
     fn new() -> Self {
         Self {
             state: Mutex::new(State {
-                handling: false,
+                in_flight: 0,
                 answered: 0,
                 waiting_since: Instant::now(),
                 first_byte: None,
@@ -347,7 +479,7 @@ impl Activity {
     /// Bytes came in.
     fn read(&self) {
         let first = self.with(|s| {
-            let first = !s.handling && s.first_byte.is_none();
+            let first = s.in_flight == 0 && s.first_byte.is_none();
             if first {
                 s.first_byte = Some(Instant::now());
             }
@@ -361,21 +493,26 @@ impl Activity {
     /// A request's headers are in.
     fn request(&self) {
         self.with(|s| {
-            s.handling = true;
+            s.in_flight += 1;
             s.first_byte = None;
         });
         self.changed.notify_one();
     }
 
-    /// Its answer is made.
-    fn answered(&self) {
-        self.with(|s| {
-            s.handling = false;
+    /// A request's answer is made (or the request was dropped): the
+    /// requests still in flight.
+    fn answered(&self) -> u32 {
+        let left = self.with(|s| {
+            s.in_flight = s.in_flight.saturating_sub(1);
             s.answered += 1;
-            s.waiting_since = Instant::now();
-            s.first_byte = None;
+            if s.in_flight == 0 {
+                s.waiting_since = Instant::now();
+                s.first_byte = None;
+            }
+            s.in_flight
         });
         self.changed.notify_one();
+        left
     }
 
     /// Completes when the connection is past a timeout, naming which.
@@ -384,7 +521,7 @@ impl Activity {
             // Made before the state is read: a change after it is not missed.
             let changed = self.changed.notified();
             let due = self.with(|s| {
-                if s.handling {
+                if s.in_flight > 0 {
                     None
                 } else if let Some(first) = s.first_byte {
                     Some((first + limits.header_timeout, "header"))
@@ -508,5 +645,49 @@ mod tests {
         a.read();
         assert_eq!(watch.await.unwrap(), "header");
         assert_eq!(start.elapsed(), Duration::from_secs(25));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_with_any_request_in_flight_is_not_idle() {
+        // HTTP/2: two requests at once; the first answered, the second not
+        // yet: no timeout runs.
+        let a = Arc::new(Activity::new());
+        a.request();
+        a.request();
+        assert_eq!(a.answered(), 1);
+        let watch = tokio::spawn({
+            let a = a.clone();
+            async move { a.watchdog(LIMITS).await }
+        });
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert!(!watch.is_finished(), "timed out with a request in flight");
+        // The second answered: idle from then.
+        let start = tokio::time::Instant::now();
+        assert_eq!(a.answered(), 0);
+        assert_eq!(watch.await.unwrap(), "idle");
+        assert_eq!(start.elapsed(), Duration::from_secs(30));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_request_leaves_its_connection_idle() {
+        // A stream reset by its client drops the request's future: its
+        // connection must not stay busy (never idle, never closed for room).
+        let slots = Slots::new(1);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let activity = Arc::new(Activity::new());
+        let _ = slots.spawn({
+            let activity = activity.clone();
+            move |slot| async move {
+                let slot = Arc::new(slot);
+                let flight = InFlight::start(activity, slot.clone());
+                drop(flight);
+                let _ = tx.send(());
+                std::future::pending::<()>().await;
+            }
+        });
+        rx.await.unwrap();
+        assert_eq!(activity.with(|s| s.in_flight), 0);
+        // Its slot is idle: a newcomer makes room.
+        assert!(matches!(slots.spawn(|_| async {}), Admission::MadeRoom));
     }
 }

@@ -48,15 +48,105 @@ use super::{
     request::{MAX_ENTRIES, MAX_KEY},
 };
 
-/// The largest request decoded, bytes: a request is read whole before its
-/// token is checked, so a bigger one is refused before it is (tonic's 4 MiB
-/// let 2 000 000 empty descriptors with no token cost ~0.37 CPU-s each).
-/// Envoy's descriptors are tens of bytes: 128 of them fit many times over.
+/// The largest request read, bytes (tonic's 4 MiB let 2 000 000 empty
+/// descriptors cost ~0.37 CPU-s each). Envoy's descriptors are tens of
+/// bytes: 128 of them fit many times over.
 pub const MAX_MESSAGE: usize = 64 << 10;
 
-/// The service, for tonic's server.
-pub(super) fn service(app: Arc<App>) -> RateLimitServiceServer<Rls> {
-    RateLimitServiceServer::new(Rls { app }).max_decoding_message_size(MAX_MESSAGE)
+/// A gRPC message's frame before it: a flag and its length.
+const FRAME: usize = 5;
+
+/// The service as the gRPC listener's router: each request's caller is
+/// known by its metadata before a byte of its body is read ([`first`]).
+pub(super) fn router(app: Arc<App>) -> axum::Router {
+    let service = RateLimitServiceServer::new(Rls { app: app.clone() })
+        .max_decoding_message_size(MAX_MESSAGE);
+    tonic::service::Routes::new(service)
+        .prepare()
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(app, first))
+}
+
+/// What a request goes through before tonic decodes it: its token (a
+/// request with none, or an unknown one, is refused without its body being
+/// read), then its body, whole, within `--body-timeout` and
+/// [`MAX_MESSAGE`]. Nothing of an unauthenticated request is decoded past
+/// its header list.
+async fn first(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let refuse = |code: &'static str, status: Status| {
+        count(&app, code);
+        status.into_http::<axum::body::Body>()
+    };
+    if let Err((code, status)) = tenant_of(&app, request.headers()) {
+        return refuse(code, status);
+    }
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, MAX_MESSAGE + FRAME);
+    let body = match tokio::time::timeout(app.body_timeout, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            return refuse(
+                "out_of_range",
+                Status::out_of_range(format!(
+                    "request: more than {} KiB, or cut short",
+                    MAX_MESSAGE >> 10
+                )),
+            );
+        }
+        Err(_) => {
+            app.metrics.conn.timed_out("body");
+            return refuse(
+                "deadline_exceeded",
+                Status::deadline_exceeded(format!(
+                    "request: its body did not arrive within {} (--body-timeout)",
+                    super::human(app.body_timeout)
+                )),
+            );
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(body),
+    ))
+    .await
+}
+
+/// Counts a gRPC answer by its code.
+fn count(app: &App, code: &'static str) {
+    app.metrics.grpc.get_or_create(&CodeLabel { code }).inc();
+}
+
+/// The caller's tenant by the token in `headers` (`None` in the open mode),
+/// or the refusal (counted as refused) with its code's name.
+fn tenant_of<'a>(
+    app: &'a App,
+    headers: &axum::http::HeaderMap,
+) -> Result<Option<&'a Tenant>, (&'static str, Status)> {
+    let Some(p) = &app.policy else {
+        return Ok(None);
+    };
+    let token = headers.get("authorization").map(|v| v.as_bytes());
+    let unauth = |reason: &'static str, m: &str| {
+        app.metrics.refused(reason);
+        ("unauthenticated", Status::unauthenticated(m.to_string()))
+    };
+    let token = auth::bearer(token).map_err(|why| {
+        unauth(
+            "malformed",
+            &format!("authorization: {why}; send `Bearer TOKEN`"),
+        )
+    })?;
+    p.tenant(token).map(Some).map_err(|d| match d {
+        Denied::Missing => unauth(
+            "missing",
+            "authorization: missing; send the metadata `authorization: Bearer TOKEN` (Envoy: grpc_service.initial_metadata)",
+        ),
+        Denied::Unknown => unauth("unknown", "authorization: not the token of any tenant"),
+    })
 }
 
 /// `ShouldRateLimit` on the service's limits.
@@ -75,16 +165,8 @@ struct Found {
 }
 
 impl Rls {
-    fn count(&self, code: &'static str) {
-        self.app
-            .metrics
-            .grpc
-            .get_or_create(&CodeLabel { code })
-            .inc();
-    }
-
     fn refuse(&self, code: &'static str, status: Status) -> Status {
-        self.count(code);
+        count(&self.app, code);
         status
     }
 }
@@ -119,32 +201,12 @@ impl RateLimitService for Rls {
 
 impl Rls {
     /// The caller's tenant by its token (`None` in the open mode), or the
-    /// refusal.
+    /// refusal ([`first`] refused a request without a known token already:
+    /// this finds the tenant again for the decision).
     fn tenant<T>(&self, request: &Request<T>) -> Result<Option<&Tenant>, Status> {
-        let app = &self.app;
-        let Some(p) = &app.policy else {
-            return Ok(None);
-        };
-        let token = request
-            .metadata()
-            .get("authorization")
-            .map(|v| v.as_bytes());
-        let unauth = |reason: &'static str, m: &str| {
-            app.metrics.refused(reason);
-            self.refuse("unauthenticated", Status::unauthenticated(m.to_string()))
-        };
-        let token = auth::bearer(token).map_err(|why| {
-            unauth(
-                "malformed",
-                &format!("authorization: {why}; send `Bearer TOKEN`"),
-            )
-        })?;
-        p.tenant(token).map(Some).map_err(|d| match d {
-            Denied::Missing => unauth(
-                "missing",
-                "authorization: missing; send the metadata `authorization: Bearer TOKEN` (Envoy: grpc_service.initial_metadata)",
-            ),
-            Denied::Unknown => unauth("unknown", "authorization: not the token of any tenant"),
+        tenant_of(&self.app, request.metadata().as_ref()).map_err(|(code, status)| {
+            count(&self.app, code);
+            status
         })
     }
 
@@ -266,10 +328,10 @@ impl Rls {
             return Err(self.refuse("unavailable", Status::unavailable(fail.to_string())));
         };
         let code = if mode == FailureMode::Allow {
-            self.count("ok");
+            count(&self.app, "ok");
             Code::Ok
         } else {
-            self.count("over_limit");
+            count(&self.app, "over_limit");
             Code::OverLimit
         };
         Ok(Response::new(RateLimitResponse {
@@ -339,7 +401,7 @@ impl Rls {
                 }
             })
             .collect();
-        self.count(if over { "over_limit" } else { "ok" });
+        count(&self.app, if over { "over_limit" } else { "ok" });
         RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,

@@ -199,43 +199,29 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
         max_body = opts.max_body,
         "serving /v1/acquire and /v1/refill"
     );
+    let cap = conn::Cap::new(limits);
     let stop = Arc::new(tokio::sync::Notify::new());
-    let grpc_task = grpc_listener.map(|l| {
-        let (app, stop) = (app.clone(), stop.clone());
-        let pem = tls.as_ref().map(|(pem, _)| (pem.cert.clone(), pem.key.clone()));
-        tokio::spawn(async move {
-            let mut server = tonic::transport::Server::builder();
-            if let Some((cert, key)) = pem {
-                let identity = tonic::transport::Identity::from_pem(cert, key);
-                match server.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)) {
-                    Ok(s) => server = s,
-                    Err(e) => {
-                        tracing::error!(error = %e, "serve: gRPC TLS could not be set up; gRPC is not served");
-                        return;
-                    }
-                }
-            }
-            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
-            if let Err(e) = server
-                .add_service(grpc::service(app))
-                .serve_with_incoming_shutdown(incoming, async move { stop.notified().await })
-                .await
-            {
-                tracing::error!(error = %e, "serve: the gRPC server stopped");
-            }
-        })
+    let grpc_task = grpc_listener.map(|tcp| {
+        let listener = conn::Listener {
+            tcp,
+            protocol: conn::Protocol::Http2,
+            router: grpc::router(app.clone()),
+            tls: tls
+                .as_ref()
+                .map(|t| tokio_rustls::TlsAcceptor::from(t.grpc.clone())),
+        };
+        let (cap, metrics, stop) = (cap.clone(), app.metrics.conn.clone(), stop.clone());
+        tokio::spawn(conn::run(listener, cap, limits, metrics, async move {
+            stop.notified().await;
+        }))
     });
-    let metrics = app.metrics.conn.clone();
-    conn::run(
-        listener,
-        api::router(app),
-        api::overloaded,
-        limits,
-        metrics,
-        tls.map(|(_, config)| tokio_rustls::TlsAcceptor::from(config)),
-        shutdown,
-    )
-    .await;
+    let listener = conn::Listener {
+        tcp: listener,
+        protocol: conn::Protocol::Http1(api::overloaded),
+        router: api::router(app.clone()),
+        tls: tls.map(|t| tokio_rustls::TlsAcceptor::from(t.http)),
+    };
+    conn::run(listener, cap, limits, app.metrics.conn.clone(), shutdown).await;
     stop.notify_one();
     if let Some(t) = grpc_task {
         let _ = tokio::time::timeout(conn::SHUTDOWN_GRACE, t).await;

@@ -7,18 +7,27 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 
 use crate::error::{Error, Result};
 
-/// The certificate chain and key as PEM text, checked: what tonic's TLS
-/// takes, and what [`server_config`] is built from.
-pub struct Pem {
+/// The certificate chain and key as PEM text, what [`server_config`] is
+/// built from.
+struct Pem {
     /// The chain, leaf first.
-    pub cert: Vec<u8>,
+    cert: Vec<u8>,
     /// Its private key.
-    pub key: Vec<u8>,
+    key: Vec<u8>,
+}
+
+/// Each listener's TLS: one identity, offered by ALPN as the listener's own
+/// protocol.
+pub struct Tls {
+    /// The HTTP API's: `http/1.1`.
+    pub http: Arc<rustls::ServerConfig>,
+    /// The gRPC listener's: `h2` (gRPC clients insist on it).
+    pub grpc: Arc<rustls::ServerConfig>,
 }
 
 /// Reads `cert` and `key` (PEM) and checks that they make a server's
 /// identity.
-pub fn read(cert: &Path, key: &Path) -> Result<(Pem, Arc<rustls::ServerConfig>)> {
+pub fn read(cert: &Path, key: &Path) -> Result<Tls> {
     let read = |flag: &str, p: &Path| {
         std::fs::read(p)
             .map_err(|e| Error::invalid(flag, format!("cannot read {}: {e}", p.display())))
@@ -27,11 +36,18 @@ pub fn read(cert: &Path, key: &Path) -> Result<(Pem, Arc<rustls::ServerConfig>)>
         cert: read("--tls-cert", cert)?,
         key: read("--tls-key", key)?,
     };
-    let config = server_config(&pem, cert, key)?;
-    Ok((pem, config))
+    let http = server_config(&pem, cert, key)?;
+    let mut grpc = http.clone();
+    grpc.alpn_protocols = vec![b"h2".to_vec()];
+    let mut http = http;
+    http.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Tls {
+        http: Arc::new(http),
+        grpc: Arc::new(grpc),
+    })
 }
 
-fn server_config(pem: &Pem, cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
+fn server_config(pem: &Pem, cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
     let certs = CertificateDer::pem_slice_iter(&pem.cert)
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| {
@@ -56,7 +72,7 @@ fn server_config(pem: &Pem, cert: &Path, key: &Path) -> Result<Arc<rustls::Serve
         )
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::invalid("--tls-cert", e.to_string()))?
         .with_no_client_auth()
@@ -66,7 +82,5 @@ fn server_config(pem: &Pem, cert: &Path, key: &Path) -> Result<Arc<rustls::Serve
                 "--tls-key",
                 format!("{} does not go with {}: {e}", key.display(), cert.display()),
             )
-        })?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+        })
 }

@@ -277,9 +277,21 @@ fn parent_of(pid: u32) -> Option<u32> {
 /// `pid` (from a child process: a thread of this one cannot change its
 /// mount namespace).
 fn mount_bpffs(pid: Option<u32>) -> Result<()> {
-    let fail = |source: std::io::Error| Error::Io {
-        what: format!("{BPFFS} is not bpffs and mounting it failed (mount -t bpf bpf {BPFFS})"),
-        source,
+    let fail = |source: std::io::Error| {
+        // Without CAP_SYS_ADMIN nothing can be mounted, and without it (or
+        // CAP_SYS_PTRACE) an ancestor's bpffs cannot be reached either: the
+        // way `ip netns exec` under the unit's capabilities ends.
+        let how = if source.raw_os_error() == Some(libc::EPERM) {
+            "; mounting needs CAP_SYS_ADMIN. With fewer capabilities (the unit's), run the daemon in the host's mount namespace: `nsenter --net=/run/netns/NAME ratelimit run …` or the unit's NetworkNamespacePath=, not `ip netns exec`, whose fresh /sys has no bpffs"
+        } else {
+            ""
+        };
+        Error::Io {
+            what: format!(
+                "{BPFFS} is not bpffs and mounting it failed (mount -t bpf bpf {BPFFS}){how}"
+            ),
+            source,
+        }
     };
     let path = std::ffi::CString::new(BPFFS).expect("no NUL");
     let fstype = std::ffi::CString::new("bpf").expect("no NUL");

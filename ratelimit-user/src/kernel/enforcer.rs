@@ -59,6 +59,13 @@ pub struct Enforcer {
     /// The link's id: the truth about what is attached is asked of it, not
     /// of its pin (which someone may remove).
     link_id: u32,
+    /// The daemon's own handle on the link, opened from its pin the moment
+    /// it was pinned: what the interface checks and a pin put back ask the
+    /// kernel through. Opening a link by its id needs `CAP_SYS_ADMIN`, which
+    /// the unit does not grant (with its three capabilities every check
+    /// read "not attached" while the program enforced). Closed with the
+    /// link: a detach must leave no handle holding it.
+    link_fd: Option<OwnedFd>,
     /// Keeps the program's fd (and so the maps' fds) open.
     ebpf: Ebpf,
     /// Reads the program's aya-log records (see [`crate::host::logs`]).
@@ -102,11 +109,6 @@ fn ifindex(iface: &str) -> u32 {
 /// The link pinned at `path`, or `None` if there is no such link.
 fn open_pinned(path: &Path) -> Option<OwnedFd> {
     sys::obj_get(path).ok()
-}
-
-/// The link of id `id`, or `None` if it is gone.
-fn open_link(id: u32) -> Option<OwnedFd> {
-    sys::link_by_id(id).ok()
 }
 
 /// An XDP link's id and interface index (0 once its interface is gone).
@@ -350,6 +352,7 @@ impl Prepared {
             id: self.id,
             mode,
             link_id: link.1,
+            link_fd: Some(link.2),
             link: Some(link.0),
             ebpf: self.ebpf,
             logger: self.logger,
@@ -391,8 +394,11 @@ impl Enforcer {
     /// asked of the link itself.
     pub fn check_interface(&self) -> InterfaceState {
         let now = ifindex(&self.id.iface);
-        let linked = open_link(self.link_id)
-            .and_then(|fd| link_info(&fd))
+        let linked = self
+            .link_fd
+            .as_ref()
+            .and_then(link_info)
+            .filter(|(id, _)| *id == self.link_id)
             .map_or(0, |(_, i)| i);
         if now == 0 {
             InterfaceState::Gone
@@ -426,9 +432,12 @@ impl Enforcer {
         fs::create_dir_all(&self.dir)
             .map_err(Error::io(format!("creating {}", shown.display())))?;
         if !link_ok {
-            let fd = open_link(self.link_id).ok_or_else(|| Error::Io {
-                what: format!("opening the XDP link {} to pin it again", self.link_id),
-                source: std::io::Error::last_os_error(),
+            let fd = self.link_fd.as_ref().ok_or_else(|| Error::Io {
+                what: format!(
+                    "pinning the XDP link {} again: no handle on it",
+                    self.link_id
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
             })?;
             let _ = fs::remove_file(&link_path);
             sys::obj_pin(fd.as_fd(), &link_path).map_err(Error::io(format!(
@@ -460,10 +469,12 @@ impl Enforcer {
         if let Some(old) = self.link.take() {
             let _ = old.unpin();
         }
+        self.link_fd = None;
         let _ = fs::remove_file(&link_path);
-        let (pinned, id) = pin_link(link, &link_path)?;
+        let (pinned, id, fd) = pin_link(link, &link_path)?;
         self.link = Some(pinned);
         self.link_id = id;
+        self.link_fd = Some(fd);
         self.mode = mode;
         self.ifindex = ifindex(&self.id.iface);
         write_mode(&self.id, mode);
@@ -476,6 +487,8 @@ impl Enforcer {
             let link = link.unpin().map_err(Error::io("unpinning the XDP link"))?;
             drop(link);
         }
+        // The last handle: the link goes with it.
+        self.link_fd = None;
         rundir::remove(&rundir::file(&self.id, "mode"));
         remove_pins(&self.dir)
     }
@@ -483,6 +496,7 @@ impl Enforcer {
     /// Leaves the program attached and pinned: it keeps enforcing after exit.
     pub fn keep(mut self) {
         drop(self.link.take());
+        self.link_fd = None;
     }
 }
 
@@ -501,8 +515,10 @@ fn read_mode(id: &Identity) -> Attached {
         .unwrap_or(Attached::Native)
 }
 
-/// Pins `link` at `path`; the pinned link and its id.
-fn pin_link(link: XdpLink, path: &Path) -> Result<(PinnedLink, u32)> {
+/// Pins `link` at `path`; the pinned link, its id, and a handle of the
+/// daemon's own on it (opened from the pin, which needs no more than the
+/// pin's own access).
+fn pin_link(link: XdpLink, path: &Path) -> Result<(PinnedLink, u32, OwnedFd)> {
     let fd_link = FdLink::try_from(link).map_err(|source| Error::Link {
         path: path.to_path_buf(),
         source,
@@ -518,7 +534,17 @@ fn pin_link(link: XdpLink, path: &Path) -> Result<(PinnedLink, u32)> {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok((pinned, id))
+    match sys::obj_get(path) {
+        Ok(fd) => Ok((pinned, id, fd)),
+        Err(e) => {
+            // Not left pinned: the caller's error path owns nothing else.
+            let _ = pinned.unpin();
+            Err(Error::io(format!(
+                "opening the XDP link just pinned at {}",
+                path.display()
+            ))(e))
+        }
+    }
 }
 
 fn attach(

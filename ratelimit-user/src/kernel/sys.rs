@@ -26,7 +26,6 @@ const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 
 /// Calls `bpf(cmd, attr, size_of::<A>())`: its return value, or the error.
 ///
@@ -84,23 +83,6 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     };
     // SAFETY: the C string outlives the call.
     unsafe { bpf(BPF_OBJ_PIN, &mut attr) }.map(drop)
-}
-
-/// The link of id `id` (BPF_LINK_GET_FD_BY_ID).
-pub fn link_by_id(id: u32) -> io::Result<OwnedFd> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct IdAttr {
-        link_id: u32,
-        next_id: u32,
-        open_flags: u32,
-    }
-    let mut attr = IdAttr {
-        link_id: id,
-        ..Default::default()
-    };
-    // SAFETY: no pointers.
-    unsafe { bpf(BPF_LINK_GET_FD_BY_ID, &mut attr) }.map(owned)
 }
 
 /// `union bpf_attr` for BPF_OBJ_GET_INFO_BY_FD.

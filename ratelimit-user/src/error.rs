@@ -45,6 +45,19 @@ pub enum Error {
         /// The socket that did not answer.
         socket: PathBuf,
     },
+    /// A change found no daemon, and programs pinned here enforce on their
+    /// own: one message says so, and how to adopt them.
+    #[error(
+        "no ratelimit daemon runs {where_}, so nothing was changed; the program pinned for {} enforces on its own with the rules it had: {} adopts it (rules and buckets kept), then changes can be made",
+        ifaces.join(", "),
+        ifaces.iter().map(|i| format!("`ratelimit run --iface {i}`")).collect::<Vec<_>>().join(" or ")
+    )]
+    NoDaemonPinned {
+        /// "on eth0", or "in this network namespace".
+        where_: String,
+        /// The interfaces whose programs are pinned and enforcing.
+        ifaces: Vec<String>,
+    },
     /// No daemon runs in this network namespace (a command without `--iface`).
     #[error(
         "no ratelimit daemon runs in this network namespace (no socket in {}); start one with `ratelimit run --iface IFACE`",
@@ -260,7 +273,9 @@ impl Error {
     pub fn kind(&self) -> Kind {
         match self {
             Error::Invalid { .. } | Error::Config(_) => Kind::Invalid,
-            Error::NoDaemon { .. } | Error::NoDaemonHere { .. } => Kind::NoDaemon,
+            Error::NoDaemon { .. } | Error::NoDaemonHere { .. } | Error::NoDaemonPinned { .. } => {
+                Kind::NoDaemon
+            }
             Error::Refused(_) | Error::NotSaved(_) => Kind::Refused,
             Error::Permission(_) => Kind::Permission,
             Error::NoAnswer(_) => Kind::NoAnswer,

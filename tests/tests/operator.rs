@@ -480,7 +480,9 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
     let (t, _) = read(&["top", "--json"]);
     assert!(t["top"].is_array(), "{t}");
 
-    // A change says how to adopt, with --iface or without.
+    // A change says, in one message, that nothing changed and how to adopt,
+    // with --iface or without (it said "enforces without a daemon", then
+    // "no daemon runs … start one with `ratelimit run --iface IFACE`").
     for args in [
         &["deny", "198.18.0.1"][..],
         &["deny", "198.18.0.1", "--iface", &h.pair.rx_if],
@@ -493,11 +495,17 @@ fn read_only_commands_answer_from_the_pins_with_the_daemon_gone() {
         );
         let err = text(&out.stderr);
         assert!(
-            err.contains(&format!(
-                "ratelimit run --iface {}` adopts it",
-                h.pair.rx_if
-            )),
+            err.contains("so nothing was changed")
+                && err.contains(&format!(
+                    "ratelimit run --iface {}` adopts it",
+                    h.pair.rx_if
+                )),
             "{args:?}: {err}"
+        );
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: one message: {err}"
         );
     }
 

@@ -103,6 +103,49 @@ fn a_start_with_a_changed_config_enforces_what_it_announces() {
     assert!(!h.pair.rx_has_xdp(), "a plain stop detaches");
 }
 
+/// A restart whose `--rate` is overridden by an earlier live `set default`
+/// said so only in general ("(live: …, the default rule among them)"). Its
+/// announcement now names the overridden options, their value and what is
+/// enforced instead.
+#[test]
+fn a_restart_names_the_default_a_live_change_overrides() {
+    privileged!("a_restart_names_the_default_a_live_change_overrides");
+    let h = Host::bare("overridden");
+    let d = h.daemon(&["--rate", "100/s", "--burst", "100"]);
+    d.cli_ok(&["set", "default", "--rate", "50/s", "--burst", "50"]);
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+    let d = h.daemon(&["--rate", "200/s", "--burst", "200"]);
+    let out = d.output();
+    let line = out
+        .lines()
+        .find(|l| l.contains("is overridden"))
+        .unwrap_or_else(|| panic!("no line names the overridden default: {out}"));
+    assert!(
+        line.contains("--rate/--burst")
+            && line.contains("200/s burst 200")
+            && line.contains("set live before this start, limit 50/s burst 50"),
+        "{line}"
+    );
+    let list = d.json(&["list"]);
+    assert!(
+        list["default"]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("50/s"),
+        "the live default is not the one enforced: {list}"
+    );
+    d.cli_ok(&["reset", "--live"]);
+    let list = d.json(&["list"]);
+    assert!(
+        list["default"]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("200/s"),
+        "reset --live did not bring back --rate: {list}"
+    );
+    assert_eq!(d.stop(libc::SIGTERM).code(), Some(0));
+}
+
 /// The workspace root (where `cargo xtask` is defined).
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

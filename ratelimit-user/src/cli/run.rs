@@ -39,11 +39,12 @@ pub async fn main(cli: Cli) -> Result<()> {
     }
     let change = cli.command.change_target().map(|t| t.map(str::to_string));
     let done = run_command(cli.command).await;
-    if let (Some(want), Err(Error::NoDaemon { .. } | Error::NoDaemonHere { .. })) = (&change, &done)
-    {
-        adopt_hint(want.as_deref());
+    match (&change, done) {
+        (Some(want), Err(e @ (Error::NoDaemon { .. } | Error::NoDaemonHere { .. }))) => {
+            Err(adopt_hint(want.as_deref()).unwrap_or(e))
+        }
+        (_, done) => done,
     }
-    done
 }
 
 async fn run_command(command: Command) -> Result<()> {
@@ -552,19 +553,21 @@ fn iface(t: &Target) -> Result<String> {
     }
 }
 
-/// After a change found no daemon: for each program of this namespace
-/// pinned and enforcing on its own (`want`: the one of `--iface`), says how
-/// to adopt it.
-fn adopt_hint(want: Option<&str>) {
-    for iface in offline::pinned_here()
+/// After a change found no daemon: the error that says nothing changed and
+/// how to adopt the programs of this namespace pinned and enforcing on
+/// their own (`want`: the one of `--iface`), if there are any.
+fn adopt_hint(want: Option<&str>) -> Option<Error> {
+    let ifaces: Vec<String> = offline::pinned_here()
         .unwrap_or_default()
-        .iter()
-        .filter(|i| want.is_none_or(|w| w == *i))
-    {
-        eprintln!(
-            "ratelimit: the program pinned for {iface} enforces without a daemon: `ratelimit run --iface {iface}` adopts it (rules and buckets kept), then changes can be made"
-        );
-    }
+        .into_iter()
+        .filter(|i| want.is_none_or(|w| w == i))
+        .collect();
+    (!ifaces.is_empty()).then(|| Error::NoDaemonPinned {
+        where_: want.map_or("in this network namespace".to_string(), |w| {
+            format!("on {w}")
+        }),
+        ifaces,
+    })
 }
 
 /// Sends a read-only request to the daemon; with no daemon, answers it from

@@ -603,6 +603,21 @@ impl Daemon {
                 live(is_live)
             ));
         }
+        if let Some(live_default) = self.rules.live.default
+            && live_default != self.rules.base.default
+        {
+            // The start's own default is not what is enforced: name it, and
+            // what overrides it.
+            say(format_args!(
+                "ratelimit:   the default rule is the one set live before this start, {live_default}; this start's {} ({}) is overridden until `ratelimit reset --live`",
+                if self.opts.config.is_some() {
+                    "config file's default"
+                } else {
+                    "--rate/--burst"
+                },
+                self.rules.base.default
+            ));
+        }
         if any_live || self.rules.live.mode.is_some() {
             say(format_args!(
                 "ratelimit:   (live: changes made with the CLI before this start, kept on top of {}{}; `ratelimit reset --live` drops them)",

@@ -793,3 +793,37 @@ fn lists_survive_restarts_and_reload_with_the_config() {
     assert_eq!(out.matches("list").count(), 1, "{out}");
     assert!(!d.cli_ok(&["list"]).contains("bans"));
 }
+
+/// (Issue 39, rough edge 7) A per-source limit alone let a spoofed flood from
+/// a /15-sized pool through (79 419 of 100 000 frames), and nothing where an
+/// operator looks first said so. `status` now names each limit over 65 536
+/// sources or more that has no aggregate, and stops once each has one.
+#[test]
+fn status_names_the_limits_that_face_many_sources_without_an_aggregate() {
+    privileged!("status_names_the_limits_that_face_many_sources_without_an_aggregate");
+    let (_h, d) = Host::start("open", &["--rate", "100/s"]);
+    let notes = |d: &Daemon| d.json(&["status"])["notes"].to_string();
+    let n = notes(&d);
+    assert!(
+        n.contains("default limits each source but not all its sources together"),
+        "{n}"
+    );
+    d.cli_ok(&["set", "198.18.0.0/15", "--rate", "10/s"]);
+    d.cli_ok(&["set", "198.18.7.0/24", "--rate", "10/s"]);
+    let n = notes(&d);
+    assert!(
+        n.contains("default, 198.18.0.0/15 limit each source but not all their sources together"),
+        "{n}"
+    );
+    d.cli_ok(&["set", "default", "--rate", "100/s", "--aggregate", "10k/s"]);
+    d.cli_ok(&[
+        "set",
+        "198.18.0.0/15",
+        "--rate",
+        "10/s",
+        "--aggregate",
+        "1k/s",
+    ]);
+    let n = notes(&d);
+    assert!(!n.contains("not all"), "{n}");
+}

@@ -26,6 +26,8 @@ const PORT: u16 = 5003;
 
 #[path = "operator/bans.rs"]
 mod bans;
+#[path = "operator/readme.rs"]
+mod readme;
 
 /// `ratelimit ARGS` in `ns`, as an operator types it there: no `--iface`.
 fn bare(ns: &NetNs, run: &Path, args: &[&str]) -> Output {

@@ -139,8 +139,10 @@ struct Package {
 /// Local API and `cscli`) for the bouncer's tests (tests/tests/crowdsec.rs);
 /// `nft` to cut a fleet's daemon off from Redis (tests/tests/fleet/faults.rs);
 /// qemu, a static busybox (the guests' initramfs), and `xz` and `zstd` (to
-/// decompress the kernels' modules) for `cargo xtask vm` (vm/).
-const PACKAGES: [Package; 10] = [
+/// decompress the kernels' modules) for `cargo xtask vm` (vm/); `jq`, which
+/// the README's example pipes `list --json` into (its real output is rerun
+/// by tests/tests/operator.rs).
+const PACKAGES: [Package; 11] = [
     Package {
         name: "redis-server",
         file: "/usr/bin/redis-server",
@@ -190,6 +192,11 @@ const PACKAGES: [Package; 10] = [
         name: "zstd",
         file: "/usr/bin/zstd",
         why: "`cargo xtask vm`",
+    },
+    Package {
+        name: "jq",
+        file: "/usr/bin/jq",
+        why: "the README's real-output test",
     },
 ];
 

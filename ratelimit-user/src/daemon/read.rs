@@ -298,6 +298,16 @@ pub(super) fn status_of(
         .iter()
         .map(ToString::to_string)
         .collect();
+    let open = set.without_aggregate();
+    if !open.is_empty() {
+        notes.push(format!(
+            "{} limit{} each source but not all {} sources together: a flood spread over many (spoofed) sources passes each one's limit; give {} an aggregate (`ratelimit set … --aggregate RATE`, or `aggregate = \"RATE\"` in the config; see docs/concepts/floods.md)",
+            open.join(", "),
+            if open.len() == 1 { "s" } else { "" },
+            if open.len() == 1 { "its" } else { "their" },
+            if open.len() == 1 { "it" } else { "each" },
+        ));
+    }
     let (interface, daemon, offline) = match teller {
         Teller::Pins {
             interface,

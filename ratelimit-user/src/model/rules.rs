@@ -198,7 +198,45 @@ impl Default for RuleSet {
     }
 }
 
+/// How many keys of its own a limit must have, at the least, for a flood
+/// spread over them (spoofed sources) to pass each key's limit unbounded:
+/// 2^16 (an IPv4 /16 per /32, the default rule per address).
+pub const MANY_KEYS_BITS: u8 = 16;
+
 impl RuleSet {
+    /// The limits that face many sources with nothing bounding them all
+    /// together: a per-source limit (not a dry run) over at least
+    /// 2^[`MANY_KEYS_BITS`] keys of one family, with no aggregate. A flood
+    /// from a pool that large passes each key's limit (key levels are per
+    /// key too); only an aggregate bounds it. Their names, the default
+    /// rule's as `default`.
+    pub fn without_aggregate(&self) -> Vec<String> {
+        let many = |l: &Limit, v4: Option<bool>, len: u8| {
+            let bits = |per: u8| per.saturating_sub(len) >= MANY_KEYS_BITS;
+            !l.dry_run
+                && l.aggregate.is_none()
+                && match v4 {
+                    Some(true) => bits(l.per_v4),
+                    Some(false) => bits(l.per_v6),
+                    None => bits(l.per_v4) || bits(l.per_v6),
+                }
+        };
+        let mut out = Vec::new();
+        if let Action::Limit(l) = &self.default
+            && many(l, None, 0)
+        {
+            out.push("default".to_string());
+        }
+        for (p, a) in &self.rules {
+            if let Action::Limit(l) = a
+                && many(l, Some(p.source.addr.is_ipv4()), p.source.len)
+            {
+                out.push(p.to_string());
+            }
+        }
+        out
+    }
+
     /// The entries of the set's lists that take a trie entry of their own (what
     /// `--max-list-entries` counts), each with its list's action: every list's
     /// entries but those with exactly the CIDR of a rule without a match
@@ -272,6 +310,39 @@ impl RuleSet {
 mod tests {
     use super::*;
     use ratelimit_common as common;
+
+    #[test]
+    fn limits_over_many_sources_without_an_aggregate_are_named() {
+        let Action::Limit(base) = RuleSet::default().default else {
+            panic!("the default rule is a limit");
+        };
+        let limit = |per: u8, aggregate: bool| {
+            let mut l = base;
+            l.per_v4 = per;
+            l.per_v6 = 64;
+            l.aggregate = aggregate.then(|| Shared::of(base.rate));
+            Action::Limit(l)
+        };
+        let mut set = RuleSet {
+            default: limit(32, false),
+            ..RuleSet::default()
+        };
+        let rule = |cidr: &str| Selector::from(Prefix::parse("cidr", cidr).unwrap());
+        // A /15 per /32: 2^17 keys. A /24 per /32: 256. A /16 per /24: 256.
+        set.rules.insert(rule("198.18.0.0/15"), limit(32, false));
+        set.rules.insert(rule("198.19.0.0/24"), limit(32, false));
+        set.rules.insert(rule("198.19.128.0/17"), limit(24, false));
+        set.rules.insert(rule("2001:db8::/32"), limit(32, false));
+        set.rules
+            .insert(rule("198.19.64.0/18"), Action::Deny { dry_run: false });
+        assert_eq!(
+            set.without_aggregate(),
+            ["default", "198.18.0.0/15", "2001:db8::/32"]
+        );
+        set.default = limit(32, true);
+        set.rules.insert(rule("198.18.0.0/15"), limit(32, true));
+        assert_eq!(set.without_aggregate(), ["2001:db8::/32"]);
+    }
 
     #[test]
     fn prefixes() {

@@ -254,6 +254,9 @@ fn a_valid_file_reads_as_the_example_does() {
     let summary = Summary::of(&set);
     assert_eq!(summary.rules, set.rules.len());
     assert_eq!(summary.default, set.default.to_string());
+    // The example teaches an aggregate on every limit that faces many
+    // sources: `status` would name any without one.
+    assert_eq!(set.without_aggregate(), Vec::<String>::new());
 }
 
 #[test]

@@ -26,8 +26,9 @@ use anyhow::{Context as _, Result, bail};
 
 /// The unit as shipped, relative to the workspace root.
 pub const UNIT: &str = "dist/ratelimit@.service";
-/// The binary's path in the shipped unit's `ExecStart`.
-const SHIPPED_BIN: &str = "/usr/local/bin/ratelimit";
+/// The binary's path in the shipped unit's `ExecStart` (and in the fail2ban
+/// action's `ratelimit =`).
+pub(crate) const SHIPPED_BIN: &str = "/usr/local/bin/ratelimit";
 
 /// Where each shell's completions go under the prefix (the places
 /// bash-completion, zsh's site-functions and fish look by default for
@@ -50,38 +51,11 @@ pub fn files(bin: &Path, prefix: &Path, unit: &str, unit_dir: &Path) -> Result<V
     )?;
     written.push(installed.clone());
 
-    let man8 = prefix.join("share/man/man8");
-    let out = Command::new(&installed)
-        .args(["man", "--out"])
-        .arg(&man8)
-        .output()
-        .with_context(|| format!("running {} man", installed.display()))?;
-    if !out.status.success() {
-        bail!(
-            "`ratelimit man --out {}` failed: {}",
-            man8.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    written.extend(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(PathBuf::from),
-    );
+    written.extend(man_pages(&installed, &prefix.join("share/man/man8"))?);
 
     for (shell, path) in COMPLETIONS {
-        let out = Command::new(&installed)
-            .args(["completions", shell])
-            .output()
-            .with_context(|| format!("running {} completions {shell}", installed.display()))?;
-        if !out.status.success() || out.stdout.is_empty() {
-            bail!(
-                "`ratelimit completions {shell}` failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
         let path = prefix.join(path);
-        put(&path, &out.stdout, 0o644)?;
+        put(&path, &completion(&installed, shell)?, 0o644)?;
         written.push(path);
     }
 
@@ -91,8 +65,44 @@ pub fn files(bin: &Path, prefix: &Path, unit: &str, unit_dir: &Path) -> Result<V
     Ok(written)
 }
 
+/// Has `bin` write its man pages into `dir` (`ratelimit man --out DIR`);
+/// returns the paths it wrote.
+pub(crate) fn man_pages(bin: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new(bin)
+        .args(["man", "--out"])
+        .arg(dir)
+        .output()
+        .with_context(|| format!("running {} man", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "`ratelimit man --out {}` failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect())
+}
+
+/// `bin`'s completions for `shell` (`ratelimit completions SHELL`).
+pub(crate) fn completion(bin: &Path, shell: &str) -> Result<Vec<u8>> {
+    let out = Command::new(bin)
+        .args(["completions", shell])
+        .output()
+        .with_context(|| format!("running {} completions {shell}", bin.display()))?;
+    if !out.status.success() || out.stdout.is_empty() {
+        bail!(
+            "`ratelimit completions {shell}` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out.stdout)
+}
+
 /// The shipped unit with `ExecStart` pointing at `installed`.
-fn unit_for(unit: &str, installed: &Path) -> Result<String> {
+pub(crate) fn unit_for(unit: &str, installed: &Path) -> Result<String> {
     if !unit.contains(&format!("ExecStart={SHIPPED_BIN} ")) {
         bail!("{UNIT} no longer starts {SHIPPED_BIN}: update xtask/src/install.rs");
     }
@@ -104,7 +114,7 @@ fn unit_for(unit: &str, installed: &Path) -> Result<String> {
 
 /// Writes `bytes` to `path` with `mode`: a temporary file beside it, then a
 /// rename.
-fn put(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+pub(crate) fn put(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().context("a path with a directory")?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let tmp = dir.join(format!(

@@ -10,10 +10,14 @@
 //!   12's 6.1 and the newest sid kernel (`vm/`).
 //! - `install [--prefix DIR]`: the release binary, its man pages and shell
 //!   completions, and the systemd unit (see `install.rs`).
+//! - `deb [--out DIR]`: the same, the example config and the fail2ban action
+//!   as a Debian package, `target/deb/ratelimit_VERSION_ARCH.deb`; `--check`
+//!   also installs it into a scratch root and checks it (see `deb.rs`).
 //! - `vm [--kernel NAME]... [--all] [--refresh] [-- COMMAND...]`: a command,
 //!   or a smoke check, in qemu guests booted on Debian's kernels, with the
 //!   host's root shared read-only (see `vm/`).
 
+mod deb;
 #[cfg(test)]
 mod docs;
 mod install;
@@ -53,8 +57,8 @@ enum Task {
         args: Vec<String>,
     },
     /// fmt, clippy, cargo doc, unit tests, the privileged integration tests against the
-    /// release binary, the kernel tier in VMs on Debian's 6.1 and sid, and
-    /// the bench's smoke run.
+    /// release binary, the Debian package's check, the kernel tier in VMs on
+    /// Debian's 6.1 and sid, and the bench's smoke run.
     Test,
     /// Build a release and install the binary, its man pages, shell
     /// completions and the systemd unit (as root, through sudo if needed).
@@ -69,6 +73,19 @@ enum Task {
         /// Install this binary instead of building one.
         #[arg(long, value_name = "PATH")]
         binary: Option<PathBuf>,
+    },
+    /// Build a release and package it: target/deb/ratelimit_VERSION_ARCH.deb.
+    Deb {
+        /// Where the package goes (default: target/deb in the workspace).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Package this binary instead of building one.
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+        /// Then install it into a scratch root with dpkg and check it, remove
+        /// and purge it (as root; the step of `cargo xtask test`).
+        #[arg(long, hide = true)]
+        check: bool,
     },
     /// Benchmarks: write bench/results.md and bench/results.json (as root).
     Bench {
@@ -152,6 +169,26 @@ fn run(cli: Cli) -> Result<ExitCode> {
             unit_dir,
             binary,
         } => install(&prefix, &unit_dir, binary),
+        Task::Deb { out, binary, check } => {
+            let bin = match binary {
+                Some(b) => b,
+                None => {
+                    setup::setup(false)?;
+                    build_bin(true)?
+                }
+            };
+            let out = out.unwrap_or_else(|| workspace_root().join(deb::DEFAULT_OUT));
+            if check {
+                deb::check(&bin, &out)?;
+            } else {
+                let built = deb::build(&bin, &out)?;
+                eprintln!(
+                    "xtask: next, as root: dpkg -i {}, then copy /etc/ratelimit/ratelimit.toml to /etc/ratelimit/IFACE.toml and `systemctl enable --now ratelimit@IFACE`",
+                    built.path.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Task::Bench { quick, only } => bench(quick, only.as_deref()),
         Task::Vm {
             kernels,
@@ -485,6 +522,7 @@ fn test() -> Result<ExitCode> {
         for name in &names {
             eprintln!("xtask: SKIPPED (needs root): {name}");
         }
+        eprintln!("xtask: SKIPPED (needs root): the .deb check (dpkg -i into a scratch root)");
         if env::var_os("CI").is_some() {
             bail!(
                 "CI is set but this is not root: the {} privileged tests must run",
@@ -515,6 +553,9 @@ fn test() -> Result<ExitCode> {
             .env("RATELIMIT_BIN", &bin),
         "privileged integration tests (one at a time)",
     )?;
+    // The Debian package of that same binary (no rebuild): installed into a
+    // scratch root, checked, removed, purged.
+    deb::check(&bin, &workspace_root().join(deb::DEFAULT_OUT))?;
     // The kernel tier again on the kernels operators run: Debian 12's
     // 6.1 and the newest sid kernel, booted in qemu.
     let tier = vm::Tier::build()?;

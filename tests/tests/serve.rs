@@ -77,6 +77,18 @@ fn eight_clients_through_two_replicas_admit_exactly_one_limit() {
         (Some(false), Some(3), Some(0)),
         "a partial grant of what was refilled: {r}"
     );
+    // A refusal that took units hands out their grant: refilled, they are
+    // back (not refilled, they would be gone until the key refills).
+    let grant = r["grant"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a refusal that took 3 units has no grant: {r}"))
+        .to_string();
+    let (status, r) = post(ports[0], "/v1/refill", json!({"grant": grant, "amount": 3}));
+    assert_eq!(
+        (status, r["refunded"].as_u64(), r["remaining"].as_u64()),
+        (200, Some(3), Some(3)),
+        "refilling the refusal's grant: {r}"
+    );
 
     // Metrics: decisions by outcome, across what this replica answered.
     let (status, text) = http(ports[1], "GET", "/metrics", "").expect("metrics");

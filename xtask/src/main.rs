@@ -357,7 +357,7 @@ fn build_bin(release: bool) -> Result<PathBuf> {
     }
     cmd.stdout(Stdio::piped());
     eprintln!("xtask: building ratelimit");
-    let out = cmd.output().context("running cargo build")?;
+    let out = output_with_heartbeat(&mut cmd, "building ratelimit")?;
     if !out.status.success() {
         bail!("cargo build failed ({})", out.status);
     }
@@ -373,6 +373,31 @@ fn build_bin(release: bool) -> Result<PathBuf> {
         }
     }
     bail!("cargo build did not report the ratelimit binary")
+}
+
+/// How often a long build says it is still going.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `cmd.output()`, saying every [`HEARTBEAT`] that it still runs: the
+/// daemon's build script builds the XDP program (nightly, build-std) and
+/// prints nothing until it ends, minutes after a change to the program,
+/// which looked like a hang.
+fn output_with_heartbeat(cmd: &mut Command, what: &str) -> Result<std::process::Output> {
+    let start = std::time::Instant::now();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let what = what.to_string();
+    let beat = std::thread::spawn(move || {
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(HEARTBEAT) {
+            eprintln!(
+                "xtask: still {what} ({} s; after a change to the XDP program its build script takes minutes and prints nothing until it ends)",
+                start.elapsed().as_secs()
+            );
+        }
+    });
+    let out = cmd.output().context("running cargo build");
+    drop(done);
+    let _ = beat.join();
+    out
 }
 
 fn is_root() -> bool {

@@ -340,19 +340,28 @@ fn pins_are_root_s() -> Result<()> {
 /// `ratelimit detach`: a program pinned and enforcing with no daemon (left
 /// by `--keep-attached`, or a daemon killed) stops: its pins go, and with
 /// the link's the program leaves the interface. Refused while a daemon runs
-/// on the interface (stopping it detaches) and where nothing is pinned. The
-/// saved rules stay for the next daemon.
+/// on the interface (stopping it detaches). Where nothing is pinned there is
+/// nothing to do, and it says so and succeeds: what the operator wants, no
+/// program left, holds (a cleanup script's second `detach` is no error).
+/// The saved rules stay for the next daemon.
 fn detach(a: DetachArgs) -> Result<()> {
     pins_are_root_s()?;
     let pinned = offline::pinned_here()?;
+    let nothing = |what: &str| {
+        if !a.quiet.quiet {
+            let what = if what.is_empty() {
+                String::new()
+            } else {
+                format!(" {what}")
+            };
+            println!("nothing to detach: no program is pinned{what} in this network namespace");
+        }
+        Ok(())
+    };
     let iface = match (&a.target.iface, pinned.as_slice()) {
         (Some(i), _) => i.clone(),
         (None, [one]) => one.clone(),
-        (None, []) => {
-            return Err(Error::Refused(
-                "no program is pinned in this network namespace: nothing to detach".into(),
-            ));
-        }
+        (None, []) => return nothing(""),
         (None, many) => {
             return Err(Error::invalid(
                 "--iface",
@@ -369,10 +378,7 @@ fn detach(a: DetachArgs) -> Result<()> {
         )));
     }
     if !pinned.contains(&iface) {
-        return Err(Error::invalid(
-            "--iface",
-            format!("no program is pinned for {iface} in this network namespace"),
-        ));
+        return nothing(&format!("for {iface}"));
     }
     let id = crate::host::identity::Identity::here(&iface)?;
     let root = crate::host::identity::find_bpffs()?

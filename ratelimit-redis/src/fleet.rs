@@ -83,10 +83,14 @@ pub struct Report {
 /// The fleet's members, as Redis counts them now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Members {
-    /// Members whose lease runs (the caller included).
+    /// Members counted (the caller included): those whose lease runs, and
+    /// those past it that have not left, within the grace given.
     pub members: u64,
     /// Of those, members that have not renewed for the silence given.
     pub silent: u64,
+    /// Of those, members past their lease that have not left: dead or cut
+    /// off, their programs perhaps still enforcing.
+    pub past_lease: u64,
 }
 
 impl Error {
@@ -175,25 +179,34 @@ impl Store {
         }
     }
 
-    /// Renews `member`'s lease in the members `key` on Redis's clock (a
-    /// member not renewed for `lease` is no longer counted); answers how
-    /// many members are counted and how many have not renewed for
-    /// `silence`.
+    /// Renews `member`'s lease in the members `key` on Redis's clock;
+    /// answers how many members are counted (a member that has not left is
+    /// counted for `grace` after its last renewal, past its `lease` too),
+    /// how many have not renewed for `silence`, and how many are past their
+    /// lease.
     pub async fn fleet_members(
         &self,
         key: &str,
         member: &str,
         lease: Duration,
         silence: Duration,
+        grace: Duration,
     ) -> Result<Members, Error> {
-        self.members_call(key, member, "renew", lease, silence)
+        self.members_call(key, member, "renew", lease, silence, grace)
             .await
     }
 
     /// Removes `member` from the members `key`: it stops for good (its
-    /// program went with it).
-    pub async fn fleet_leave(&self, key: &str, member: &str, lease: Duration) -> Result<(), Error> {
-        self.members_call(key, member, "leave", lease, lease)
+    /// program went with it). The others are kept as [`Store::fleet_members`]
+    /// keeps them, for `grace`.
+    pub async fn fleet_leave(
+        &self,
+        key: &str,
+        member: &str,
+        lease: Duration,
+        grace: Duration,
+    ) -> Result<(), Error> {
+        self.members_call(key, member, "leave", lease, lease, grace)
             .await
             .map(|_| ())
     }
@@ -205,18 +218,24 @@ impl Store {
         op: &str,
         lease: Duration,
         silence: Duration,
+        grace: Duration,
     ) -> Result<Members, Error> {
         let mut call = MEMBERS.prepare_invoke();
         call.key(key)
             .arg(member)
             .arg(op)
             .arg(lease.as_millis() as u64)
-            .arg(silence.as_millis() as u64);
-        let (members, silent): (u64, u64) = match &self.conn {
+            .arg(silence.as_millis() as u64)
+            .arg(grace.as_millis() as u64);
+        let (members, silent, past_lease): (u64, u64, u64) = match &self.conn {
             Conn::Single(c) => call.invoke_async(&mut c.clone()).await?,
             Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await?,
         };
-        Ok(Members { members, silent })
+        Ok(Members {
+            members,
+            silent,
+            past_lease,
+        })
     }
 
     /// Redis's time now, µs since the epoch: estimated from its answers,

@@ -400,8 +400,14 @@ fn fleet(
     gauge(
         encoder,
         "ratelimit_fleet_silent_daemons",
-        "Of those, daemons that stopped renewing (cut off from Redis, or dead) while their leases last: their share of each key is left to them.",
+        "Of those, daemons that stopped renewing (cut off from Redis, or dead): their share of each key is left to them.",
         one(f.silent_daemons as i64),
+    )?;
+    gauge(
+        encoder,
+        "ratelimit_fleet_silent_attached_daemons",
+        "Of the silent ones, daemons past their 10 s lease that never left (dead or cut off, their programs perhaps still enforcing their shares): counted for 10 minutes after their last renewal. A daemon that stopped for good left and is not counted.",
+        one(f.past_lease_daemons as i64),
     )?;
     gauge(
         encoder,

@@ -26,8 +26,9 @@
 //!
 //! Members are counted by Redis's clock, each with a lease of [`LEASE`]
 //! renewed at every sync; a member that has not renewed for [`SILENCE`] is
-//! silent, and while its lease lasts the others weight their reports
-//! `N / (N − silent)`, leaving it its share (`book`). A daemon that stops
+//! silent, and the others weight their reports `N / (N − silent)`, leaving
+//! it its share (`book`), while its lease lasts and past it, for [`GRACE`]:
+//! a member that never left may have a program that still enforces. A daemon that stops
 //! for good (SIGINT or SIGTERM without `--keep-attached`: its program goes
 //! with it) leaves at once.
 //!
@@ -63,16 +64,17 @@
 //!   `Δ` term up to the moment the failure is seen ([`CALL_TIMEOUT`]).
 //!   `local`: each daemon the whole limit, the fleet up to `N` times it.
 //! - **A daemon cut off from Redis** (its TCP silent): it falls back to
-//!   `share`; the others count it while its lease lasts and leave it its
-//!   share from [`SILENCE`] on: the bound above, with `Δ` up to
-//!   `SILENCE + CALL_TIMEOUT` once. Past its lease ([`LEASE`]) the others
-//!   take the whole limit: the fleet admits up to `R/N` a second more per
-//!   such daemon. When it reconnects, what it admitted meanwhile is reported
-//!   (as the units it still weighs: at most a bucket).
+//!   `share`; the others count it and leave it its share from [`SILENCE`]
+//!   on: the bound above, with `Δ` up to `SILENCE + CALL_TIMEOUT` once. Past
+//!   its lease ([`LEASE`]) they go on counting it (it never left: its
+//!   program may still enforce its share) for [`GRACE`]; after that they
+//!   take the whole limit, and the fleet admits up to `R/N` a second more
+//!   per such daemon. When it reconnects, what it admitted meanwhile is
+//!   reported (as the units it still weighs: at most a bucket).
 //! - **A daemon dead, its program attached** (SIGKILL, or stopped with
 //!   `--keep-attached`): its program admits its own bucket unsynced for
 //!   five syncs (`FLEET_STALE_NS`, 0.5 s), then charges `N` times: the same
-//!   as a daemon cut off, with `Δ` up to 0.5 s once.
+//!   as a daemon cut off, with `Δ` up to 0.5 s once, for [`GRACE`].
 //! - **A restart** of any kind: the restarted daemon reports what was
 //!   admitted while it was down as owed, at most a bucket; it never reports
 //!   a key's history twice (a shut-out) nor forgets what it admitted (a
@@ -115,6 +117,12 @@ pub const SYNC: Duration = Duration::from_millis(100);
 pub const FOLLOW: Duration = Duration::from_secs(2);
 /// How long a member is counted after its last renewal (on Redis's clock).
 pub const LEASE: Duration = Duration::from_secs(10);
+/// How long a member that has not left is counted after its last renewal,
+/// past its lease too: a daemon dead (or cut off) with its program attached
+/// keeps its share, since that program may still admit it (it charges
+/// itself `N` times, with `N` as the daemon last counted); a host gone for
+/// good is forgotten after it. A daemon that stops for good leaves at once.
+pub const GRACE: Duration = Duration::from_secs(600);
 /// A member counted that has not renewed for this long is silent: its
 /// share is left to it (see `book`).
 pub const SILENCE: Duration = Duration::from_secs(1);
@@ -247,9 +255,14 @@ pub struct Status {
     pub fallback: Option<Fallback>,
     /// Daemons counted by their leases (this one included).
     pub daemons: u64,
-    /// Of those, daemons silent (cut off or dead) while their leases last:
-    /// their share of each key is left to them.
+    /// Of those, daemons silent (cut off or dead, within their leases or
+    /// past them): their share of each key is left to them.
     pub silent_daemons: u64,
+    /// Of the silent ones, daemons past their lease that never left: dead
+    /// or cut off for more than 10 s, their programs perhaps still enforcing
+    /// (counted for [`GRACE`] after their last renewal; a daemon that
+    /// stops for good leaves and is not among them).
+    pub past_lease_daemons: u64,
     /// Keys this daemon follows (admitted something in the last 2 s).
     pub keys: u64,
     /// Of those, keys the fleet holds over their limit (bucket empty).

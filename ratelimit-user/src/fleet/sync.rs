@@ -21,7 +21,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    CALL_TIMEOUT, Fallback, Job, LEASE, PREFIX, SILENCE, SLOW, SYNC, Snapshot, Status,
+    CALL_TIMEOUT, Fallback, GRACE, Job, LEASE, PREFIX, SILENCE, SLOW, SYNC, Snapshot, Status,
     book::{Book, Item, Plan, Settled, View},
     link::{Link, MEMBERS},
 };
@@ -90,6 +90,7 @@ pub async fn run(
         },
         said: Said::default(),
         members_up: false,
+        past_lease: 0,
         first: true,
         member,
         jobs,
@@ -120,6 +121,9 @@ struct Syncer {
     said: Said,
     /// Whether the last renewal of the members was answered.
     members_up: bool,
+    /// Of the silent members, those past their lease that never left (their
+    /// programs may still enforce their shares).
+    past_lease: u64,
     /// The first round (it reads the pinned report cursors).
     first: bool,
     jobs: mpsc::Sender<Job>,
@@ -184,7 +188,7 @@ impl Syncer {
         if self.link.due(MEMBERS, now) {
             let (s, key, m) = (store.clone(), self.members.clone(), self.member.clone());
             round.calls.spawn(async move {
-                let call = s.fleet_members(&key, &m, LEASE, SILENCE);
+                let call = s.fleet_members(&key, &m, LEASE, SILENCE, GRACE);
                 Answer::Members(within(call).await)
             });
         }
@@ -267,6 +271,7 @@ impl Syncer {
                 self.members_up = true;
                 self.view.members = m.members.max(1);
                 self.view.silent = m.silent.min(self.view.members - 1);
+                self.past_lease = m.past_lease.min(self.view.silent);
             }
             Answer::Members(Err(e)) => {
                 self.link.failed(MEMBERS, e.as_ref(), Instant::now());
@@ -318,6 +323,7 @@ impl Syncer {
         st.redis_up = self.link.store().is_some() && round.failed_groups == 0 && self.members_up;
         st.daemons = self.view.members;
         st.silent_daemons = self.view.silent;
+        st.past_lease_daemons = self.past_lease;
         st.keys = counts.keys;
         st.keys_over = counts.over;
         st.keys_fallback = counts.fallback;
@@ -354,7 +360,9 @@ impl Syncer {
 pub async fn leave(url: &str, member: &str) {
     let left = tokio::time::timeout(Duration::from_millis(500), async {
         let store = Store::connect(url).await?;
-        store.fleet_leave(&members_key(PREFIX), member, LEASE).await
+        store
+            .fleet_leave(&members_key(PREFIX), member, LEASE, GRACE)
+            .await
     })
     .await;
     if !matches!(left, Ok(Ok(()))) {

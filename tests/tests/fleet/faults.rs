@@ -95,16 +95,19 @@ fn a_daemon_cut_off_from_redis_is_counted_while_its_lease_lasts() {
     );
     let cut_off = fleet.members[2].fleet_status();
     assert!(cut_off["fallback_syncs"].as_u64().unwrap() > 0, "{cut_off}");
-    // Past its lease the others count two daemons and take the whole limit
-    // between them; the cut-off one keeps its share: the fleet admits at
-    // most the in-step bound and that share more (R/N a second).
+    // Past its lease the others go on counting three daemons (it never
+    // left: its program enforces its share) and say it is past its lease;
+    // the fleet stays within the in-step bound (they took the whole limit
+    // before, and the fleet admitted R/N a second more).
     for i in [0, 1] {
-        wait_for(&fleet, i, "the lease ended", |f| f["daemons"] == 2);
+        wait_for(&fleet, i, "the lease ended", |f| {
+            f["past_lease_daemons"] == 1 && f["daemons"] == 3 && f["silent_daemons"] == 1
+        });
     }
     let secs = 3.0;
     let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs_f64(secs));
     let total: u64 = got.iter().sum();
-    let limit = bound(3.0, secs, DELTA) + (BURST + RATE * secs) / 3.0;
+    let limit = bound(3.0, secs, DELTA);
     eprintln!(
         "fleet, one daemon cut off past its lease: {got:?} = {total} admitted over {secs} s; exact {}, bound {limit}",
         BURST + RATE * secs
@@ -183,6 +186,55 @@ fn a_dead_daemons_program_errs_toward_limiting() {
     eprintln!("fleet, the dead daemon started again: {got:?} = {total}, bound {limit}");
     assert!((total as f64) <= limit, "{total} ({got:?}), bound {limit}");
     assert!((total as f64) >= 0.85 * RATE * 3.0, "{total} ({got:?})");
+}
+
+/// (Issue 37, observation 2) A daemon dead past its 10 s lease, its program
+/// still attached, was dropped from the count as if it had left: the others
+/// took the whole limit while its program kept admitting its share, and over
+/// 28 s dead the fleet admitted 3 645 against a bound of 3 240, the excess
+/// growing by R/N a second. Now a member that never left is counted for the
+/// grace (10 minutes), said to be past its lease, and left its share: kept
+/// dead for three leases, then flooded for 12 s, the fleet stays within the
+/// dead-daemon bound.
+#[test]
+fn a_daemon_dead_for_three_leases_is_still_left_its_share() {
+    privileged!("a_daemon_dead_for_three_leases_is_still_left_its_share");
+    let fleet = Fleet::start(3, false, &[], &RULE);
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    fleet.members[2].stop(libc::SIGKILL);
+    // Three leases (30 s) and a second.
+    sleep(Duration::from_secs(31));
+    for i in [0, 1] {
+        let f = fleet.members[i].fleet_status();
+        assert_eq!(
+            (
+                &f["daemons"],
+                &f["silent_daemons"],
+                &f["past_lease_daemons"]
+            ),
+            (&3.into(), &1.into(), &1.into()),
+            "member {i}: the dead daemon, past its lease, is counted and said so: {f}"
+        );
+    }
+    let src: IpAddr = "198.18.0.65".parse().unwrap();
+    let secs = 12.0;
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs_f64(secs));
+    let total: u64 = got.iter().sum();
+    // The dead daemon's row: its program charges itself N times; the
+    // others leave it its share.
+    let limit = bound(3.0, secs, DELTA) + BURST + RATE * 1.0;
+    eprintln!(
+        "fleet, one daemon dead for 31 s: {got:?} = {total} admitted over {secs} s; exact {}, bound {limit}",
+        BURST + RATE * secs
+    );
+    assert!(
+        (total as f64) <= limit,
+        "one daemon dead past its lease: {total} admitted ({got:?}), bound {limit}"
+    );
+    assert!(
+        (total as f64) >= 0.85 * RATE * secs,
+        "one daemon dead past its lease: {total} admitted ({got:?}): below the limit"
+    );
 }
 
 #[test]

@@ -109,30 +109,46 @@ fn members_are_counted_by_leases_on_redis_clock() {
     rt().block_on(async {
         let store = Store::connect(&redis.url()).await.expect("connect");
         let key = members_key(PREFIX);
-        let (lease, silence) = (Duration::from_millis(1500), Duration::from_millis(300));
+        let (lease, silence, grace) = (
+            Duration::from_millis(1500),
+            Duration::from_millis(300),
+            Duration::from_millis(3000),
+        );
         for m in ["a", "b", "c"] {
-            store.fleet_members(&key, m, lease, silence).await.unwrap();
+            store
+                .fleet_members(&key, m, lease, silence, grace)
+                .await
+                .unwrap();
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         // Only a renews: b and c are silent while their leases run...
         let m = store
-            .fleet_members(&key, "a", lease, silence)
+            .fleet_members(&key, "a", lease, silence, grace)
             .await
             .unwrap();
-        assert_eq!((m.members, m.silent), (3, 2));
-        // ... and gone once they end; c leaves for good at once.
-        store.fleet_leave(&key, "c", lease).await.unwrap();
+        assert_eq!((m.members, m.silent, m.past_lease), (3, 2, 0));
+        // ... c leaves for good: gone at once.
+        store.fleet_leave(&key, "c", lease, grace).await.unwrap();
         let m = store
-            .fleet_members(&key, "a", lease, silence)
+            .fleet_members(&key, "a", lease, silence, grace)
             .await
             .unwrap();
-        assert_eq!((m.members, m.silent), (2, 1));
+        assert_eq!((m.members, m.silent, m.past_lease), (2, 1, 0));
+        // b, which never left, is still counted past its lease (its program
+        // may still enforce its share), and said to be past it...
         tokio::time::sleep(Duration::from_millis(1200)).await;
         let m = store
-            .fleet_members(&key, "a", lease, silence)
+            .fleet_members(&key, "a", lease, silence, grace)
             .await
             .unwrap();
-        assert_eq!((m.members, m.silent), (1, 0));
+        assert_eq!((m.members, m.silent, m.past_lease), (2, 1, 1));
+        // ... until the grace ends.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let m = store
+            .fleet_members(&key, "a", lease, silence, grace)
+            .await
+            .unwrap();
+        assert_eq!((m.members, m.silent, m.past_lease), (1, 0, 0));
     });
 }
 

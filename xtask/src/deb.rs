@@ -80,11 +80,13 @@ const COMPLETIONS: [(&str, &str); 3] = [
 const DOC: &str = "/usr/share/doc/ratelimit";
 
 /// Files the package must hold, with their modes (one man page per command
-/// comes on top of these two).
-const EXPECTED: [(&str, u32); 12] = [
+/// comes on top of these two, and the file formats' pages).
+const EXPECTED: [(&str, u32); 14] = [
     (BIN, 0o755),
     ("/usr/share/man/man8/ratelimit.8.gz", 0o644),
     ("/usr/share/man/man8/ratelimit-run.8.gz", 0o644),
+    ("/usr/share/man/man5/ratelimit.toml.5.gz", 0o644),
+    ("/usr/share/man/man5/ratelimit-serve.toml.5.gz", 0o644),
     (COMPLETIONS[0].1, 0o644),
     (COMPLETIONS[1].1, 0o644),
     (COMPLETIONS[2].1, 0o644),
@@ -731,7 +733,7 @@ fn installed_size(entries: impl IntoIterator<Item = Entry>) -> u64 {
 }
 
 /// The section of a man page from its name's extension (`.5` or `.8`).
-fn man_section(name: &str) -> Option<&'static str> {
+pub(crate) fn man_section(name: &str) -> Option<&'static str> {
     match Path::new(name).extension()?.to_str()? {
         "5" => Some("5"),
         "8" => Some("8"),

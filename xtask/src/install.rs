@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `ratelimit` | `PREFIX/bin/` |
 //! | `ratelimit.8`, `ratelimit-COMMAND.8` | `PREFIX/share/man/man8/` |
+//! | `ratelimit.toml.5`, `ratelimit-serve.toml.5` | `PREFIX/share/man/man5/` |
 //! | bash | `PREFIX/share/bash-completion/completions/ratelimit` |
 //! | zsh | `PREFIX/share/zsh/site-functions/_ratelimit` |
 //! | fish | `PREFIX/share/fish/vendor_completions.d/ratelimit.fish` |
@@ -51,7 +52,7 @@ pub fn files(bin: &Path, prefix: &Path, unit: &str, unit_dir: &Path) -> Result<V
     )?;
     written.push(installed.clone());
 
-    written.extend(man_pages(&installed, &prefix.join("share/man/man8"))?);
+    written.extend(man_pages_by_section(&installed, &prefix.join("share/man"))?);
 
     for (shell, path) in COMPLETIONS {
         let path = prefix.join(path);
@@ -84,6 +85,31 @@ pub(crate) fn man_pages(bin: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
         .lines()
         .map(PathBuf::from)
         .collect())
+}
+
+/// Has `bin` write its man pages, and puts each into `man_dir`'s directory
+/// of its section (`man8/`, `man5/`); returns their paths.
+fn man_pages_by_section(bin: &Path, man_dir: &Path) -> Result<Vec<PathBuf>> {
+    let staged = man_dir.join(".xtask-install-man");
+    let _ = fs::remove_dir_all(&staged);
+    let mut written = Vec::new();
+    for page in man_pages(bin, &staged)? {
+        let name = page
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("a man page's name")?;
+        let section = crate::deb::man_section(name)
+            .with_context(|| format!("`ratelimit man` wrote {name}: not a .5 or .8 page"))?;
+        let path = man_dir.join(format!("man{section}")).join(name);
+        put(
+            &path,
+            &fs::read(&page).with_context(|| format!("reading {}", page.display()))?,
+            0o644,
+        )?;
+        written.push(path);
+    }
+    fs::remove_dir_all(&staged).with_context(|| format!("removing {}", staged.display()))?;
+    Ok(written)
 }
 
 /// `bin`'s completions for `shell` (`ratelimit completions SHELL`).
@@ -135,7 +161,8 @@ mod tests {
     /// `completions SHELL` like the real one.
     const STUB: &str = r##"#!/bin/sh
 case "$1" in
-man) mkdir -p "$3" && echo '.TH ratelimit 8' > "$3/ratelimit.8" && echo "$3/ratelimit.8" ;;
+man) mkdir -p "$3" && echo '.TH ratelimit 8' > "$3/ratelimit.8" && echo "$3/ratelimit.8" &&
+    echo '.TH RATELIMIT.TOML 5' > "$3/ratelimit.toml.5" && echo "$3/ratelimit.toml.5" ;;
 completions) echo "# $2 completions for ratelimit" ;;
 *) exit 2 ;;
 esac
@@ -155,6 +182,7 @@ esac
         let want = [
             "usr/bin/ratelimit",
             "usr/share/man/man8/ratelimit.8",
+            "usr/share/man/man5/ratelimit.toml.5",
             "usr/share/bash-completion/completions/ratelimit",
             "usr/share/zsh/site-functions/_ratelimit",
             "usr/share/fish/vendor_completions.d/ratelimit.fish",
@@ -168,9 +196,9 @@ esac
         let mode = |p: &str| fs::metadata(root.join(p)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode("usr/bin/ratelimit"), 0o755);
         assert_eq!(mode("etc/systemd/system/ratelimit@.service"), 0o644);
-        let bash = fs::read_to_string(root.join(want[2])).unwrap();
+        let bash = fs::read_to_string(root.join(want[3])).unwrap();
         assert_eq!(bash, "# bash completions for ratelimit\n");
-        let installed_unit = fs::read_to_string(root.join(want[5])).unwrap();
+        let installed_unit = fs::read_to_string(root.join(want[6])).unwrap();
         assert!(
             installed_unit.contains(&format!(
                 "ExecStart={} run --iface %i",
@@ -181,6 +209,8 @@ esac
         // No temporary file is left behind.
         let leftovers = fs::read_dir(prefix.join("bin")).unwrap().count();
         assert_eq!(leftovers, 1);
+        let man: Vec<_> = fs::read_dir(prefix.join("share/man")).unwrap().collect();
+        assert_eq!(man.len(), 2, "{man:?}");
         fs::remove_dir_all(&root).unwrap();
     }
 

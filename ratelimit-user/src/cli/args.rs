@@ -98,7 +98,8 @@ pub enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = help::COMPLETIONS)]
     Completions(CompletionsArgs),
-    /// Print the man page ratelimit(8), or write every page into a directory.
+    /// Print the man page ratelimit(8), or the one named, or write every page
+    /// into a directory.
     #[command(after_help = help::MAN)]
     Man(ManArgs),
 }
@@ -182,8 +183,14 @@ pub struct CompletionsArgs {
 /// `ratelimit man`.
 #[derive(Debug, Args)]
 pub struct ManArgs {
-    /// Write ratelimit.8 and one ratelimit-COMMAND.8 per command into DIR
-    /// (created if missing) instead of printing ratelimit.8.
+    /// The page to print instead of ratelimit(8): ratelimit-COMMAND (section
+    /// 8), or a file format's, ratelimit.toml or ratelimit-serve.toml
+    /// (section 5).
+    #[arg(value_name = "PAGE", conflicts_with = "out")]
+    pub page: Option<String>,
+    /// Write ratelimit.8, one ratelimit-COMMAND.8 per command,
+    /// ratelimit.toml.5 and ratelimit-serve.toml.5 into DIR (created if
+    /// missing) instead of printing ratelimit.8.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 }

@@ -1,12 +1,20 @@
 //! Shell completions and man pages, generated from the clap definitions of
 //! [`crate::cli`] so they never disagree with the options: `ratelimit
-//! completions SHELL` (clap_complete) and `ratelimit man [--out DIR]`
+//! completions SHELL` (clap_complete) and `ratelimit man [PAGE] [--out DIR]`
 //! (clap_mangen, section 8: a daemon run by root).
 //!
 //! The pages: `ratelimit(8)`, the overview (commands, exit status,
 //! environment, files), and one `ratelimit-COMMAND(8)` per command with its
-//! options and examples ([`crate::cli::help`]). `ratelimit man` prints the first;
-//! `--out DIR` writes them all, as `cargo xtask install` does.
+//! options and examples ([`crate::cli::help`]); then the file formats,
+//! section 5: `ratelimit.toml(5)` and `ratelimit-serve.toml(5)`, every key of
+//! each ([`file_page`], tested against the parsers). `ratelimit man` prints
+//! the first, `ratelimit man PAGE` the one named (`ratelimit.toml`,
+//! `ratelimit-run`); `--out DIR` writes them all, as `cargo xtask install`
+//! does.
+
+mod file_page;
+mod ratelimit_toml;
+mod serve_toml;
 
 use std::{
     io::Write,
@@ -36,8 +44,12 @@ pub fn completions(shell: Shell) -> Vec<u8> {
     out
 }
 
+/// The file formats' pages, section 5.
+const FILE_PAGES: [&file_page::Page; 2] = [&ratelimit_toml::PAGE, &serve_toml::PAGE];
+
 /// The pages as (file name, roff): `ratelimit.8` first, then
-/// `ratelimit-COMMAND.8` for each command.
+/// `ratelimit-COMMAND.8` for each command, then the file formats'
+/// `NAME.5`.
 pub fn pages() -> Vec<(String, Vec<u8>)> {
     let mut cmd = Cli::command().disable_help_subcommand(true);
     cmd.build();
@@ -46,7 +58,32 @@ pub fn pages() -> Vec<(String, Vec<u8>)> {
         let name = format!("ratelimit-{}", sub.get_name());
         pages.push((format!("{name}.{SECTION}"), command_page(sub, &name)));
     }
+    for page in FILE_PAGES {
+        pages.push((page.file_name(), page.render()));
+    }
     pages
+}
+
+/// The page `name` names: its file name (`ratelimit.toml.5`), or that
+/// without the section (`ratelimit.toml`, `ratelimit-run`), or with it in
+/// parentheses (`ratelimit.toml(5)`).
+pub fn page(name: &str) -> Result<(String, Vec<u8>)> {
+    let all = pages();
+    let wanted = |file: &str| {
+        let (stem, section) = file.rsplit_once('.').expect("a page's file has a section");
+        name == file || name == stem || name == format!("{stem}({section})")
+    };
+    if let Some(i) = all.iter().position(|(file, _)| wanted(file)) {
+        return Ok(all.into_iter().nth(i).expect("found"));
+    }
+    let names: Vec<&str> = all
+        .iter()
+        .filter_map(|(file, _)| file.rsplit_once('.').map(|(stem, _)| stem))
+        .collect();
+    Err(Error::invalid(
+        "PAGE",
+        format!("no page {name:?}; the pages are {}", names.join(", ")),
+    ))
 }
 
 /// Writes every page into `dir` (created if missing); returns their paths.
@@ -171,7 +208,7 @@ fn overview(cmd: &clap::Command) -> Vec<u8> {
         ),
         (
             "/etc/ratelimit/IFACE.toml",
-            "the rules, as the systemd unit ratelimit@IFACE.service reads them",
+            "the rules, as the systemd unit ratelimit@IFACE.service reads them; their keys: ratelimit.toml(5)",
         ),
     ] {
         roff.control("TP", [])
@@ -185,6 +222,11 @@ fn overview(cmd: &clap::Command) -> Vec<u8> {
         .filter(|s| !s.is_hide_set())
         .map(|s| format!("ratelimit-{}({SECTION})", s.get_name()))
         .collect();
+    refs.extend(
+        FILE_PAGES
+            .iter()
+            .map(|p| format!("{}({})", p.name, file_page::SECTION)),
+    );
     refs.extend([
         "systemctl(1)".into(),
         "ip-link(8)".into(),
@@ -216,7 +258,15 @@ fn command_page(sub: &clap::Command, name: &str) -> Vec<u8> {
         roff.control("RE", []).control("fi", []);
     }
     roff.control("SH", ["SEE ALSO"]);
-    roff.text([roman(format!("ratelimit({SECTION})"))]);
+    let mut refs = vec![format!("ratelimit({SECTION})")];
+    // The file the command reads.
+    let file = match sub.get_name() {
+        "run" | "check" | "reload" => Some(&ratelimit_toml::PAGE),
+        "serve" => Some(&serve_toml::PAGE),
+        _ => None,
+    };
+    refs.extend(file.map(|p| format!("{}({})", p.name, file_page::SECTION)));
+    roff.text([roman(refs.join(", "))]);
     render(&mut out, |w| roff.to_writer(w));
     out
 }
@@ -228,13 +278,16 @@ pub fn print_completions(shell: Shell) -> Result<()> {
         .map_err(Error::io("writing the completions to standard output"))
 }
 
-/// `ratelimit man [--out DIR]`: `ratelimit(8)` on standard output, or every
-/// page into DIR (their paths printed).
-pub fn print_man(out: Option<&Path>) -> Result<()> {
+/// `ratelimit man [PAGE] [--out DIR]`: `ratelimit(8)`, or the page named, on
+/// standard output, or every page into DIR (their paths printed).
+pub fn print_man(name: Option<&str>, out: Option<&Path>) -> Result<()> {
     let Some(dir) = out else {
-        let (_, overview) = pages().swap_remove(0);
+        let (_, text) = match name {
+            Some(name) => page(name)?,
+            None => pages().swap_remove(0),
+        };
         return std::io::stdout()
-            .write_all(&overview)
+            .write_all(&text)
             .map_err(Error::io("writing the man page to standard output"));
     };
     for path in write_pages(dir)? {
@@ -292,6 +345,30 @@ mod tests {
         ] {
             assert!(run.contains(needle), "{needle} missing from:\n{run}");
         }
+    }
+
+    #[test]
+    fn the_file_formats_have_pages_found_by_name() {
+        let pages = pages();
+        let names: Vec<&str> = pages.iter().map(|(n, _)| n.as_str()).collect();
+        for want in ["ratelimit.toml.5", "ratelimit-serve.toml.5"] {
+            assert!(names.contains(&want), "{want} not in {names:?}");
+        }
+        for name in ["ratelimit.toml", "ratelimit.toml.5", "ratelimit.toml(5)"] {
+            let (file, page) = page(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(file, "ratelimit.toml.5");
+            let page = text(&page);
+            assert!(page.contains("\n.TH RATELIMIT.TOML 5 "), "{page}");
+            assert_eq!(page.matches(PREAMBLE[1]).count(), 1, "{page}");
+        }
+        assert_eq!(page("ratelimit").unwrap().0, "ratelimit.8");
+        assert_eq!(page("ratelimit-run").unwrap().0, "ratelimit-run.8");
+        let e = page("ratelimit-serve.yaml").unwrap_err().to_string();
+        assert!(e.contains("ratelimit-serve.toml"), "{e}");
+        let overview = text(&pages[0].1);
+        assert!(overview.contains("ratelimit.toml(5)"), "{overview}");
+        let (_, serve) = page("ratelimit-serve").unwrap();
+        assert!(text(&serve).contains("ratelimit\\-serve.toml(5)"));
     }
 
     #[test]

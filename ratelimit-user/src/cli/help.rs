@@ -155,7 +155,8 @@ Examples:
 pub const MAN: &str = "\
 Examples:
   ratelimit man | man -l -
-  ratelimit man --out /usr/local/share/man/man8";
+  ratelimit man ratelimit.toml | man -l -
+  ratelimit man --out /tmp/ratelimit-man";
 
 /// The example command lines of a help text: the lines that run `ratelimit`
 /// (first, or after a pipe), up to a pipe or redirection.

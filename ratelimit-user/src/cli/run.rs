@@ -66,7 +66,7 @@ async fn run_command(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Completions(c) => super::docs::print_completions(c.shell),
-        Command::Man(m) => super::docs::print_man(m.out.as_deref()),
+        Command::Man(m) => super::docs::print_man(m.page.as_deref(), m.out.as_deref()),
         Command::Set(a) => set(a).await,
         Command::Allow(a) => listable(a, ListAction::Allow).await,
         Command::Deny(a) => listable(a, ListAction::Deny).await,

@@ -92,6 +92,21 @@ struct RawEntry {
     value: Option<String>,
 }
 
+/// The keys each table of the file takes, as serde reads them: the table as
+/// `ratelimit-serve.toml(5)` names it (`""` for the top level), and its keys.
+/// For the page's test: a key added here and not there fails it.
+#[cfg(test)]
+pub(crate) fn tables() -> Vec<(&'static str, Vec<&'static str>)> {
+    use crate::config::fields;
+    vec![
+        ("", fields::<RawServe>()),
+        ("[[tenant]]", fields::<RawTenant>()),
+        ("[[domain]]", fields::<RawDomain>()),
+        ("[[domain.limit]]", fields::<RawLimit>()),
+        ("descriptor", fields::<RawEntry>()),
+    ]
+}
+
 /// Reads and validates `path`: the policy, or every error found.
 pub fn read(path: &Path) -> Result<Policy, ConfigErrors> {
     let text = read_text(path)?;

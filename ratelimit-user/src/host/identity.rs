@@ -354,6 +354,13 @@ fn mount_bpffs(pid: Option<u32>) -> Result<()> {
 /// layout: they live under another directory.
 pub const PIN_LAYOUT: &str = "v11";
 
+/// What [`PIN_LAYOUT`] was recorded for: a digest of the code that decides
+/// what is pinned (the maps' types in `ratelimit-common/src/maps/` and the
+/// maps themselves in `ratelimit-ebpf/src/program/maps.rs`, comments and
+/// blanks aside). A test fails when that code changes and this is not
+/// recorded again: a change to what is pinned bumps the layout first.
+pub const PIN_LAYOUT_OF: u64 = 0xa13a_f008_c47f_6884;
+
 /// Layouts of earlier versions whose running program a daemon of this one
 /// takes over (an upgrade with `--keep-attached`): its link is swapped to
 /// this version's program, its maps unpinned.
@@ -386,6 +393,51 @@ pub fn pin_dir_of(root: &Path, id: &Identity, layout: &str) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    /// FNV-1a of the code under the pinned layout, comments and blanks
+    /// aside, file by file in name order (see [`super::PIN_LAYOUT_OF`]).
+    fn layout_digest() -> u64 {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let maps = root.join("ratelimit-common/src/maps");
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&maps)
+            .expect("ratelimit-common/src/maps")
+            .map(|e| e.expect("an entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .collect();
+        files.sort();
+        files.push(root.join("ratelimit-ebpf/src/program/maps.rs"));
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("a source file");
+            let name = file
+                .file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned();
+            let code = text
+                .lines()
+                .map(|l| l.split_once("//").map_or(l, |(code, _)| code).trim())
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n");
+            for b in name.bytes().chain([0]).chain(code.bytes()).chain([0]) {
+                hash ^= u64::from(b);
+                hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        hash
+    }
+
+    #[test]
+    fn a_change_to_what_is_pinned_bumps_the_layout() {
+        let now = layout_digest();
+        assert_eq!(
+            now,
+            super::PIN_LAYOUT_OF,
+            "the code of the pinned maps changed (ratelimit-common/src/maps/, ratelimit-ebpf/src/program/maps.rs): its digest is now {now:#018x}. If what is pinned changed (a map's key or value type, a field, a size, a map's name or kind), bump PIN_LAYOUT (from {}; add the old one to OLDER_LAYOUTS if an upgrade can take its program over, and say what an upgrade does in CHANGELOG.md); then, either way, record PIN_LAYOUT_OF = {now:#018x}",
+            super::PIN_LAYOUT
+        );
+    }
+
     use super::*;
 
     #[test]

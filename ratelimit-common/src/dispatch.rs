@@ -173,7 +173,7 @@ pub fn wide(
     now_ns: u64,
     cost: u64,
 ) -> Decision {
-    // SAFETY (the `params` members): plain integers; see `AlgoParams`.
+    // SAFETY: the `params` members are plain integers; see `AlgoParams`.
     unsafe {
         match algorithm {
             algorithm::INTERVAL => {

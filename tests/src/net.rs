@@ -595,6 +595,7 @@ impl Receiver {
             move |stop: &AtomicBool| {
                 let mut counts: HashMap<IpAddr, Vec<Instant>> = HashMap::new();
                 let mut buf = vec![0u8; 2048];
+                // SAFETY: an all-zero sockaddr_ll is a valid value.
                 let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
                 // Until stopped, then what is still queued (a receiver
                 // starved of CPU counts late, never short).

@@ -505,6 +505,7 @@ fn every_system_call_the_daemon_makes_is_in_the_units_filter() {
     // SAFETY: signalling the daemon this test started.
     unsafe { libc::kill(daemon, libc::SIGHUP) };
     d.cli_ok(&["reload"]);
+    // SAFETY: signalling the daemon this test started.
     unsafe { libc::kill(daemon, libc::SIGTERM) };
     // strace exits with its tracee, after writing the summary.
     let out = d.child.wait(Duration::from_secs(20));

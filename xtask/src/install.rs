@@ -26,7 +26,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 /// The unit as shipped, relative to the workspace root.
-pub const UNIT: &str = "dist/ratelimit@.service";
+pub(crate) const UNIT: &str = "dist/ratelimit@.service";
 /// The binary's path in the shipped unit's `ExecStart` (and in the fail2ban
 /// action's `ratelimit =`).
 pub(crate) const SHIPPED_BIN: &str = "/usr/local/bin/ratelimit";
@@ -42,7 +42,12 @@ const COMPLETIONS: [(&str, &str); 3] = [
 
 /// Installs `bin` and what it generates under `prefix`, and `unit` (the
 /// shipped unit's text) into `unit_dir`. Returns the paths written.
-pub fn files(bin: &Path, prefix: &Path, unit: &str, unit_dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn files(
+    bin: &Path,
+    prefix: &Path,
+    unit: &str,
+    unit_dir: &Path,
+) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     let installed = prefix.join("bin/ratelimit");
     put(

@@ -462,8 +462,25 @@ fn test() -> Result<ExitCode> {
             "-D",
             "warnings",
         ]),
-        "clippy (host crates)",
+        "clippy (host crates; the workspace's lints, warnings denied)",
     )?;
+    // ratelimit-common is built four ways: in the XDP program (no feature),
+    // in applications (`std`), in the daemon (`user`), and all at once.
+    for features in [
+        &["--no-default-features"][..],
+        &["--features", "std"],
+        &["--features", "user"],
+        &["--all-features"],
+    ] {
+        check(
+            cargo()
+                .args(["clippy", "--package", "ratelimit-common", "--lib"])
+                .args(features)
+                .args(["--", "-D", "warnings"]),
+            &format!("ratelimit-common with {}", features.join(" ")),
+        )?;
+    }
+    rust_version_gate()?;
     check(
         Command::new("rustup")
             .current_dir(workspace_root())
@@ -610,6 +627,48 @@ fn test() -> Result<ExitCode> {
     bench_smoke(&bin)?;
     tally.print();
     Ok(ExitCode::SUCCESS)
+}
+
+/// The declared `rust-version` builds the host crates: when the toolchain
+/// running this is another one, the declared one (installed by rustup if
+/// missing) checks them; when it is that one, everything above was built
+/// with it already.
+fn rust_version_gate() -> Result<()> {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
+        .context("reading Cargo.toml")?;
+    let declared = manifest
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "rust-version").then(|| v.trim().trim_matches('"').to_string())
+        })
+        .context("Cargo.toml declares no rust-version")?;
+    let out = Command::new(env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
+        .arg("--version")
+        .output()
+        .context("rustc --version")?;
+    let running = String::from_utf8_lossy(&out.stdout).into_owned();
+    let same = running
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|v| v == declared || v.starts_with(&format!("{declared}.")));
+    if same {
+        eprintln!(
+            "xtask: rust-version {declared}: the toolchain of this run ({}) is the declared one",
+            running.trim()
+        );
+        return Ok(());
+    }
+    check(
+        Command::new("rustup")
+            .current_dir(workspace_root())
+            .args(["run", &declared, "cargo", "check", "--workspace"])
+            .args(["--exclude", "ratelimit-ebpf", "--all-targets"])
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
+            .env_remove("RUSTUP_TOOLCHAIN"),
+        &format!("the host crates with the declared rust-version {declared}"),
+    )
 }
 
 /// Checks that `cargo xtask bench --quick` still runs start to finish (a debug

@@ -26,7 +26,7 @@ use anyhow::{Context as _, Result, bail};
 
 /// The toolchain of the XDP object, as `ratelimit-ebpf/toolchain.toml`
 /// names it.
-pub struct Pin {
+pub(crate) struct Pin {
     /// The dated nightly, like `nightly-2026-05-20`.
     pub nightly: String,
     /// bpf-linker's exact version.
@@ -34,7 +34,7 @@ pub struct Pin {
 }
 
 /// Reads `ratelimit-ebpf/toolchain.toml`.
-pub fn pin() -> Result<Pin> {
+pub(crate) fn pin() -> Result<Pin> {
     let path = crate::workspace_root().join("ratelimit-ebpf/toolchain.toml");
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let value = |key: &str| {
@@ -52,7 +52,7 @@ pub fn pin() -> Result<Pin> {
 }
 
 /// Ensures every piece is there. `verbose` reports pieces already present too.
-pub fn setup(verbose: bool) -> Result<()> {
+pub(crate) fn setup(verbose: bool) -> Result<()> {
     if !cfg!(target_os = "linux") {
         bail!("ratelimit runs on Linux only (XDP is a Linux kernel feature)");
     }
@@ -243,7 +243,7 @@ fn crowdsec_offline() -> Result<()> {
 
 /// Installs the missing [`PACKAGES`] with apt-get, as root (`cargo xtask vm`
 /// calls it alone).
-pub fn packages() -> Result<()> {
+pub(crate) fn packages() -> Result<()> {
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         crowdsec_offline()?;

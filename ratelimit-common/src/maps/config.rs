@@ -99,7 +99,9 @@ const _: () = assert!(core::mem::size_of::<MatchEntry>() == 40 + 4 * MAX_PORT_RA
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
 pub struct PortRange {
+    /// The first port.
     pub first: u16,
+    /// The last port (inclusive).
     pub last: u16,
 }
 
@@ -124,6 +126,7 @@ pub struct MatchGroup {
     pub fragments: u32,
     /// Zero.
     pub _pad: u32,
+    /// The rules, most specific first; `count` of them in use.
     pub entries: [MatchEntry; MAX_MATCHES],
 }
 const _: () =

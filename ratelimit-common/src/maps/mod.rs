@@ -252,6 +252,8 @@ pub const fn rule_table_len(rules: u32) -> u32 {
 }
 
 #[cfg(feature = "user")]
+// One SAFETY comment for every impl of the module.
+#[allow(clippy::undocumented_unsafe_blocks)]
 mod pod {
     // SAFETY: all are `#[repr(C)]`, `Copy`, and have no padding (sizes asserted above).
     unsafe impl aya::Pod for super::FlowKey {}

@@ -274,9 +274,8 @@ fn a_reclaimed_slot_never_takes_the_old_owners_charge() {
                 let key = 100 + n;
                 let mine = (now - 1_000_000) << 13 & gcra::TAT_MASK;
                 // SAFETY: as above.
-                if let Slot::At(_, i) =
-                    unsafe { claim::<C>(line, line, null(), null(), key, mine, now) }
-                {
+                let claimed = unsafe { claim::<C>(line, line, null(), null(), key, mine, now) };
+                if let Slot::At(_, i) = claimed {
                     // SAFETY: as above.
                     let (kw, tw) = unsafe { words_of(line, i) };
                     let got = C::load(tw);

@@ -142,6 +142,7 @@ pub struct ExplainArgs {
     /// The destination address.
     #[arg(long)]
     pub to: Option<String>,
+    /// How the reading is printed (`--json`, …).
     #[command(flatten)]
     pub read: ReadArgs,
 }
@@ -151,6 +152,7 @@ pub struct ExplainArgs {
 pub struct GetArgs {
     /// The source address.
     pub source: String,
+    /// How the reading is printed (`--json`, …).
     #[command(flatten)]
     pub read: ReadArgs,
 }
@@ -158,8 +160,10 @@ pub struct GetArgs {
 /// `ratelimit detach`.
 #[derive(Debug, Args)]
 pub struct DetachArgs {
+    /// `--quiet`.
     #[command(flatten)]
     pub quiet: QuietArgs,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -449,6 +453,7 @@ pub struct Target {
 pub struct SetArgs {
     /// `default` or a CIDR such as 198.18.0.0/15 or 2001:db8::/32.
     pub target: String,
+    /// What the rule matches besides its source.
     #[command(flatten)]
     pub matches: MatchArgs,
     /// Rate, e.g. 500/s, 30/min, 10k/s, 100Mbit/s (gcra). Up to three key
@@ -502,6 +507,7 @@ pub struct SetArgs {
     /// frames can never pass.
     #[arg(long)]
     pub force: bool,
+    /// How the change is made and told.
     #[command(flatten)]
     pub change: ChangeArgs,
     /// Budget for frames from the rule's sources that have no state yet, e.g.
@@ -531,6 +537,7 @@ pub struct SetArgs {
     /// this limit) or `limit` [default: pass].
     #[arg(long, value_enum)]
     pub host_connections: Option<crate::model::rules::HostConnections>,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target_daemon: Target,
 }
@@ -563,8 +570,10 @@ pub struct ModeArgs {
     /// what it says again.
     #[arg(value_enum)]
     pub mode: crate::model::rules::Mode,
+    /// `--quiet`.
     #[command(flatten)]
     pub quiet: QuietArgs,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -580,8 +589,10 @@ pub struct ResetArgs {
     /// the live changes stay.
     #[arg(long)]
     pub config: bool,
+    /// `--quiet`.
     #[command(flatten)]
     pub quiet: QuietArgs,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -618,8 +629,10 @@ pub struct MatchArgs {
 pub struct CidrArgs {
     /// A CIDR such as 198.18.0.0/15 or 2001:db8::/32.
     pub cidr: String,
+    /// What the rule matches besides its source.
     #[command(flatten)]
     pub matches: MatchArgs,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -630,6 +643,7 @@ pub struct ListableArgs {
     /// A CIDR such as 198.18.0.0/15 or 2001:db8::/32.
     #[arg(required_unless_present = "from", conflicts_with = "from")]
     pub cidr: Option<String>,
+    /// What the rule matches besides its source.
     #[command(flatten)]
     pub matches: MatchArgs,
     /// Load a list from FILE (`-`: standard input), applied whole or not at
@@ -642,8 +656,10 @@ pub struct ListableArgs {
     /// firehol_level1.netset]; `ratelimit unset --list NAME` removes it.
     #[arg(long, requires = "from", help_heading = "Lists")]
     pub name: Option<String>,
+    /// How the change is made and told.
     #[command(flatten)]
     pub change: ChangeArgs,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -654,6 +670,7 @@ pub struct UnsetArgs {
     /// A CIDR such as 198.18.0.0/15 or 2001:db8::/32.
     #[arg(required_unless_present = "list", conflicts_with = "list")]
     pub cidr: Option<String>,
+    /// What the rule matches besides its source.
     #[command(flatten)]
     pub matches: MatchArgs,
     /// Remove the list of this name (a list of the config file: until
@@ -664,8 +681,10 @@ pub struct UnsetArgs {
     /// change, and no error, when it has none (its time was up).
     #[arg(long, conflicts_with = "list")]
     pub only_temporary: bool,
+    /// `--quiet`.
     #[command(flatten)]
     pub quiet: QuietArgs,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -676,8 +695,10 @@ pub struct ReloadArgs {
     /// Drop the live changes (set, allow, deny, unset): the config file alone.
     #[arg(long)]
     pub replace: bool,
+    /// `--quiet`.
     #[command(flatten)]
     pub quiet: QuietArgs,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -688,6 +709,7 @@ pub struct ReadArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -699,6 +721,7 @@ pub struct ListArgs {
     /// would-drops (dry run).
     #[arg(long)]
     pub stats: bool,
+    /// How the reading is printed (`--json`, …).
     #[command(flatten)]
     pub read: ReadArgs,
 }
@@ -709,6 +732,7 @@ pub struct StatsArgs {
     /// Refresh every second until interrupted.
     #[arg(long)]
     pub watch: bool,
+    /// How the reading is printed (`--json`, …).
     #[command(flatten)]
     pub read: ReadArgs,
 }
@@ -726,6 +750,7 @@ pub struct LogArgs {
     /// One JSON object per entry, a line each.
     #[arg(long)]
     pub json: bool,
+    /// The daemon it goes to (`--iface`).
     #[command(flatten)]
     pub target: Target,
 }
@@ -740,6 +765,7 @@ pub struct TopArgs {
     /// together, from Redis), this minute and the last.
     #[arg(long)]
     pub fleet: bool,
+    /// How the reading is printed (`--json`, …).
     #[command(flatten)]
     pub read: ReadArgs,
 }

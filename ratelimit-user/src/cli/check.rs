@@ -41,7 +41,7 @@ impl fmt::Display for Line<'_> {
 /// and whether it fits in maps of `max_rules` and `max_list_entries`; prints a
 /// summary (stdout) or every error (stderr), or one JSON object (stdout) with
 /// `json`. Returns whether the file is valid.
-pub fn command(path: &Path, json: bool, max_rules: u32, max_list_entries: u32) -> bool {
+pub(super) fn command(path: &Path, json: bool, max_rules: u32, max_list_entries: u32) -> bool {
     let checked = check::file(path, &RawConfig::default()).and_then(|set| {
         match check::fits(&set, max_rules, max_list_entries) {
             problems if problems.is_empty() => Ok(set),

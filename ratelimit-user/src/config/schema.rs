@@ -12,7 +12,9 @@ use crate::model::rules::{Clock, Fragments, HostConnections, MalformedPolicy, Mo
 #[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum RawNumberOrText {
+    /// A number (`6`, `443`).
     Number(u64),
+    /// Text (`"tcp"`, `"27015-27020"`).
     Text(String),
 }
 

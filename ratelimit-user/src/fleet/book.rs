@@ -44,17 +44,17 @@ use super::{FOLLOW, Fallback, FleetRule, Raise, SLOW, Snapshot, key_name};
 
 /// How often a key's use is tallied in Redis for `top --fleet` (its reports
 /// go every sync; the tally, a write of its own, need not).
-pub const TALLY_EVERY: Duration = Duration::from_secs(1);
+pub(super) const TALLY_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a key's report cursor is written to its map (at most): a
 /// restart then finds at most this much of a key's units past the cursor,
 /// which it charges as owed, at most a bucket, as it does what was admitted
 /// while no daemon synced.
-pub const CURSOR_EVERY: Duration = Duration::from_secs(1);
+pub(super) const CURSOR_EVERY: Duration = Duration::from_secs(1);
 
 /// How the fleet is seen now: its members, and the policy without Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct View {
+pub(super) struct View {
     /// Members counted (this daemon included), at least 1.
     pub members: u64,
     /// Of those, silent ones (never this daemon).
@@ -66,7 +66,7 @@ pub struct View {
 impl View {
     /// `units` weighted for the silent members: `units × N / (N − s)`,
     /// rounded up.
-    pub fn weighted(&self, units: u64) -> u64 {
+    pub(super) fn weighted(&self, units: u64) -> u64 {
         let live = self.members.saturating_sub(self.silent);
         if self.silent == 0 || live == 0 {
             return units;
@@ -86,7 +86,7 @@ impl View {
 
 /// One key's report in a sync.
 #[derive(Clone, Debug)]
-pub struct Item {
+pub(super) struct Item {
     /// The key.
     pub key: FlowKey,
     /// Its rule's limit, in Redis's terms.
@@ -118,7 +118,7 @@ pub struct Item {
 /// What to raise in the kernel and what cursors to write, after a sync (or
 /// part of it).
 #[derive(Debug, Default)]
-pub struct Settled {
+pub(super) struct Settled {
     /// Buckets to raise.
     pub raises: Vec<Raise>,
     /// Cursors to write (`Some`) or remove (`None`).
@@ -133,7 +133,7 @@ pub struct Settled {
 
 impl Settled {
     /// Adds `other`.
-    pub fn merge(&mut self, other: Settled) {
+    pub(super) fn merge(&mut self, other: Settled) {
         self.raises.extend(other.raises);
         self.cursors.extend(other.cursors);
         self.reported += other.reported;
@@ -142,7 +142,7 @@ impl Settled {
     }
 
     /// Nothing to write.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.raises.is_empty() && self.cursors.is_empty()
     }
 }
@@ -277,7 +277,7 @@ fn units_in(params: &gcra::Params, ns: u64) -> u64 {
 
 /// The sync's books.
 #[derive(Default)]
-pub struct Book {
+pub(super) struct Book {
     keys: HashMap<FlowKey, Key>,
     /// The pins' cursors were taken (the first snapshot).
     adopted: bool,
@@ -290,11 +290,11 @@ pub struct Book {
 }
 
 /// What a sync reports, by group.
-pub type Plan = BTreeMap<u32, Vec<Item>>;
+pub(super) type Plan = BTreeMap<u32, Vec<Item>>;
 
 /// The keys as [`Book::counts`] sees them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
+pub(super) struct Counts {
     /// Keys followed (admitted something here in the last [`FOLLOW`]).
     pub keys: u64,
     /// Of those, keys whose fleet bucket is empty.
@@ -311,7 +311,7 @@ impl Book {
     /// cursor and what it owes, for the keys followed. The first snapshot
     /// carries the cursors the pins held: what past them the program counted
     /// was admitted while no daemon synced, at times not known, and is owed.
-    pub fn plan(&mut self, snap: &Snapshot, now: u64, view: &View) -> Plan {
+    pub(super) fn plan(&mut self, snap: &Snapshot, now: u64, view: &View) -> Plan {
         let adopting = !self.adopted;
         if let Some(cursors) = &snap.cursors {
             for (key, c) in cursors {
@@ -426,7 +426,7 @@ impl Book {
     /// Redis answered `items` (one group's), sent at `sent` and answered at
     /// `answered`, with each key's debt (`None`: not a bucket, judged by the
     /// fallback).
-    pub fn answered(
+    pub(super) fn answered(
         &mut self,
         items: Vec<Item>,
         debts: &[Option<Duration>],
@@ -492,7 +492,7 @@ impl Book {
     /// admitted is charged as under the fallback at once, rather than judged
     /// on debts older than the bound assumes. Their answer, when it comes,
     /// counts beside it ([`Book::answered`]).
-    pub fn late(&mut self, items: &mut [Item], now: u64, view: &View) -> Settled {
+    pub(super) fn late(&mut self, items: &mut [Item], now: u64, view: &View) -> Settled {
         let mut out = Settled::default();
         for item in items.iter_mut().filter(|i| !i.late) {
             item.late = true;
@@ -506,7 +506,7 @@ impl Book {
 
     /// Redis could not be asked about `items` at `now` (or did not answer):
     /// what they admitted is owed, and charged by the fallback.
-    pub fn failed(&mut self, items: Vec<Item>, now: u64, view: &View) -> Settled {
+    pub(super) fn failed(&mut self, items: Vec<Item>, now: u64, view: &View) -> Settled {
         let mut out = Settled::default();
         for item in items {
             let Some(k) = self.keys.get_mut(&item.key) else {
@@ -546,7 +546,7 @@ impl Book {
     /// Cursors to write or remove since the last call.
     /// Cursors to write (each at most once a [`CURSOR_EVERY`]; those held
     /// back are written later) or remove, at `now`.
-    pub fn take_writes(&mut self, now: u64) -> Vec<(FlowKey, Option<FleetCursor>)> {
+    pub(super) fn take_writes(&mut self, now: u64) -> Vec<(FlowKey, Option<FleetCursor>)> {
         let every = CURSOR_EVERY.as_nanos() as u64;
         let mut out: Vec<_> = self.gone.drain(..).map(|k| (k, None)).collect();
         let mut later = Vec::new();
@@ -574,7 +574,7 @@ impl Book {
     }
 
     /// The keys as they stand at `now`, for `status` and the metrics.
-    pub fn counts(&self, rules: &HashMap<u32, FleetRule>, now: u64) -> Counts {
+    pub(super) fn counts(&self, rules: &HashMap<u32, FleetRule>, now: u64) -> Counts {
         let follow = FOLLOW.as_nanos() as u64;
         let mut c = Counts::default();
         for (fk, k) in &self.keys {

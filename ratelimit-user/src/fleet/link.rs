@@ -26,9 +26,9 @@ use super::{CALL_TIMEOUT, RETRY};
 const RECONNECT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The members' renewal, beside the key groups.
-pub const MEMBERS: u32 = u32::MAX;
+pub(super) const MEMBERS: u32 = u32::MAX;
 
-pub struct Link {
+pub(super) struct Link {
     url: String,
     store: Option<Store>,
     /// A connection being made.
@@ -42,7 +42,7 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(url: String) -> Self {
+    pub(super) fn new(url: String) -> Self {
         Self {
             url,
             store: None,
@@ -56,7 +56,7 @@ impl Link {
     /// Makes the first connection, waiting for it (at most the time a
     /// connection may take): the first sync then knows whether Redis
     /// answers.
-    pub async fn first(&mut self) {
+    pub(super) async fn first(&mut self) {
         self.refresh().await;
         if let Some(handle) = self.connecting.take()
             && let Ok(Some(store)) = handle.await
@@ -67,7 +67,7 @@ impl Link {
 
     /// Takes a connection made in the background, and starts one when there
     /// is none or a new one is wanted (at most every [`RECONNECT`]).
-    pub async fn refresh(&mut self) {
+    pub(super) async fn refresh(&mut self) {
         if self
             .connecting
             .as_ref()
@@ -96,22 +96,22 @@ impl Link {
     }
 
     /// The connection, if one is made.
-    pub fn store(&self) -> Option<&Store> {
+    pub(super) fn store(&self) -> Option<&Store> {
         self.store.as_ref()
     }
 
     /// Whether `group` may be asked now: it did not fail, or its retry is due.
-    pub fn due(&self, group: u32, now: Instant) -> bool {
+    pub(super) fn due(&self, group: u32, now: Instant) -> bool {
         self.down.get(&group).is_none_or(|at| now >= *at)
     }
 
     /// `group` answered.
-    pub fn answered(&mut self, group: u32) {
+    pub(super) fn answered(&mut self, group: u32) {
         self.down.remove(&group);
     }
 
     /// `group` failed at `now` with `error` (`None`: no answer in time).
-    pub fn failed(&mut self, group: u32, error: Option<&Error>, now: Instant) {
+    pub(super) fn failed(&mut self, group: u32, error: Option<&Error>, now: Instant) {
         self.down.insert(group, now + RETRY);
         if error.is_none_or(Error::wants_new_connection) {
             self.renew = true;
@@ -119,12 +119,12 @@ impl Link {
     }
 
     /// Key groups (not the members) that failed and are not answered yet.
-    pub fn groups_down(&self) -> u64 {
+    pub(super) fn groups_down(&self) -> u64 {
         self.down.keys().filter(|g| **g != MEMBERS).count() as u64
     }
 
     /// Forgets the groups no key is in any more.
-    pub fn keep_groups(&mut self, live: impl Fn(u32) -> bool) {
+    pub(super) fn keep_groups(&mut self, live: impl Fn(u32) -> bool) {
         self.down.retain(|g, _| *g == MEMBERS || live(*g));
     }
 }

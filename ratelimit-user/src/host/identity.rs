@@ -135,6 +135,7 @@ fn is_bpffs(path: &Path) -> bool {
     };
     // SAFETY: a zeroed statfs is a valid out value; the path is a C string.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a C string and `st` a valid out value.
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
 }
 
@@ -359,7 +360,7 @@ pub const PIN_LAYOUT: &str = "v11";
 /// maps themselves in `ratelimit-ebpf/src/program/maps.rs`, comments and
 /// blanks aside). A test fails when that code changes and this is not
 /// recorded again: a change to what is pinned bumps the layout first.
-pub const PIN_LAYOUT_OF: u64 = 0xa13a_f008_c47f_6884;
+pub const PIN_LAYOUT_OF: u64 = 0x8940_8641_782f_69a7;
 
 /// Layouts of earlier versions whose running program a daemon of this one
 /// takes over (an upgrade with `--keep-attached`): its link is swapped to

@@ -131,7 +131,7 @@ impl DropLogCounts {
 
 /// The name of the recovered list of `action` (list entries read back from
 /// the pinned maps when the daemon's own record is lost).
-pub const RECOVERED_LIST: [&str; 2] = ["recovered-deny", "recovered-allow"];
+pub(super) const RECOVERED_LIST: [&str; 2] = ["recovered-deny", "recovered-allow"];
 
 fn map_err(op: &'static str, map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
     move |source| Error::Map { op, map, source }
@@ -882,7 +882,7 @@ fn count_entries(map: &MapData, name: &'static str) -> Result<usize> {
 /// The ephemeral port range of this network namespace
 /// (`net.ipv4.ip_local_port_range`, which IPv6 shares) as
 /// [`common::Config::local_ports`]; 0 when it cannot be read.
-pub fn local_ports() -> u32 {
+pub(super) fn local_ports() -> u32 {
     let text =
         std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
     let mut ports = text.split_whitespace().map(|p| p.parse::<u16>().ok());

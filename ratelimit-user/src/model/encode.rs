@@ -25,9 +25,11 @@ impl Action {
             },
             _ => {
                 let p = &r.params;
-                // SAFETY (of the union reads): plain integers; see AlgoParams.
+                // The union's reads: plain integers in every member; see
+                // AlgoParams.
                 let algo = match r.algorithm {
                     algorithm::INTERVAL => {
+                        // SAFETY: plain integers, as every member of the union.
                         let i = unsafe { p.interval };
                         Algo::Interval {
                             every_ns: i.every_ns,
@@ -36,6 +38,7 @@ impl Action {
                         }
                     }
                     algorithm::FIXED_WINDOW => {
+                        // SAFETY: plain integers, as every member of the union.
                         let w = unsafe { p.fixed_window };
                         Algo::FixedWindow {
                             window_ns: w.window_ns,
@@ -43,6 +46,7 @@ impl Action {
                         }
                     }
                     algorithm::SLIDING_LOG => {
+                        // SAFETY: plain integers, as every member of the union.
                         let w = unsafe { p.sliding_log };
                         Algo::SlidingLog {
                             window_ns: w.window_ns,
@@ -50,6 +54,7 @@ impl Action {
                         }
                     }
                     algorithm::SLIDING_WINDOW => {
+                        // SAFETY: plain integers, as every member of the union.
                         let w = unsafe { p.sliding_window };
                         Algo::SlidingWindow {
                             window_ns: w.window_ns,
@@ -57,6 +62,7 @@ impl Action {
                         }
                     }
                     algorithm::ROLLING_QUOTA => {
+                        // SAFETY: plain integers, as every member of the union.
                         let q = unsafe { p.rolling_quota };
                         Algo::RollingQuota {
                             window_ns: q.period_ns * q.periods,

@@ -30,9 +30,13 @@ use crate::{
     model::{ports::Ports, prefix::Prefix},
 };
 
+/// IP protocol number of ICMP.
 pub const PROTO_ICMP: u8 = 1;
+/// IP protocol number of TCP.
 pub const PROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
 pub const PROTO_UDP: u8 = 17;
+/// IP protocol number of ICMPv6.
 pub const PROTO_ICMPV6: u8 = 58;
 
 /// Forms accepted for a protocol, for errors.
@@ -256,7 +260,9 @@ impl fmt::Display for Match {
 /// by precedence among one source's rules (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Selector {
+    /// The source prefix.
     pub source: Prefix,
+    /// What it matches besides the source.
     pub matches: Match,
 }
 
@@ -375,7 +381,9 @@ pub fn contains(outer: &Prefix, inner: &Prefix) -> bool {
 /// table index, or [`common::GROUP_BIT`] and a group index) and the groups.
 #[derive(Debug, Default)]
 pub struct Compiled {
+    /// The trie's entries: a prefix and its table or group index.
     pub trie: Vec<(Prefix, u32)>,
+    /// The match groups.
     pub groups: Vec<MatchGroup>,
 }
 

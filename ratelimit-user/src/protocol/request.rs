@@ -325,7 +325,7 @@ mod rate_text {
 
     use super::{Rate, parse_rate};
 
-    pub trait Wire: Sized {
+    pub(super) trait Wire: Sized {
         fn put<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error>;
         fn take<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error>;
     }
@@ -358,11 +358,11 @@ mod rate_text {
         }
     }
 
-    pub fn serialize<T: Wire, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<T: Wire, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
         v.put(s)
     }
 
-    pub fn deserialize<'de, T: Wire, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+    pub(super) fn deserialize<'de, T: Wire, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
         T::take(d)
     }
 }
@@ -374,11 +374,11 @@ mod selector_text {
 
     use super::Selector;
 
-    pub fn serialize<S: Serializer>(v: &Selector, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(v: &Selector, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(v)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Selector, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Selector, D::Error> {
         let s = String::deserialize(d)?;
         Selector::parse("CIDR", &s).map_err(serde::de::Error::custom)
     }

@@ -6,7 +6,7 @@
 //! so the service never keeps a token it was not sent.
 
 /// SHA-256 of `token`.
-pub fn digest(token: &str) -> [u8; 32] {
+pub(super) fn digest(token: &str) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut out = [0u8; 32];
     out.copy_from_slice(d.as_ref());
@@ -14,7 +14,7 @@ pub fn digest(token: &str) -> [u8; 32] {
 }
 
 /// `sha256:HEX` (64 hex digits) as a digest.
-pub fn parse_digest(s: &str) -> Option<[u8; 32]> {
+pub(super) fn parse_digest(s: &str) -> Option<[u8; 32]> {
     let hex = s.strip_prefix("sha256:")?;
     if hex.len() != 64 {
         return None;
@@ -27,11 +27,11 @@ pub fn parse_digest(s: &str) -> Option<[u8; 32]> {
 }
 
 /// The shortest token accepted, characters: a token is a secret, not a name.
-pub const MIN_TOKEN: usize = 16;
+pub(super) const MIN_TOKEN: usize = 16;
 
 /// What an `Authorization` value holds: `Ok(None)` when there is none,
 /// `Ok(Some(token))` for `Bearer TOKEN`, `Err` for anything else.
-pub fn bearer(value: Option<&[u8]>) -> Result<Option<&str>, &'static str> {
+pub(super) fn bearer(value: Option<&[u8]>) -> Result<Option<&str>, &'static str> {
     let Some(v) = value else { return Ok(None) };
     let v = std::str::from_utf8(v).map_err(|_| "not text")?.trim();
     match v.split_once(' ') {

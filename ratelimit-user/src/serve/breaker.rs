@@ -27,14 +27,14 @@ use super::metrics::{Metrics, Node, Outcome};
 
 /// How long a probe that failed at once waits before the next; one that
 /// waited for an answer goes again at once.
-pub const PROBE_EVERY: Duration = Duration::from_millis(100);
+pub(super) const PROBE_EVERY: Duration = Duration::from_millis(100);
 
 /// The slots of a Redis Cluster.
 const SLOTS: usize = 16384;
 
 /// Why a key was answered at once.
 #[derive(Clone, Debug)]
-pub struct Tripped {
+pub(super) struct Tripped {
     /// What the call that opened the breaker met ("redis unreachable: ...").
     pub cause: String,
     /// Its label in the metrics (`unreachable`, `timeout`).
@@ -75,7 +75,7 @@ struct Inner {
 }
 
 /// The breakers of one store.
-pub struct Breakers {
+pub(super) struct Breakers {
     store: Store,
     prefix: String,
     any_open: AtomicBool,
@@ -86,7 +86,7 @@ pub struct Breakers {
 impl Breakers {
     /// Closed breakers for `store`; on a Cluster, one per master (see
     /// [`Breakers::refresh`]).
-    pub fn new(store: Store, prefix: &str, name: &str, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(super) fn new(store: Store, prefix: &str, name: &str, metrics: Arc<Metrics>) -> Arc<Self> {
         metrics
             .breaker_open
             .get_or_create(&Node { node: name.into() })
@@ -113,7 +113,7 @@ impl Breakers {
 
     /// Learns which master serves which slots (a Cluster; nothing for one
     /// server). Breakers of masters that are still there keep their state.
-    pub async fn refresh(&self) {
+    pub(super) async fn refresh(&self) {
         if !self.store.is_cluster() {
             return;
         }
@@ -176,7 +176,7 @@ impl Breakers {
 
     /// `Err` when the node of `slot` is known down: answer at once (the
     /// caller counts it).
-    pub fn check(&self, slot: u16) -> Result<(), Tripped> {
+    pub(super) fn check(&self, slot: u16) -> Result<(), Tripped> {
         if !self.any_open.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -195,7 +195,7 @@ impl Breakers {
 
     /// The first node known down, if any (`/healthz` answers from it
     /// without a call).
-    pub fn first_open(&self) -> Option<Tripped> {
+    pub(super) fn first_open(&self) -> Option<Tripped> {
         if !self.any_open.load(Ordering::Acquire) {
             return None;
         }
@@ -212,7 +212,7 @@ impl Breakers {
 
     /// A call for `slot` failed with `e`: opens the node's breaker if `e`
     /// says the node does not answer (and starts its probe).
-    pub fn failed(self: &Arc<Self>, slot: u16, e: &RedisError) {
+    pub(super) fn failed(self: &Arc<Self>, slot: u16, e: &RedisError) {
         if !matches!(e, RedisError::Unreachable(_) | RedisError::TimedOut(_)) {
             return;
         }

@@ -62,21 +62,21 @@ use crate::{
 pub const MAX_HEAD: usize = 16 * 1024;
 /// Requests in flight at once on one HTTP/2 (gRPC) connection: a client
 /// that wants more opens another connection (Envoy's pool does).
-pub const MAX_STREAMS: u32 = 64;
+pub(super) const MAX_STREAMS: u32 = 64;
 /// What an HTTP/2 connection buffers of its requests' bodies before they
 /// are read, bytes: a stream's window fits the largest request
 /// ([`super::grpc::MAX_MESSAGE`] and its frame), the connection's two.
 const STREAM_WINDOW: u32 = super::grpc::MAX_MESSAGE as u32 + 1024;
 const CONNECTION_WINDOW: u32 = 2 * STREAM_WINDOW;
 /// Connections answered 503 at once when every connection is busy.
-pub const OVERFLOW: usize = 32;
+pub(super) const OVERFLOW: usize = 32;
 /// How long such a connection may take to send its request's headers.
-pub const OVERFLOW_WAIT: Duration = Duration::from_secs(1);
+pub(super) const OVERFLOW_WAIT: Duration = Duration::from_secs(1);
 /// Sockets of connections closed for room, not let go yet, that may be held
 /// beside the cap before accepting waits.
-pub const CLOSING: usize = 16;
+pub(super) const CLOSING: usize = 16;
 /// How long a stopping service lets requests in flight finish.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub(super) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The bounds of the connections.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +101,7 @@ struct Phase {
 
 /// The connections' metrics.
 #[derive(Clone)]
-pub struct ConnMetrics {
+pub(super) struct ConnMetrics {
     open: Gauge,
     shed: Family<How, Counter>,
     timeouts: Family<Phase, Counter>,
@@ -109,7 +109,7 @@ pub struct ConnMetrics {
 
 impl ConnMetrics {
     /// Registers them in `registry`.
-    pub fn new(registry: &mut Registry) -> Self {
+    pub(super) fn new(registry: &mut Registry) -> Self {
         let open = Gauge::default();
         registry.register(
             "ratelimit_serve_connections",
@@ -136,7 +136,7 @@ impl ConnMetrics {
     }
 
     /// A connection was closed by the timeout of `phase`.
-    pub fn timed_out(&self, phase: &'static str) {
+    pub(super) fn timed_out(&self, phase: &'static str) {
         self.timeouts.get_or_create(&Phase { phase }).inc();
     }
 
@@ -147,11 +147,11 @@ impl ConnMetrics {
 
 /// The answer to a request on a connection that found every slot busy (with
 /// the cap): the router's, so that it is worded like its other errors.
-pub type Overload = fn(usize) -> axum::response::Response;
+pub(super) type Overload = fn(usize) -> axum::response::Response;
 
 /// What a listener speaks.
 #[derive(Clone, Copy)]
-pub enum Protocol {
+pub(super) enum Protocol {
     /// HTTP/1.1 (the HTTP API); a connection that finds every slot busy is
     /// answered this.
     Http1(Overload),
@@ -160,7 +160,7 @@ pub enum Protocol {
 }
 
 /// One listener: its socket, what it speaks, its router and its TLS.
-pub struct Listener {
+pub(super) struct Listener {
     /// The bound socket.
     pub tcp: TcpListener,
     /// Its protocol.
@@ -175,7 +175,7 @@ pub struct Listener {
 /// connections, and its log lines (each once per
 /// [`LOG_EVERY`](crate::host::logs::LOG_EVERY) whichever listener hit it).
 #[derive(Clone)]
-pub struct Cap {
+pub(super) struct Cap {
     slots: Slots,
     made_room: Arc<Mutex<QuietLog>>,
     refused: Arc<Mutex<QuietLog>>,
@@ -183,7 +183,7 @@ pub struct Cap {
 
 impl Cap {
     /// The cap of `limits`.
-    pub fn new(limits: Limits) -> Self {
+    pub(super) fn new(limits: Limits) -> Self {
         Self {
             slots: Slots::new(limits.max_connections),
             made_room: Arc::default(),
@@ -201,7 +201,7 @@ fn warn(log: &Mutex<QuietLog>, what: &str, error: &dyn std::fmt::Display) {
 /// Accepts connections on `listener` until `shutdown`, each in one of
 /// `cap`'s slots (shared with the other listener), then lets requests in flight
 /// finish (for at most [`SHUTDOWN_GRACE`]).
-pub async fn run(
+pub(super) async fn run(
     listener: Listener,
     cap: Cap,
     limits: Limits,

@@ -38,11 +38,11 @@ use super::{
 /// 8 and 32 clients): 1 spent the least of the service's CPU per request
 /// (13 to 18 µs, against 15 to 21 with 4 and 16) and served the most at 32
 /// clients; at 8 the rounds overlapped.
-pub const IN_FLIGHT: usize = 1;
+pub(super) const IN_FLIGHT: usize = 1;
 
 /// Why a key was not decided.
 #[derive(Clone, Debug)]
-pub enum Failed {
+pub(super) enum Failed {
     /// Its node's breaker is open: answered at once.
     Down(Tripped),
     /// The call failed.
@@ -60,7 +60,7 @@ impl std::fmt::Display for Failed {
 
 impl Failed {
     /// A limit out of range (a request's fault, not Redis's).
-    pub fn param(&self) -> Option<&ratelimit_common::ParamError> {
+    pub(super) fn param(&self) -> Option<&ratelimit_common::ParamError> {
         match self {
             Self::Redis(e) => match e.as_ref() {
                 RedisError::Param(p) => Some(p),
@@ -72,7 +72,7 @@ impl Failed {
 }
 
 /// What both APIs decide with.
-pub struct Decider {
+pub(super) struct Decider {
     store: Store,
     prefix: String,
     breakers: Arc<Breakers>,
@@ -83,7 +83,12 @@ pub struct Decider {
 
 impl Decider {
     /// Decides in `store`, keys under `prefix`.
-    pub fn new(store: Store, prefix: &str, breakers: Arc<Breakers>, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(
+        store: Store,
+        prefix: &str,
+        breakers: Arc<Breakers>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let batcher = (!store.is_cluster()).then(|| {
             Arc::new(Batcher {
                 store: store.clone(),
@@ -103,14 +108,14 @@ impl Decider {
     }
 
     /// The Redis key whose hash tag holds `content`.
-    pub fn key(&self, content: &str) -> String {
+    pub(super) fn key(&self, content: &str) -> String {
         Store::key(&self.prefix, content)
     }
 
     /// A new grant id: 128 bits of the OS's random source, as 32 hex
     /// digits, so that no id tells another; `None` when the source fails
     /// (the units are then granted without a grant: nobody can refill them).
-    pub fn grant_id(&self) -> Option<String> {
+    pub(super) fn grant_id(&self) -> Option<String> {
         use ring::rand::SecureRandom as _;
         let mut b = [0u8; 16];
         self.random.fill(&mut b).ok()?;
@@ -118,7 +123,7 @@ impl Decider {
     }
 
     /// Decides each of `asks` (keys in any slots); answers in order.
-    pub async fn acquire(&self, asks: Vec<Ask>) -> Vec<Result<Granted, Failed>> {
+    pub(super) async fn acquire(&self, asks: Vec<Ask>) -> Vec<Result<Granted, Failed>> {
         if let Some(b) = &self.batcher {
             if let Err(t) = self.breakers.check(0) {
                 self.metrics.rejected(t.label, asks.len() as u64);
@@ -178,7 +183,7 @@ impl Decider {
 
     /// Refills the grant `id` of the Redis key `key` (see
     /// [`Store::refill_grant`]).
-    pub async fn refill(
+    pub(super) async fn refill(
         &self,
         key: &str,
         id: &str,
@@ -197,7 +202,7 @@ impl Decider {
 
     /// Gives back `amount` of the Redis key `key` (see
     /// [`Store::refund_key`]).
-    pub async fn refund_key(
+    pub(super) async fn refund_key(
         &self,
         key: &str,
         limit: Option<&Limit>,
@@ -233,7 +238,7 @@ impl Decider {
     /// Whether decisions succeed (for `/healthz`): while a breaker is open,
     /// what it knows, at once; otherwise the decision script's write,
     /// recorded in the metrics.
-    pub async fn check(&self) -> Result<(), Failed> {
+    pub(super) async fn check(&self) -> Result<(), Failed> {
         if let Some(t) = self.breakers.first_open() {
             return Err(Failed::Down(t));
         }
@@ -386,7 +391,7 @@ impl Batcher {
 
 /// The owner a grant's record holds for `tenant` (`None`: the open mode,
 /// where anyone may refill): a digest of the tenant's name, one word.
-pub fn owner_of(tenant: Option<&str>) -> String {
+pub(super) fn owner_of(tenant: Option<&str>) -> String {
     match tenant {
         None => "-".into(),
         Some(name) => {
@@ -402,14 +407,14 @@ pub fn owner_of(tenant: Option<&str>) -> String {
 
 /// What a caller is given for a grant: `ID.TEXT`, the id and the key's
 /// hash-tag text in base64url (no padding).
-pub fn grant_token(id: &str, content: &str) -> String {
+pub(super) fn grant_token(id: &str, content: &str) -> String {
     format!("{id}.{}", base64url(content.as_bytes()))
 }
 
 /// A grant token's id and hash-tag text; `None` if it is not one (an id
 /// of 32 hex digits; 16, those of versions before ids were random, is
 /// still taken while such grants last).
-pub fn parse_grant(token: &str) -> Option<(&str, String)> {
+pub(super) fn parse_grant(token: &str) -> Option<(&str, String)> {
     let (id, text) = token.split_once('.')?;
     if !matches!(id.len(), 16 | 32) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;

@@ -51,7 +51,7 @@ use super::{
 /// The largest request read, bytes (tonic's 4 MiB let 2 000 000 empty
 /// descriptors cost ~0.37 CPU-s each). Envoy's descriptors are tens of
 /// bytes: 128 of them fit many times over.
-pub const MAX_MESSAGE: usize = 64 << 10;
+pub(super) const MAX_MESSAGE: usize = 64 << 10;
 
 /// A gRPC message's frame before it: a flag and its length.
 const FRAME: usize = 5;

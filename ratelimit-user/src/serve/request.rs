@@ -26,13 +26,13 @@ use crate::{
 /// Longest key, descriptor key or value accepted, bytes.
 pub const MAX_KEY: usize = 512;
 /// Most entries in a descriptor.
-pub const MAX_ENTRIES: usize = 16;
+pub(super) const MAX_ENTRIES: usize = 16;
 /// Most keys in one acquire request.
-pub const MAX_ITEMS: usize = ratelimit_redis::MAX_BATCH;
+pub(super) const MAX_ITEMS: usize = ratelimit_redis::MAX_BATCH;
 
 /// What one acquire names, before it is resolved.
 #[derive(Debug)]
-pub enum Form {
+pub(super) enum Form {
     /// A key and a limit's numbers.
     Inline { key: String, limit: Limit },
     /// A limit of the config by name, and the value of its open entry.
@@ -46,7 +46,7 @@ pub enum Form {
 
 /// One key of an acquire.
 #[derive(Debug)]
-pub struct Item {
+pub(super) struct Item {
     pub form: Form,
     /// Units asked for.
     pub amount: u64,
@@ -57,7 +57,7 @@ pub struct Item {
 
 /// What an item is counted under.
 #[derive(Debug)]
-pub struct Target {
+pub(super) struct Target {
     /// The text inside the Redis key's hash tag.
     pub content: String,
     pub limit: Limit,
@@ -71,7 +71,7 @@ pub struct Target {
 /// A request that cannot be served as asked: the status (400 or 403), the
 /// field and why.
 #[derive(Debug)]
-pub struct Refusal {
+pub(super) struct Refusal {
     pub status: u16,
     pub field: String,
     pub message: String,
@@ -99,7 +99,7 @@ impl Refusal {
     }
 
     /// The same refusal, its field inside `at` (`acquire[2]`).
-    pub fn within(mut self, at: &str) -> Self {
+    pub(super) fn within(mut self, at: &str) -> Self {
         self.field = if self.field.is_empty() {
             at.to_string()
         } else {
@@ -116,7 +116,7 @@ impl From<Error> for Refusal {
 }
 
 /// The body as a JSON object.
-pub fn parse_body(body: &[u8]) -> Result<Map<String, Value>> {
+pub(super) fn parse_body(body: &[u8]) -> Result<Map<String, Value>> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(Error::invalid("body", "must be a JSON object")),
@@ -125,7 +125,7 @@ pub fn parse_body(body: &[u8]) -> Result<Map<String, Value>> {
 }
 
 /// Refuses a key of `m` not in `known`.
-pub fn only(m: &Map<String, Value>, path: &str, known: &[&str]) -> Result<()> {
+pub(super) fn only(m: &Map<String, Value>, path: &str, known: &[&str]) -> Result<()> {
     match m.keys().find(|k| !known.contains(&k.as_str())) {
         Some(k) => Err(Error::invalid(
             format!("{path}{k}"),
@@ -150,7 +150,7 @@ fn text(v: &Value, field: &str, what: &str) -> Result<String> {
 }
 
 /// `key`: what is limited.
-pub fn key_of(m: &Map<String, Value>) -> Result<String> {
+pub(super) fn key_of(m: &Map<String, Value>) -> Result<String> {
     match m.get("key") {
         Some(v) => text(v, "key", "\"user:42\""),
         None => Err(Error::invalid(
@@ -161,7 +161,7 @@ pub fn key_of(m: &Map<String, Value>) -> Result<String> {
 }
 
 /// `amount`: at least 1; 1 when left out.
-pub fn amount_of(m: &Map<String, Value>) -> Result<u64> {
+pub(super) fn amount_of(m: &Map<String, Value>) -> Result<u64> {
     match m.get("amount") {
         None => Ok(1),
         Some(v) => match v.as_u64() {
@@ -175,7 +175,7 @@ pub fn amount_of(m: &Map<String, Value>) -> Result<u64> {
 }
 
 /// One acquire's form and amount.
-pub fn item_of(m: &Map<String, Value>) -> Result<Item> {
+pub(super) fn item_of(m: &Map<String, Value>) -> Result<Item> {
     only(
         m,
         "",
@@ -287,7 +287,7 @@ fn entries_of(v: &Value) -> Result<Vec<(String, String)>> {
 /// What `item` is counted under, for `tenant` (`None`: the open mode, no
 /// config); `Ok(None)` when no limit applies (a descriptor no limit
 /// matches, as Envoy's service answers).
-pub fn resolve(
+pub(super) fn resolve(
     item: &Item,
     policy: Option<&Policy>,
     tenant: Option<&Tenant>,
@@ -408,7 +408,7 @@ pub fn resolve(
 /// period is the window), `burst` (gcra only; one second's worth when left
 /// out) and `algorithm` (gcra, fixed-window, sliding-window). Errors name
 /// `at.rate`, `at.burst`, `at.algorithm`.
-pub fn limit_from(
+pub(super) fn limit_from(
     at: &str,
     rate_text: &str,
     burst: Option<u64>,

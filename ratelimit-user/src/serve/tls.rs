@@ -18,7 +18,7 @@ struct Pem {
 
 /// Each listener's TLS: one identity, offered by ALPN as the listener's own
 /// protocol.
-pub struct Tls {
+pub(super) struct Tls {
     /// The HTTP API's: `http/1.1`.
     pub http: Arc<rustls::ServerConfig>,
     /// The gRPC listener's: `h2` (gRPC clients insist on it).
@@ -27,7 +27,7 @@ pub struct Tls {
 
 /// Reads `cert` and `key` (PEM) and checks that they make a server's
 /// identity.
-pub fn read(cert: &Path, key: &Path) -> Result<Tls> {
+pub(super) fn read(cert: &Path, key: &Path) -> Result<Tls> {
     let read = |flag: &str, p: &Path| {
         std::fs::read(p)
             .map_err(|e| Error::invalid(flag, format!("cannot read {}: {e}", p.display())))

@@ -38,7 +38,7 @@ use super::kernels::Kernel;
 /// virtio (for 9p's transport, when modular), 9p itself, and veth. A module
 /// the kernel has built in (modules.builtin) is skipped. Add here what a
 /// test needs and the kernels have as modules.
-pub const MODULES: &[&str] = &[
+pub(super) const MODULES: &[&str] = &[
     "virtio",
     "virtio_ring",
     "virtio_pci",
@@ -50,11 +50,11 @@ pub const MODULES: &[&str] = &[
 ];
 
 /// The line the guest prints with the command's exit status.
-pub const EXIT_MARKER: &str = "RATELIMIT-VM-EXIT=";
+pub(super) const EXIT_MARKER: &str = "RATELIMIT-VM-EXIT=";
 /// The line the guest prints when it could not get to the command.
-pub const ERROR_MARKER: &str = "RATELIMIT-VM-ERROR=";
+pub(super) const ERROR_MARKER: &str = "RATELIMIT-VM-ERROR=";
 /// The first line `/init` prints: the kernel booted and runs user space.
-pub const INIT_MARKER: &str = "ratelimit-vm: init";
+pub(super) const INIT_MARKER: &str = "ratelimit-vm: init";
 
 /// The guest's `/init`, run by busybox's sh.
 const INIT: &str = r#"#!/bin/busybox sh
@@ -126,7 +126,7 @@ const BUSYBOX: &str = "/usr/bin/busybox";
 /// The archive for `kernel`, with `script` as `/cmd` and `keep` (host
 /// paths under /tmp, /run or /var/tmp that stay visible over the guest's
 /// tmpfs) as `/keep`.
-pub fn build(kernel: &Kernel, script: &str, keep: &[String]) -> Result<Vec<u8>> {
+pub(super) fn build(kernel: &Kernel, script: &str, keep: &[String]) -> Result<Vec<u8>> {
     let mut cpio = Cpio::default();
     for dir in ["bin", "dev", "lib", "lib/modules", "proc", "sys", "newroot"] {
         cpio.dir(dir);
@@ -169,7 +169,7 @@ fn module_name(file: &str) -> Option<String> {
 
 /// `wanted` and their dependencies, each after what it depends on, as
 /// (name, path); built-in modules are left out.
-pub fn modules(kernel: &Kernel, wanted: &[&str]) -> Result<Vec<(String, PathBuf)>> {
+pub(super) fn modules(kernel: &Kernel, wanted: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let mut files = HashMap::new();
     index(&kernel.modules.join("kernel"), &mut files)?;
     let builtin: HashSet<String> = fs::read_to_string(kernel.modules.join("modules.builtin"))

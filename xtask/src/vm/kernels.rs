@@ -34,7 +34,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 /// One kernel of the table.
-pub struct Spec {
+pub(super) struct Spec {
     /// What `--kernel` takes.
     pub name: &'static str,
     /// The `deb` lines' suites, main component only.
@@ -61,7 +61,7 @@ const SECURITY: &str = "http://deb.debian.org/debian-security";
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 /// The kernels `cargo xtask vm` knows.
-pub const TABLE: [Spec; 4] = [
+pub(super) const TABLE: [Spec; 4] = [
     Spec {
         name: "5.10",
         suites: &[
@@ -132,11 +132,11 @@ pub const TABLE: [Spec; 4] = [
 
 /// The kernels booted when `--kernel` is not given: the oldest supported
 /// and the newest.
-pub const DEFAULT: [&str; 2] = ["6.1", "sid"];
+pub(crate) const DEFAULT: [&str; 2] = ["6.1", "sid"];
 
 /// A kernel extracted on the host, ready to boot.
 #[derive(Clone, Debug)]
-pub struct Kernel {
+pub(crate) struct Kernel {
     /// Its name in [`TABLE`] (`6.1`).
     pub name: String,
     /// What `uname -r` says in the guest (`6.1.0-56-amd64`).
@@ -150,7 +150,7 @@ pub struct Kernel {
 }
 
 /// The spec called `name`, or an error listing the known names.
-pub fn spec(name: &str) -> Result<&'static Spec> {
+pub(super) fn spec(name: &str) -> Result<&'static Spec> {
     TABLE.iter().find(|s| s.name == name).with_context(|| {
         let names: Vec<&str> = TABLE.iter().map(|s| s.name).collect();
         format!(
@@ -166,7 +166,7 @@ fn vm_dir() -> PathBuf {
 
 /// Returns the kernel `spec` names, downloading and extracting it when it is
 /// not there yet or when `refresh` finds a newer one.
-pub fn fetch(spec: &Spec, refresh: bool) -> Result<Kernel> {
+pub(super) fn fetch(spec: &Spec, refresh: bool) -> Result<Kernel> {
     let dir = vm_dir().join("kernels").join(spec.name);
     let record = dir.join("packages");
     if !refresh && let Some(kernel) = cached(spec, &dir, &record)? {

@@ -33,11 +33,11 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-pub use kernels::{DEFAULT as DEFAULT_KERNELS, Kernel};
-pub use qemu::{GuestRun, run_in_guest};
+pub(crate) use kernels::{DEFAULT as DEFAULT_KERNELS, Kernel};
+pub(crate) use qemu::{GuestRun, run_in_guest};
 
 /// What `cargo xtask vm` was asked.
-pub struct Args {
+pub(crate) struct Args {
     /// `--kernel` names, in order.
     pub kernels: Vec<String>,
     /// `--all`: every kernel of the table.
@@ -55,7 +55,7 @@ pub struct Args {
 }
 
 /// Runs `cargo xtask vm`.
-pub fn vm(args: &Args) -> Result<ExitCode> {
+pub(crate) fn vm(args: &Args) -> Result<ExitCode> {
     tools()?;
     let names: Vec<&str> = if args.all {
         kernels::TABLE
@@ -164,7 +164,7 @@ pub fn vm(args: &Args) -> Result<ExitCode> {
 /// The kernel called `name` in the table (`6.1`, `6.12`, `sid`), downloaded
 /// and extracted under `target/vm/kernels/<name>/` when it is not there yet;
 /// `refresh` asks Debian for a newer one first.
-pub fn kernel(name: &str, refresh: bool) -> Result<Kernel> {
+pub(crate) fn kernel(name: &str, refresh: bool) -> Result<Kernel> {
     kernels::fetch(kernels::spec(name)?, refresh)
 }
 
@@ -214,7 +214,7 @@ echo "smoke: ok"
 /// the kernel's release), the CPU count and `/sys/fs/bpf`, checks
 /// `/sys/kernel/btf/vmlinux`, and makes a veth pair in a new network
 /// namespace with the host's `ip` (which loads the veth module).
-pub fn smoke(kernel: &Kernel, timeout: Duration) -> Result<GuestRun> {
+pub(crate) fn smoke(kernel: &Kernel, timeout: Duration) -> Result<GuestRun> {
     let command = ["/bin/sh".to_string(), "-c".to_string(), SMOKE.to_string()];
     let run = run_in_guest(kernel, Path::new("/"), &[], &command, timeout)?;
     if run.exit_code != 0 {
@@ -232,7 +232,7 @@ pub fn smoke(kernel: &Kernel, timeout: Duration) -> Result<GuestRun> {
 
 /// The kernel tier's test binary and the daemon its veth check starts,
 /// built on the host (debug, as `cargo xtask test` builds them).
-pub struct Tier {
+pub(crate) struct Tier {
     /// `tests/tests/kernel.rs`'s binary.
     pub binary: PathBuf,
     /// `ratelimit`.
@@ -241,7 +241,7 @@ pub struct Tier {
 
 impl Tier {
     /// Builds both.
-    pub fn build() -> Result<Self> {
+    pub(crate) fn build() -> Result<Self> {
         let daemon = crate::build_bin(true)?;
         eprintln!("xtask vm: building the kernel tier");
         let binary = crate::build_artifact(
@@ -266,7 +266,7 @@ const FIGURES: &str = "ratelimit-kernel-figures ";
 /// The kernel tier on `kernel`, in a guest: every test of the binary, one at
 /// a time, as root, with `CI` set (a privileged test that would skip fails
 /// instead). Answers the run and the figures line the tier printed.
-pub fn kernel_tier(
+pub(crate) fn kernel_tier(
     kernel: &Kernel,
     tier: &Tier,
     timeout: Duration,
@@ -289,7 +289,7 @@ pub fn kernel_tier(
 }
 
 /// The kernel tier on the host's own kernel (no VM).
-pub fn host_tier(tier: &Tier) -> Result<(i32, Option<String>)> {
+pub(crate) fn host_tier(tier: &Tier) -> Result<(i32, Option<String>)> {
     eprintln!("xtask vm: the kernel tier on this machine's kernel");
     let out = std::process::Command::new(&tier.binary)
         .arg("--test-threads=1")
@@ -321,7 +321,7 @@ fn figures_in(console: &[String]) -> Option<String> {
 /// Writes the figures of `line` (`ratelimit-kernel-figures release=R
 /// instructions=N stack=S`) into `tests/kernels.txt`, replacing its
 /// kernel's line or adding one, dated today.
-pub fn record(line: &str) -> Result<()> {
+pub(crate) fn record(line: &str) -> Result<()> {
     let field = |key: &str| {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(key))

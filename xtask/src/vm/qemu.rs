@@ -53,7 +53,7 @@ use super::{
 
 /// How one guest run went.
 #[derive(Debug)]
-pub struct GuestRun {
+pub(crate) struct GuestRun {
     /// The command's exit status in the guest (the shell's: 128+N when a
     /// signal N ended it, 127 when it was not found).
     pub exit_code: i32,
@@ -83,7 +83,7 @@ static KVM_BROKEN: AtomicBool = AtomicBool::new(false);
 /// load a module (`RATELIMIT-VM-ERROR=`), no exit line within `timeout`
 /// (the guest is killed). A command that fails is not an error: its status
 /// is in [`GuestRun::exit_code`].
-pub fn run_in_guest(
+pub(crate) fn run_in_guest(
     kernel: &Kernel,
     cwd: &Path,
     env: &[(String, String)],

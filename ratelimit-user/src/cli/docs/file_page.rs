@@ -9,10 +9,10 @@
 use clap_mangen::roff::{Roff, bold, italic, roman};
 
 /// The manual section: file formats.
-pub const SECTION: &str = "5";
+pub(super) const SECTION: &str = "5";
 
 /// A file format's page.
-pub struct Page {
+pub(super) struct Page {
     /// The page's name, and the file's usual one: `ratelimit.toml`.
     pub name: &'static str,
     /// The NAME line, after the dash.
@@ -34,7 +34,7 @@ pub struct Page {
 }
 
 /// A table of the file, and its keys.
-pub struct Table {
+pub(super) struct Table {
     /// The tables of the parser whose keys these are, as the parser's
     /// `tables()` names them (`""` for the top level): the limit keys are
     /// `[default]`'s and `[[rule]]`'s. For the tests.
@@ -49,7 +49,7 @@ pub struct Table {
 }
 
 /// A key of a table.
-pub struct Key {
+pub(super) struct Key {
     /// As written in the file.
     pub name: &'static str,
     /// Its type and the forms it takes.
@@ -70,7 +70,7 @@ pub struct Key {
 impl Key {
     /// A key with nothing said yet, for `..Key::EMPTY` (the tests check
     /// that every key says what it is).
-    pub const EMPTY: Key = Key {
+    pub(super) const EMPTY: Key = Key {
         name: "",
         forms: "",
         default: "",
@@ -81,7 +81,7 @@ impl Key {
 }
 
 /// An example of the page.
-pub struct Example {
+pub(super) struct Example {
     /// What it shows.
     pub what: &'static str,
     /// The text: a file, or command lines.
@@ -93,12 +93,12 @@ pub struct Example {
 
 impl Page {
     /// The page's file name: `ratelimit.toml.5`.
-    pub fn file_name(&self) -> String {
+    pub(super) fn file_name(&self) -> String {
         format!("{}.{SECTION}", self.name)
     }
 
     /// The roff of the page.
-    pub fn render(&self) -> Vec<u8> {
+    pub(super) fn render(&self) -> Vec<u8> {
         let mut r = Roff::new();
         let source = format!("ratelimit {}", env!("CARGO_PKG_VERSION"));
         let title = self.name.to_uppercase();

@@ -5,7 +5,7 @@
 use super::file_page::{Example, Key, Page, Table};
 
 /// The page.
-pub const PAGE: Page = Page {
+pub(super) const PAGE: Page = Page {
     name: "ratelimit.toml",
     summary: "the rules of ratelimit run, in TOML",
     synopsis: &[

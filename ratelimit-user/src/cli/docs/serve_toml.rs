@@ -5,7 +5,7 @@
 use super::file_page::{Example, Key, Page, Table};
 
 /// The page.
-pub const PAGE: Page = Page {
+pub(super) const PAGE: Page = Page {
     name: "ratelimit-serve.toml",
     summary: "the tenants, domains and limits of ratelimit serve, in TOML",
     synopsis: &["ratelimit serve --redis URL --config FILE"],

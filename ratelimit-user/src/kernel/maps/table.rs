@@ -66,7 +66,7 @@ impl Drop for Mapping {
 }
 
 /// The state table and its birth stamps.
-pub struct StateTable {
+pub(super) struct StateTable {
     pub(super) lines_map: Array<MapData, Line>,
     pub(super) born_map: Array<MapData, Born>,
     lines: Mapping,
@@ -98,7 +98,7 @@ pub struct Held {
 
 impl StateTable {
     /// Maps the two arrays, whose first `v4_lines` lines are IPv4 keys'.
-    pub fn new(
+    pub(super) fn new(
         lines_map: Array<MapData, Line>,
         born_map: Array<MapData, Born>,
         v4_lines: u32,
@@ -129,12 +129,12 @@ impl StateTable {
     }
 
     /// Lines of (IPv4, IPv6) keys.
-    pub fn lines(&self) -> (u32, u32) {
+    pub(super) fn lines(&self) -> (u32, u32) {
         (self.v4_lines, self.count - self.v4_lines)
     }
 
     /// Slots in the table.
-    pub fn slots(&self) -> u64 {
+    pub(super) fn slots(&self) -> u64 {
         u64::from(self.count) * table::WAYS as u64
     }
 
@@ -161,7 +161,7 @@ impl StateTable {
 
     /// Every slot that holds a key, with its state (a slot being claimed is
     /// skipped).
-    pub fn held(&self) -> impl Iterator<Item = Held> + '_ {
+    pub(super) fn held(&self) -> impl Iterator<Item = Held> + '_ {
         (0..self.count).flat_map(move |n| {
             let line = self.line(n);
             let born = self.born_of(n);
@@ -191,7 +191,7 @@ impl StateTable {
     /// IPv6 key, and of those the ones whose bucket is not full (active). A
     /// slot being claimed is not counted. Reads two words a slot, nothing
     /// else: `status` asks for it on the daemon's loop.
-    pub fn census(&self, now_ns: u64) -> Census {
+    pub(super) fn census(&self, now_ns: u64) -> Census {
         let mut c = Census::default();
         let lines = self.lines.ptr.cast::<Line>();
         for n in 0..self.count {
@@ -231,7 +231,7 @@ impl StateTable {
     }
 
     /// The state of `key`, if it holds a slot.
-    pub fn get(&self, key: &FlowKey, seed: u64) -> Option<common::SourceState> {
+    pub(super) fn get(&self, key: &FlowKey, seed: u64) -> Option<common::SourceState> {
         let (n, i) = self.find(key, seed)?;
         // SAFETY: a line of the mapping.
         let (kw, tw) = unsafe { table::words_of(self.line(n), i) };
@@ -250,7 +250,7 @@ impl StateTable {
     /// Raises the state word of `key` to `to(current)` if that is more, with
     /// compare-and-swap; a key without a slot claims one holding `to(None)`.
     /// Whether the key holds what was asked.
-    pub fn raise(
+    pub(super) fn raise(
         &self,
         key: &FlowKey,
         seed: u64,
@@ -296,7 +296,7 @@ impl StateTable {
 
     /// Frees the slot held at `held` if it still holds the same key and its
     /// bucket reads as full at `now_ns` (the idle sweep). Whether it was.
-    pub fn free_idle(&self, held: &Held, now_ns: u64) -> bool {
+    pub(super) fn free_idle(&self, held: &Held, now_ns: u64) -> bool {
         // SAFETY: a line of the mapping (checked by `line`).
         unsafe {
             table::sweep_slot::<HostCells>(self.line(held.line), held.slot, held.word, now_ns)

@@ -51,7 +51,7 @@ fn paced_send(
 /// Accuracy: a source offered 1.1×, 2×, 10× and 100× its limit from both CPUs
 /// at once; what arrives at the receiver against what the algorithm admits for
 /// those very send times (the same code, run on the host).
-pub fn accuracy(opts: &Opts, report: &mut Report) {
+pub(crate) fn accuracy(opts: &Opts, report: &mut Report) {
     use ratelimit_common::keyed::{Algorithm, FakeClock, Limiter};
     let secs = if opts.quick { 1.0 } else { 10.0 };
     report.section(

@@ -14,7 +14,7 @@ use crate::{Opts, ip, limit, met, report::Report, rules, stats, v4};
 
 /// Cost per packet with BPF_PROG_TEST_RUN: mean ns per run over `repeat` runs,
 /// repeated `rounds` times.
-pub fn cost_per_packet(opts: &Opts, report: &mut Report) {
+pub(crate) fn cost_per_packet(opts: &Opts, report: &mut Report) {
     let repeat: u32 = 1_000_000;
     let rounds = if opts.quick { 3 } else { 9 };
     report.section(

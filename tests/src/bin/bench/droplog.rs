@@ -38,7 +38,7 @@ fn one_run_each(l: &Loaded, frame: &[u8], n: u32) -> f64 {
 }
 
 /// The cost per dropped frame with the drop log off and on.
-pub fn drop_log_cost(opts: &Opts, report: &mut Report) {
+pub(crate) fn drop_log_cost(opts: &Opts, report: &mut Report) {
     let repeat: u32 = 1_000_000;
     let rounds = if opts.quick { 3 } else { 9 };
     let single = if opts.quick { 5_000 } else { 20_000 };

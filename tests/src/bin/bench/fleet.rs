@@ -214,7 +214,7 @@ fn measure(redis: &RedisServer, k: usize, legacy: bool, window: Duration) -> Poi
     }
 }
 
-pub fn fleet(opts: &Opts, report: &mut Report) {
+pub(crate) fn fleet(opts: &Opts, report: &mut Report) {
     report.section(
         "Fleet: Redis's work per busy key",
         "Three daemons' syncs in one process against one `redis-server` (the kernel stood in for: every key admitted 34/s on each daemon), main's sync (53c93b4) beside this one. Commands: every command Redis ran (`INFO commandstats`, those run inside scripts included) per second per busy key. Sync age: from reading the counts to Redis's last answer. Within the bound: sync age p99 ≤ 100 ms and no key in fallback.",
@@ -307,13 +307,16 @@ mod main_sync {
     const CALL_TIMEOUT: Duration = Duration::from_millis(250);
     const IN_FLIGHT: usize = 64;
 
-    pub struct Snapshot {
+    pub(super) struct Snapshot {
         pub rules: HashMap<u32, FleetRule>,
         pub used: Vec<(FlowKey, Counter)>,
     }
 
     /// The kernel's stand-in, as in [`super::kernel`].
-    pub async fn kernel(keys: Vec<FlowKey>, mut jobs: mpsc::Receiver<oneshot::Sender<Snapshot>>) {
+    pub(super) async fn kernel(
+        keys: Vec<FlowKey>,
+        mut jobs: mpsc::Receiver<oneshot::Sender<Snapshot>>,
+    ) {
         let start = Instant::now();
         let rules = HashMap::from([(1, super::rule())]);
         while let Some(reply) = jobs.recv().await {
@@ -343,7 +346,7 @@ mod main_sync {
             .map_or(0, |d| d.as_millis() as u64)
     }
 
-    pub async fn run(
+    pub(super) async fn run(
         url: String,
         member: String,
         jobs: mpsc::Sender<oneshot::Sender<Snapshot>>,

@@ -40,6 +40,7 @@ const SECTIONS: [&str; 8] = [
     "cost", "droplog", "floods", "accuracy", "memory", "set", "serve", "fleet",
 ];
 
+/// What the run was asked to do.
 pub struct Opts {
     /// Short runs, for a smoke check.
     pub quick: bool,
@@ -80,10 +81,8 @@ fn main() {
         }
     }
     // SAFETY: no preconditions.
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "the benchmarks need root (BPF, namespaces)"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert!(euid == 0, "the benchmarks need root (BPF, namespaces)");
     let mut report = Report::default();
     report.machine();
     // One CPU for the cost measurements; the traffic sections start threads of
@@ -127,14 +126,17 @@ pub fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// The address `s`.
 pub fn ip(s: &str) -> IpAddr {
     s.parse().expect("address")
 }
 
+/// A UDP frame from `src` to the receiver.
 pub fn v4(src: &str) -> Vec<u8> {
     Udp::new(ip(src), ip("198.18.0.2")).build()
 }
 
+/// The default limit with `rate` and `burst`.
 pub fn limit(rate: &str, burst: u64) -> Limit {
     Limit {
         rate: parse_rate("rate", rate).expect("rate"),
@@ -143,6 +145,7 @@ pub fn limit(rate: &str, burst: u64) -> Limit {
     }
 }
 
+/// A rule set of the default rule `l` alone.
 pub fn rules(l: Limit) -> RuleSet {
     RuleSet {
         default: Action::Limit(l),
@@ -150,6 +153,7 @@ pub fn rules(l: Limit) -> RuleSet {
     }
 }
 
+/// "met" or "missed".
 pub fn met(ok: bool) -> &'static str {
     if ok { "met" } else { "missed" }
 }
@@ -166,6 +170,7 @@ pub fn in_ns<T: Send>(ns: &NetNs, f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// `sh -c CMD` in `ns`: its output; panics if it fails.
 pub fn sh(ns: &NetNs, cmd: &str) -> String {
     let out = ns.command("sh").arg("-c").arg(cmd).output().expect("sh");
     assert!(

@@ -13,7 +13,7 @@ use crate::{Opts, ip, limit, met, report::Report, rules};
 
 /// Kernel memory per tracked source, time to create 1 M sources, and the time
 /// the daemon's reads take over them.
-pub fn memory_and_scale(opts: &Opts, report: &mut Report) {
+pub(crate) fn memory_and_scale(opts: &Opts, report: &mut Report) {
     let n: u32 = if opts.quick { 100_000 } else { 1 << 20 };
     report.section(
         "Memory and scale",

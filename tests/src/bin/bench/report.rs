@@ -6,13 +6,13 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 #[derive(Default)]
-pub struct Report {
+pub(crate) struct Report {
     pub md: String,
     pub json: serde_json::Map<String, Value>,
 }
 
 impl Report {
-    pub fn machine(&mut self) {
+    pub(crate) fn machine(&mut self) {
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .unwrap_or_default()
@@ -43,12 +43,12 @@ impl Report {
         );
     }
 
-    pub fn section(&mut self, title: &str, intro: &str) {
+    pub(crate) fn section(&mut self, title: &str, intro: &str) {
         let _ = writeln!(self.md, "## {title}\n\n{intro}\n");
         println!("\n== {title}");
     }
 
-    pub fn write(&self, dir: &std::path::Path) {
+    pub(crate) fn write(&self, dir: &std::path::Path) {
         std::fs::create_dir_all(dir).expect("creating the output directory");
         if let Some(svg) = self.chart() {
             std::fs::write(dir.join("throughput.svg"), svg).expect("writing throughput.svg");

@@ -88,7 +88,7 @@ fn timed(n: usize, mut f: impl FnMut(usize)) -> Vec<f64> {
     v
 }
 
-pub fn serve_latency(opts: &Opts, report: &mut Report) {
+pub(crate) fn serve_latency(opts: &Opts, report: &mut Report) {
     let n = if opts.quick { 2_000 } else { 20_000 };
     let keys = 1_000;
     report.section(

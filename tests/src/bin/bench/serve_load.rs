@@ -301,7 +301,7 @@ fn raw_run(redis: &RedisServer, sha: &str, clients: usize, secs: Duration) -> Ru
     )
 }
 
-pub fn serve_load(opts: &Opts, report: &mut Report) {
+pub(crate) fn serve_load(opts: &Opts, report: &mut Report) {
     let secs = Duration::from_millis(if opts.quick { 600 } else { 4000 });
     let before = std::env::var_os("RATELIMIT_BEFORE").map(std::path::PathBuf::from);
     report.section(

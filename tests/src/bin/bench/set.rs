@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::{Opts, ip, met, report::Report, stats};
 
 /// From `ratelimit set` starting to the last frame the old limit let through.
-pub fn set_to_enforced(opts: &Opts, report: &mut Report) {
+pub(crate) fn set_to_enforced(opts: &Opts, report: &mut Report) {
     let trials = if opts.quick { 3 } else { 10 };
     report.section(
         "Set to enforced",
@@ -56,7 +56,7 @@ pub fn set_to_enforced(opts: &Opts, report: &mut Report) {
 
 /// One change, and twenty at once, with a blocklist of a million entries
 /// loaded: a change must not rewrite what it does not touch.
-pub fn change_under_a_large_list(opts: &Opts, report: &mut Report) {
+pub(crate) fn change_under_a_large_list(opts: &Opts, report: &mut Report) {
     let entries: u32 = if opts.quick { 100_000 } else { 1_000_000 };
     let trials = if opts.quick { 5 } else { 20 };
     report.section(

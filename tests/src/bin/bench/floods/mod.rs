@@ -95,7 +95,7 @@ fn flood_frame(pair: &Pair, flood: Flood) -> Vec<u8> {
     }
 }
 
-pub fn floods(opts: &Opts, report: &mut Report) {
+pub(crate) fn floods(opts: &Opts, report: &mut Report) {
     let secs: f64 = if opts.quick { 1.0 } else { 3.0 };
     let rounds = if opts.quick { 1 } else { 3 };
     report.section(

@@ -4,7 +4,7 @@
 //! (status, headers, body), over TLS too.
 
 use std::{
-    io::{Read, Write},
+    io::{ErrorKind, Read, Write},
     net::{TcpListener, TcpStream},
     path::PathBuf,
     process::{Command, Stdio},
@@ -320,4 +320,23 @@ pub fn post(port: u16, path: &str, body: Value) -> (u16, Value) {
         status,
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status} {text:?}: {e}")),
     )
+}
+
+/// Waits for the server to close `s`: `Some(after)` if it did within `wait`
+/// (EOF or a reset), `None` if it is still open. What it sent is kept in
+/// `got`.
+pub fn closed_within(s: &mut TcpStream, wait: Duration, got: &mut Vec<u8>) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < wait {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("read timeout");
+        match s.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return Some(start.elapsed()),
+        }
+    }
+    None
 }

@@ -3,38 +3,19 @@
 //! `redis-server` behind.
 
 use std::{
-    io::{ErrorKind, Read, Write},
+    io::Write,
     net::{SocketAddr, TcpStream},
     time::{Duration, Instant},
 };
 
 use ratelimit_tests::{
     redis::RedisServer,
-    serve::{Answer, Service, exchange, request},
+    serve::{Answer, Service, closed_within, exchange, request},
 };
 use serde_json::json;
 
 fn acquire_body() -> String {
     json!({"key": "k", "amount": 1, "limit": {"rate": "1000/s"}}).to_string()
-}
-
-/// Waits for the server to close `s`: `Some(after)` if it did within `wait`
-/// (EOF or a reset), `None` if it is still open. What it sent is kept in
-/// `got`.
-fn closed_within(s: &mut TcpStream, wait: Duration, got: &mut Vec<u8>) -> Option<Duration> {
-    let start = Instant::now();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < wait {
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .expect("read timeout");
-        match s.read(&mut buf) {
-            Ok(0) => return Some(start.elapsed()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return Some(start.elapsed()),
-        }
-    }
-    None
 }
 
 /// (Item 7) Under a limit of 1 024 open files, 1 100 silent connections from

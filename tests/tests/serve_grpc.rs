@@ -17,11 +17,11 @@ use envoy_types::pb::envoy::{
 use ratelimit_tests::{
     envoy::{self, Envoy},
     redis::RedisServer,
-    serve::{Service, Setup, exchange, post_as, test_ca},
+    serve::{Service, Setup, closed_within, exchange, post_as, test_ca},
 };
 use serde_json::json;
 use std::{
-    io::{ErrorKind, Read, Write},
+    io::Write,
     net::TcpStream,
     time::{Duration, Instant},
 };
@@ -679,24 +679,6 @@ fn silent_grpc_connections_share_the_cap_and_do_not_starve_either_listener() {
             "silent gRPC connection {i} still open 13 s after the last was opened (header timeout 10 s)"
         );
     }
-}
-
-/// Waits for the server to close `s`: `Some(after)` if it did within `wait`
-/// (EOF or a reset), `None` if it is still open; what it sent in `got`.
-fn closed_within(s: &mut TcpStream, wait: Duration, got: &mut Vec<u8>) -> Option<Duration> {
-    let start = Instant::now();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < wait {
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .expect("read timeout");
-        match s.read(&mut buf) {
-            Ok(0) => return Some(start.elapsed()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return Some(start.elapsed()),
-        }
-    }
-    None
 }
 
 /// (Issue 37, observation 6a) Idle HTTP/2 connections stayed 35 s, a TLS

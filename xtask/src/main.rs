@@ -389,7 +389,7 @@ fn output_with_heartbeat(cmd: &mut Command, what: &str) -> Result<std::process::
     let beat = std::thread::spawn(move || {
         while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(HEARTBEAT) {
             eprintln!(
-                "xtask: still {what} ({} s; after a change to the XDP program its build script takes minutes and prints nothing until it ends)",
+                "xtask: still {what} ({} s; a first build, or one after a change to the XDP program, runs the build script that builds the program for minutes, printing nothing until it ends)",
                 start.elapsed().as_secs()
             );
         }

@@ -61,7 +61,10 @@ fn tracked(l: &Loaded) -> usize {
 
 /// A spoofed flood, each address seen once, creates no state: nothing is
 /// inserted into the state map, nothing there is evicted. A second sighting
-/// promotes.
+/// promotes, unless one of the 1 990 sources seen after it took its
+/// doorkeeper slot (one mark a slot, under a seed drawn at load: about 2 %
+/// of runs for one of the ten): then it is seen anew, and its third
+/// sighting promotes. That errs toward limiting, never toward a state.
 #[test]
 fn a_first_sighting_inserts_nothing_and_a_second_promotes() {
     privileged!("a_first_sighting_inserts_nothing_and_a_second_promotes");
@@ -79,9 +82,20 @@ fn a_first_sighting_inserts_nothing_and_a_second_promotes() {
     for i in 0..10 {
         assert_eq!(l.verdict(&from(i)), XDP_PASS, "source {i}, second frame");
     }
-    assert_eq!(tracked(&l), 10, "10 sources seen twice: 10 states");
+    let second = tracked(&l);
+    assert!(
+        second >= 8,
+        "10 sources seen twice: {second} states (a lost mark is a collision in the doorkeeper: two in one run are about 1 in 5 000)"
+    );
+    assert_eq!(events(&l)[Event::StateCreated as usize], second as u64);
+    assert_eq!(l.packets(Reason::Passed), second as u64);
+    for i in 0..10 {
+        assert_eq!(l.verdict(&from(i)), XDP_PASS, "source {i}, third frame");
+    }
+    assert_eq!(tracked(&l), 10, "10 sources seen three times: 10 states");
     assert_eq!(events(&l)[Event::StateCreated as usize], 10);
-    assert_eq!(l.packets(Reason::Passed), 10);
+    assert_eq!(l.packets(Reason::Passed), second as u64 + 10);
+    assert_eq!(l.packets(Reason::NewSource), 2000 + 10 - second as u64);
 }
 
 /// Before it has a state a source is never admitted beyond its own burst, and

@@ -105,8 +105,10 @@ pub struct DropLogBudget {
     /// When the budget is next full, ns of the coarse clock (GCRA's
     /// theoretical arrival time).
     pub tat: u64,
-    /// Zero.
-    pub _pad: u64,
+    /// The tick (jiffies) of the last refusal by [`admit_in_tick`]: the
+    /// coarse clock moves only with the tick, so until it does every drop is
+    /// refused again without reading the clock. 0: none yet.
+    pub refused_tick: u64,
     /// Records written (cumulative).
     pub written: u64,
     /// Drops not logged: over the budget (cumulative).
@@ -140,6 +142,28 @@ pub fn admit(b: &mut DropLogBudget, now: u64, rate: u32) -> bool {
     true
 }
 
+/// [`admit`] on the coarse clock read by `coarse` only when the tick has
+/// moved since this CPU's last refusal: a refusal holds for the rest of its
+/// tick (the coarse clock is the time of the last tick, and the budget's
+/// `tat` only grows on an admission), so a flood over the budget pays a
+/// compare per drop instead of the clock. `tick` is jiffies.
+#[inline(always)]
+pub fn admit_in_tick(
+    b: &mut DropLogBudget,
+    tick: u64,
+    coarse: impl FnOnce() -> u64,
+    rate: u32,
+) -> bool {
+    if b.refused_tick == tick && tick != 0 {
+        return false;
+    }
+    if admit(b, coarse(), rate) {
+        return true;
+    }
+    b.refused_tick = tick;
+    false
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -168,6 +192,39 @@ mod tests {
         // A rate under 10/s: one at once.
         let mut b = DropLogBudget::default();
         assert_eq!((0..100).filter(|i| admit(&mut b, t0 + i, 5)).count(), 1);
+    }
+
+    #[test]
+    fn a_refusal_holds_for_its_tick_without_the_clock_and_the_next_tick_reads_it() {
+        // A tick of 4 ms (HZ=250), the coarse clock the time of the last
+        // tick, drops every 100 µs at 100/s for 1 s.
+        let tick_ns = 4 * S / 1000;
+        let t0 = 5 * S;
+        let (mut b, mut reads, mut taken) = (DropLogBudget::default(), 0u32, 0u32);
+        let mut plain = DropLogBudget::default();
+        let mut plain_taken = 0u32;
+        for i in 0..10_000u64 {
+            let now = t0 + i * S / 10_000;
+            let tick = 1000 + now / tick_ns;
+            let coarse = (now / tick_ns) * tick_ns;
+            let clock = || {
+                reads += 1;
+                coarse
+            };
+            taken += u32::from(admit_in_tick(&mut b, tick, clock, 100));
+            plain_taken += u32::from(admit(&mut plain, coarse, 100));
+        }
+        // What the budget takes is what it takes reading the clock each time.
+        assert_eq!(taken, plain_taken);
+        assert_eq!(
+            taken,
+            10 + 99,
+            "a tenth of the rate at once, then one each 10 ms"
+        );
+        // The clock is read once a tick (250 in 1 s), and once more for each
+        // admission; not once a drop (10 000).
+        assert!(reads <= 250 + taken + 1, "{reads} reads of the clock");
+        assert!(reads >= 250, "{reads} reads: each tick reads it again");
     }
 
     #[test]

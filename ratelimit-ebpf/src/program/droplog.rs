@@ -8,18 +8,19 @@
 //! entry ([`super::ratelimit`]) once the verdict is a drop, only when the log
 //! is on, through the global function [`rl_drop_log`].
 //!
-//! Cost: a drop over the budget pays one per-CPU lookup, the coarse clock and
-//! a compare; the frame's headers are read again only for a record that is
-//! written.
+//! Cost: a drop over the budget pays one per-CPU lookup, `bpf_jiffies64`
+//! (inlined by the JIT: a load) and a compare; the coarse clock only once a
+//! tick and for a record written (`admit_in_tick`); the frame's headers are
+//! read again only for a record that is written.
 
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
     bindings::xdp_md,
-    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     programs::XdpContext,
 };
-use ratelimit_common::{DropRecord, NO_RULE, admit, drop_log_flags};
+use ratelimit_common::{DropRecord, NO_RULE, admit_in_tick, drop_log_flags};
 
 use super::{
     maps::{RL_DROP_LOG, RL_DROP_LOG_BUDGET, RL_RULE_TABLE},
@@ -45,10 +46,14 @@ pub extern "C" fn rl_drop_log(ctx: *mut xdp_md, what: u64, len: u64, rule: u32, 
     let Some(budget) = RL_DROP_LOG_BUDGET.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: a per-CPU slot, written only by this CPU; a helper with no
-    // preconditions (the budget needs no precision: the last tick's time).
+    // SAFETY: a per-CPU slot, written only by this CPU.
     let budget = unsafe { &mut *budget };
-    if !admit(budget, unsafe { bpf_ktime_get_coarse_ns() }, rate) {
+    // SAFETY: a helper with no preconditions.
+    let tick = unsafe { bpf_jiffies64() };
+    // SAFETY: a helper with no preconditions (the budget needs no precision:
+    // the last tick's time, read only once the tick has moved).
+    let coarse = || unsafe { bpf_ktime_get_coarse_ns() };
+    if !admit_in_tick(budget, tick, coarse, rate) {
         budget.skipped += 1;
         return 0;
     }

@@ -88,7 +88,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use ratelimit_common::{
-    Config, DROP_SAMPLE, DropKey, Event, NO_RULE, RULE_COUNTERS, Reason, Words, action, addr_of,
+    Config, DROP_SAMPLE, DropKey, Event, NO_RULE, RULE_COUNTERS, Reason, action, addr_of,
     config_flags, drop_sampled, family, rule_flags,
 };
 
@@ -107,21 +107,14 @@ struct Outcome {
     reason: Reason,
     /// The rule asked for dry run.
     dry_run: bool,
-    /// What a drop is charged to in `top`: the frame's source address, or
-    /// for a drop at a key level its key (zero when not IP).
-    source: Words,
-    /// The bits of `source` that count: 0 for all of them.
-    prefix: u8,
-    /// 1 for a source, 2 or 3 for a key level.
-    level: u8,
     /// The rule's counters: its first slot in `RL_RULE_STATS` (`NO_SLOT`
     /// when no rule judged the frame).
     counters: u32,
     /// The rule's index in `RL_RULE_TABLE` (`NO_RULE` when no rule judged
-    /// the frame), for the drop log.
+    /// the frame), for the drop log and `top`.
     rule: u32,
     /// Where the IP header starts (0: the frame has none to read), for the
-    /// drop log.
+    /// drop log and `top`.
     l3: u8,
 }
 
@@ -133,9 +126,6 @@ impl Outcome {
         Self {
             reason,
             dry_run: false,
-            source: [0; 4],
-            prefix: 0,
-            level: 1,
             counters: NO_SLOT,
             rule: NO_RULE,
             l3: 0,
@@ -285,9 +275,6 @@ pub extern "C" fn rl_verdict(ctx: *mut xdp_md, code: u64) -> u32 {
         let Outcome {
             reason,
             dry_run,
-            source,
-            prefix,
-            level,
             counters,
             rule,
             l3,
@@ -307,12 +294,7 @@ pub extern "C" fn rl_verdict(ctx: *mut xdp_md, code: u64) -> u32 {
                         | Reason::Level3Limited
                 )
             {
-                dropper = Some(DropKey {
-                    addr: addr_of(&source),
-                    prefix,
-                    level,
-                    _pad: [0; 2],
-                });
+                dropper = Some((rule, l3, reason));
             }
             // The drop log: drops and dry run's would-drops, by the
             // reason that drops (or would); one compare when it is off.
@@ -361,10 +343,10 @@ pub extern "C" fn rl_verdict(ctx: *mut xdp_md, code: u64) -> u32 {
     // `top` needs drops per source, but a hash update per dropped frame would
     // double the cost of the drop path: one drop in DROP_SAMPLE, at random, is
     // credited DROP_SAMPLE times to its source.
-    if let Some(key) = dropper
+    if let Some((rule, l3, reason)) = dropper
         && drop_sampled(n, config.hash_seed)
     {
-        count_drop(&key, DROP_SAMPLE);
+        count_drop(&drop_key(&xdp, code, rule, l3, reason), DROP_SAMPLE);
     }
     if reason == Reason::StateFailed {
         warn!(&xdp, "storing a promoted source's state failed; passed");
@@ -374,12 +356,11 @@ pub extern "C" fn rl_verdict(ctx: *mut xdp_md, code: u64) -> u32 {
 
 /// The [`Outcome`] of a frame whose [`code`] says no more than its reason,
 /// the rule that judged it, and where its IP header starts: the host's own
-/// connections spared from a limit's drop, and what a drop is charged to.
+/// connections spared from a limit's drop.
 #[inline(always)]
 fn outcome(ctx: &XdpContext, code: u64, config: &Config) -> Outcome {
     let mut reason = reason_of((code & 0xff) as u32);
     let l3 = ((code >> CODE_L3_SHIFT) & 0xff) as usize;
-    let family = ((code >> CODE_FAMILY_SHIFT) & 0xff) as u8;
     let index = (code >> CODE_RULE_SHIFT) as u32;
     let rule = if index == NO_RULE {
         None
@@ -403,14 +384,31 @@ fn outcome(ctx: &XdpContext, code: u64, config: &Config) -> Outcome {
     {
         reason = Reason::HostConnection;
     }
+    Outcome {
+        reason,
+        dry_run: rule.flags & rule_flags::DRY_RUN != 0,
+        counters: rule.slot.wrapping_mul(RULE_COUNTERS),
+        rule: rule.index,
+        l3: l3 as u8,
+    }
+}
+
+/// What a sampled drop is charged to in `top`: the frame's source address,
+/// or for a drop at a key level its key (zero when not IP). Read only for
+/// the drop that is sampled (one in [`DROP_SAMPLE`]), not for every drop.
+#[inline(always)]
+fn drop_key(ctx: &XdpContext, code: u64, rule: u32, l3: u8, reason: Reason) -> DropKey {
+    let family = ((code >> CODE_FAMILY_SHIFT) & 0xff) as u8;
     // The source read again where the parse read it (the same bytes; `[0;
     // 4]` should they not read again, which they do).
     // SAFETY: a local; see `rl_host_connection` on the mask.
-    let at = (unsafe { read_volatile(&l3) }) & 63;
+    let at = (unsafe { read_volatile(&l3) } as usize) & 63;
     let source = source_at(ctx, at).unwrap_or([0; 4]);
     // A source is charged whole: prefix 0 stands for all its bits.
     let (mut charged, mut prefix, mut level) = (source, 0u8, 1u8);
-    if matches!(reason, Reason::Level2Limited | Reason::Level3Limited) {
+    if matches!(reason, Reason::Level2Limited | Reason::Level3Limited)
+        && let Some(rule) = RL_RULE_TABLE.get(rule)
+    {
         let n = if reason == Reason::Level2Limited {
             0
         } else {
@@ -425,15 +423,11 @@ fn outcome(ctx: &XdpContext, code: u64, config: &Config) -> Outcome {
         };
         level = n as u8 + 2;
     }
-    Outcome {
-        reason,
-        dry_run: rule.flags & rule_flags::DRY_RUN != 0,
-        source: charged,
+    DropKey {
+        addr: addr_of(&charged),
         prefix,
         level,
-        counters: rule.slot.wrapping_mul(RULE_COUNTERS),
-        rule: rule.index,
-        l3: l3 as u8,
+        _pad: [0; 2],
     }
 }
 

@@ -437,7 +437,7 @@ pub struct RunArgs {
     pub drop_fleet_rules: bool,
     /// Enforce a CrowdSec Local API's decisions.
     #[command(flatten)]
-    pub crowdsec: crate::crowdsec::Args,
+    pub crowdsec: super::crowdsec::Args,
 }
 
 /// The daemon to talk to.

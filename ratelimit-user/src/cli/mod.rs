@@ -6,19 +6,24 @@
 //!   daemon, or a read from a program's pins when no daemon runs;
 //! - `print`: the answers as lines, tables or `--json`;
 //! - `check`: `ratelimit check`'s report of a config file;
+//! - [`crowdsec`]: `run`'s CrowdSec flags, checked into the bouncer's options;
 //! - [`report`]: a failure as a message, an exit code, and JSON with `--json`;
-//! - [`help`] and [`docs`]: examples, man pages and completions, from [`args`].
+//! - [`help`] and [`docs`]: examples, man pages and completions, from [`args`];
+//! - `values`: the names and help of the lower floors' enums a flag takes
+//!   (nothing below `cli` depends on clap).
 //!
 //! The binary's `main` parses [`Cli`] and calls [`main`].
 
 pub mod args;
 mod check;
+pub mod crowdsec;
 pub mod docs;
 pub mod help;
 mod lower;
 mod print;
 pub mod report;
 mod run;
+mod values;
 
 pub use args::{Cli, Command};
 pub use run::{main, shutdown_signal};

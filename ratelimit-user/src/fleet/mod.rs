@@ -138,7 +138,7 @@ pub const RETRY: Duration = Duration::from_secs(1);
 pub const PREFIX: &str = "ratelimit:fleet:";
 
 /// What fleet-wide rules do while Redis cannot be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fallback {
     /// Each daemon charges what it admits `N` times (`N` the daemons last

@@ -27,7 +27,7 @@ pub use maps::{DropLogCounts, Maps};
 pub const LINK_PIN: &str = "link";
 
 /// How to attach.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum AttachMode {
     /// Native (driver) mode, falling back to generic with a warning.
     #[default]

@@ -248,24 +248,14 @@ impl fmt::Display for NewSources {
 }
 
 /// Which clock the program decides on.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Clock {
-    /// `bpf_ktime_get_ns`: decisions exact to the nanosecond.
+    /// `bpf_ktime_get_ns` (the default).
     #[default]
     Precise,
-    /// The time of the last scheduler tick (`bpf_ktime_get_coarse_ns`): cheaper;
-    /// over any span T a key is admitted at most burst + rate × (T + one tick).
+    /// `bpf_ktime_get_coarse_ns`, the last tick's time (`--clock`'s help in
+    /// `cli::values` says what it costs in exactness).
     Coarse,
 }
 
@@ -381,22 +371,10 @@ impl KeyLevel {
 /// in the ephemeral range (`net.ipv4.ip_local_port_range`), as the kernel's
 /// socket lookup finds them (replies to the host's downloads, its DNS
 /// queries, its API calls).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HostConnections {
-    /// Never dropped by the limit (the default): they are counted against
-    /// their source while it has room, and pass as `host_connection` when it
-    /// has none.
+    /// Never dropped by the limit (the default; `cli::values` says how).
     #[default]
     Pass,
     /// Limited like every other frame.
@@ -404,24 +382,13 @@ pub enum HostConnections {
 }
 
 /// Normal, or allowlist-only: everything not under an `allow` rule dropped.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Every rule does what it says.
     #[default]
     Normal,
-    /// Only sources under an `allow` rule pass; every other frame is dropped
-    /// (counted `not_allowed`). For the worst minutes of an attack.
+    /// Only sources under an `allow` rule pass.
     AllowlistOnly,
 }
 

@@ -72,58 +72,30 @@ pub enum MalformedPolicy {
 /// longer than eight headers, a first fragment too short for the transport
 /// header fields rules match on (or a TCP fragment at offset 8, RFC 1858),
 /// or a transport header a rule's match needs cut short.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Deserialize,
-    serde::Serialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Unjudged {
-    /// Dropped (counted `unjudged`, `tiny_fragment`, or `denied` under a
-    /// match). The default: what cannot be judged cannot walk past a rule.
+    /// Dropped (the default). Each value's whole meaning is its help
+    /// (`--unjudged`, in `cli::values`).
     #[default]
     Drop,
-    /// Judged by the rules that need nothing it hides (a match that needs
-    /// what it hides is skipped: the next rule of its source judges it); a
-    /// frame with too many tags has no source to judge by and is dropped.
-    /// Unsafe against a fragmenting attacker: a tiny fragment's SYN is then
-    /// judged by the rule after a `--syn` rule.
+    /// Judged by the rules that need nothing it hides.
     NextRule,
-    /// Passed (counted `allowed`); in allowlist-only mode, as `next-rule`.
+    /// Passed.
     Pass,
 }
 
 /// What happens to a non-first fragment (it carries no ports and no TCP
 /// flags) under a rule whose match needs them.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Deserialize,
-    serde::Serialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fragments {
-    /// The rules that need ports or flags are skipped: the next rule of its
-    /// source judges it (in the end its rule without matches, or the default
-    /// rule). The default, and safe: the datagram's first fragment carries
-    /// the transport header and is judged whole (a tiny one is dropped), so a
-    /// datagram a rule refuses is never completed, and fragments are never
-    /// unlimited.
+    /// The rules that need ports or flags are skipped (the default). Each
+    /// value's whole meaning, and why this one is safe, is its help
+    /// (`--fragments`, in `cli::values`).
     #[default]
     NextRule,
-    /// Dropped (counted `denied`): also the fragments of datagrams a rule
-    /// admits (large UDP answers, for one).
+    /// Dropped.
     Drop,
 }
 

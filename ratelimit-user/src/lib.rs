@@ -38,8 +38,3 @@ pub use error::{Error, Result};
 /// The compiled XDP program (ELF), built by `build.rs` and embedded here.
 pub static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit-xdp"));
-
-/// Benchmark floors (an XDP_DROP-only program and an LRU lookup-and-update one),
-/// for `cargo xtask bench`. Never attached by the daemon.
-#[doc(hidden)]
-pub static FLOORS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/floors"));

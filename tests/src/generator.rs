@@ -41,7 +41,7 @@ impl Generator {
     /// Loads it.
     pub fn new() -> Self {
         let mut obj = EbpfLoader::new()
-            .load(ratelimit_user::FLOORS_OBJECT)
+            .load(crate::FLOORS_OBJECT)
             .expect("loading the floors object");
         let fd = load_xdp(&mut obj, "gen_tx");
         let anchor = NetNs::new(&crate::unique_tag(), "g");

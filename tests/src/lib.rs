@@ -21,6 +21,11 @@ pub mod serve;
 pub mod testrun;
 pub mod verifier;
 
+/// The bench's XDP object (`bench/floors`: the cost floors and the traffic
+/// generator), built by `build.rs`: for the flood tests' [`generator`] and
+/// `cargo xtask bench`. The daemon's binary does not carry it.
+pub static FLOORS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/floors"));
+
 use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},

@@ -33,6 +33,7 @@ fn checked_files(root: &Path) -> Vec<PathBuf> {
         "ARCHITECTURE.md",
         "CONTRIBUTING.md",
         "CHANGELOG.md",
+        "bench/README.md",
     ]
     .iter()
     .map(PathBuf::from)

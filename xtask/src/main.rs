@@ -218,7 +218,7 @@ fn bench(quick: bool, only: Option<&str>) -> Result<ExitCode> {
         "build",
         "--release",
         "--package",
-        "ratelimit-tests",
+        "ratelimit-bench",
         "--bin",
         "bench",
         "--message-format=json-render-diagnostics",
@@ -457,6 +457,8 @@ fn test() -> Result<ExitCode> {
             "--workspace",
             "--exclude",
             "ratelimit-ebpf",
+            "--exclude",
+            "ratelimit-floors",
             "--all-targets",
             "--",
             "-D",
@@ -491,6 +493,8 @@ fn test() -> Result<ExitCode> {
                 "clippy",
                 "--package",
                 "ratelimit-ebpf",
+                "--package",
+                "ratelimit-floors",
                 "--release",
                 "--target",
                 "bpfel-unknown-none",
@@ -509,7 +513,7 @@ fn test() -> Result<ExitCode> {
                 "CARGO_TARGET_DIR",
                 workspace_root().join("target/ebpf-clippy"),
             ),
-        "clippy (eBPF crate)",
+        "clippy (the eBPF crates: the program and the bench's floors)",
     )?;
     // Every intra-doc link resolves (the module docs link the code they
     // describe; private items are documented: this is an application).
@@ -521,6 +525,8 @@ fn test() -> Result<ExitCode> {
                 "--workspace",
                 "--exclude",
                 "ratelimit-ebpf",
+                "--exclude",
+                "ratelimit-floors",
                 "--document-private-items",
             ])
             .env(
@@ -538,6 +544,8 @@ fn test() -> Result<ExitCode> {
             "ratelimit-tests",
             "--exclude",
             "ratelimit-ebpf",
+            "--exclude",
+            "ratelimit-floors",
         ]),
         "unit tests",
     )?;
@@ -663,7 +671,13 @@ fn rust_version_gate() -> Result<()> {
         Command::new("rustup")
             .current_dir(workspace_root())
             .args(["run", &declared, "cargo", "check", "--workspace"])
-            .args(["--exclude", "ratelimit-ebpf", "--all-targets"])
+            .args([
+                "--exclude",
+                "ratelimit-ebpf",
+                "--exclude",
+                "ratelimit-floors",
+            ])
+            .arg("--all-targets")
             .env_remove("CARGO")
             .env_remove("RUSTC")
             .env_remove("RUSTUP_TOOLCHAIN"),
@@ -676,7 +690,7 @@ fn rust_version_gate() -> Result<()> {
 fn bench_smoke(ratelimit: &std::path::Path) -> Result<()> {
     eprintln!("xtask: bench --quick (smoke run: it must run, its figures are not checked)");
     let bench = build_artifact(
-        cargo().args(["build", "--package", "ratelimit-tests", "--bin", "bench"]),
+        cargo().args(["build", "--package", "ratelimit-bench", "--bin", "bench"]),
         "bench",
     )?;
     let status = Command::new(&bench)

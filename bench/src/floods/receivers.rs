@@ -96,7 +96,7 @@ impl Setup {
                     _ => "floor_exact_count",
                 };
                 let mut obj = EbpfLoader::new()
-                    .load(ratelimit_user::FLOORS_OBJECT)
+                    .load(ratelimit_tests::FLOORS_OBJECT)
                     .expect("floors");
                 let prog: &mut aya::programs::Xdp = obj
                     .program_mut(name)

@@ -25,7 +25,7 @@ pub(crate) fn cost_per_packet(opts: &Opts, report: &mut Report) {
         ),
     );
     let mut floors = EbpfLoader::new()
-        .load(ratelimit_user::FLOORS_OBJECT)
+        .load(ratelimit_tests::FLOORS_OBJECT)
         .expect("loading the floors");
     let drop_fd = load_xdp(&mut floors, "floor_drop");
     let lru_fd = load_xdp(&mut floors, "floor_lru");
@@ -376,7 +376,7 @@ pub(crate) fn cost_per_packet(opts: &Opts, report: &mut Report) {
 /// (`tests/kernels.txt`, written by `cargo xtask vm --record`) beside this
 /// machine's, measured now.
 fn verifier_by_kernel(report: &mut Report, host: Option<u32>) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels.txt");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/kernels.txt");
     let recorded = std::fs::read_to_string(path)
         .map_err(|e| e.to_string())
         .and_then(|t| ratelimit_tests::verifier::parse_budget(&t));

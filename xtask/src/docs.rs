@@ -34,6 +34,7 @@ fn checked_files(root: &Path) -> Vec<PathBuf> {
         "CONTRIBUTING.md",
         "CHANGELOG.md",
         "bench/README.md",
+        "tests/README.md",
     ]
     .iter()
     .map(PathBuf::from)

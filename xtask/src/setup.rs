@@ -135,13 +135,13 @@ struct Package {
 /// What the tests run besides the build: Debian's `redis-server` and
 /// `redis-cli` for the fleet tests and the service benchmark;
 /// `systemd-analyze` to verify the unit and score its exposure, and `strace`
-/// to check its system call filter (tests/tests/service.rs); `crowdsec` (its
-/// Local API and `cscli`) for the bouncer's tests (tests/tests/crowdsec.rs);
+/// to check its system call filter (tests/tests/system/service.rs); `crowdsec` (its
+/// Local API and `cscli`) for the bouncer's tests (tests/tests/system/crowdsec/mod.rs);
 /// `nft` to cut a fleet's daemon off from Redis (tests/tests/fleet/faults.rs);
 /// qemu, a static busybox (the guests' initramfs), and `xz` and `zstd` (to
 /// decompress the kernels' modules) for `cargo xtask vm` (vm/); `jq`, which
 /// the README's example pipes `list --json` into (its real output is rerun
-/// by tests/tests/operator.rs).
+/// by tests/tests/daemon/operator/mod.rs).
 const PACKAGES: [Package; 11] = [
     Package {
         name: "redis-server",

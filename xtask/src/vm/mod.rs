@@ -233,7 +233,7 @@ pub(crate) fn smoke(kernel: &Kernel, timeout: Duration) -> Result<GuestRun> {
 /// The kernel tier's test binary and the daemon its veth check starts,
 /// built on the host (debug, as `cargo xtask test` builds them).
 pub(crate) struct Tier {
-    /// `tests/tests/kernel.rs`'s binary.
+    /// `tests/tests/kernel/main.rs`'s binary.
     pub binary: PathBuf,
     /// `ratelimit`.
     pub daemon: PathBuf,

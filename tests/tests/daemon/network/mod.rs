@@ -1,21 +1,13 @@
 //! The daemon on one side of a veth pair, real traffic from the other, counted by
 //! a receiver of our own (not the limiter's counters).
 //!
-//! One test binary (cargo links one per file directly in `tests/`): its tests
-//! by subject in `network/`, what they share here. A test root looks for its
-//! modules beside itself, hence the `#[path]`s.
+//! Its tests by subject beside this file, what they share here.
 
-#[path = "network/attach.rs"]
 mod attach;
-#[path = "network/connections.rs"]
 mod connections;
-#[path = "network/floods.rs"]
 mod floods;
-#[path = "network/limits.rs"]
 mod limits;
-#[path = "network/rules.rs"]
 mod rules;
-#[path = "network/wrapped.rs"]
 mod wrapped;
 
 use ratelimit_tests::{Daemon, check::counter, net::Sent};

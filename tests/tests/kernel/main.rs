@@ -9,36 +9,21 @@
 //! The tests share one loaded object ([`Loaded::new`] empties its maps
 //! between them): under emulation a load takes up to a minute.
 //!
-//! Its tests by subject in `kernel/`, the frames and checks they share here.
-//! A test root looks for its modules beside itself, hence the `#[path]`s.
+//! Its tests by subject beside this file, the frames and checks they share here.
 
-#[path = "kernel/actions.rs"]
 mod actions;
-#[path = "kernel/algorithms.rs"]
 mod algorithms;
-#[path = "kernel/budget.rs"]
 mod budget;
-#[path = "kernel/fleet.rs"]
 mod fleet;
-#[path = "kernel/flood.rs"]
 mod flood;
-#[path = "kernel/fragments.rs"]
 mod fragments;
-#[path = "kernel/host_connections.rs"]
 mod host_connections;
-#[path = "kernel/limits.rs"]
 mod limits;
-#[path = "kernel/matches.rs"]
 mod matches;
-#[path = "kernel/object.rs"]
 mod object;
-#[path = "kernel/parse.rs"]
 mod parse;
-#[path = "kernel/table.rs"]
 mod table;
-#[path = "kernel/top.rs"]
 mod top;
-#[path = "kernel/veth.rs"]
 mod veth;
 
 use std::net::IpAddr;

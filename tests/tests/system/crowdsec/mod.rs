@@ -16,8 +16,6 @@ use std::{
 
 use ratelimit_tests::{check::ip, crowdsec::Lapi, fixture::Host, privileged, require_tool};
 
-// A test root looks for its modules beside itself, hence the `#[path]`.
-#[path = "crowdsec/feed.rs"]
 mod feed;
 
 /// Time between two pulls in these tests (the default is 10 s).

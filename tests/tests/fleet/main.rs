@@ -5,13 +5,9 @@
 //! `ratelimit_tests::fleet`): restarts of every kind, a daemon cut off, a
 //! daemon dead, Redis slow, a Cluster master down and back.
 
-#[path = "fleet/cluster.rs"]
 mod cluster;
-#[path = "fleet/faults.rs"]
 mod faults;
-#[path = "fleet/restarts.rs"]
 mod restarts;
-#[path = "fleet/store.rs"]
 mod store;
 
 use std::{

@@ -24,9 +24,7 @@ use serde_json::Value;
 
 const PORT: u16 = 5003;
 
-#[path = "operator/bans.rs"]
 mod bans;
-#[path = "operator/readme.rs"]
 mod readme;
 
 /// `ratelimit ARGS` in `ns`, as an operator types it there: no `--iface`.

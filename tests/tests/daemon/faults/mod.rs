@@ -4,19 +4,12 @@
 //! across reloads and restarts, interface re-creation, idle clients, too few
 //! file descriptors, a user who is not root.
 //!
-//! One test binary (cargo links one per file directly in `tests/`): its tests
-//! by subject in `faults/`, what they share here. A test root looks for its
-//! modules beside itself, hence the `#[path]`s.
+//! Its tests by subject beside this file, what they share here.
 
-#[path = "faults/capacity.rs"]
 mod capacity;
-#[path = "faults/idle_clients.rs"]
 mod idle_clients;
-#[path = "faults/interfaces.rs"]
 mod interfaces;
-#[path = "faults/ownership.rs"]
 mod ownership;
-#[path = "faults/saved_rules.rs"]
 mod saved_rules;
 
 use std::{

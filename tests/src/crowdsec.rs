@@ -10,12 +10,12 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use crate::{TempDir, net::NetNs};
+use crate::{ChildGuard, TempDir, net::NetNs};
 
 /// The Local API's port inside the namespace (a fresh namespace: free).
 pub const PORT: u16 = 8080;
@@ -23,9 +23,9 @@ pub const PORT: u16 = 8080;
 /// The bouncer key the tests register (32 hex digits, as cscli makes them).
 pub const KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed";
 
-/// A Local API in a namespace, killed on drop.
+/// A Local API in a namespace, killed on drop (its [`ChildGuard`]).
 pub struct Lapi {
-    child: Option<Child>,
+    child: Option<ChildGuard>,
     /// Where its config, database, logs and the bouncer key are.
     pub dir: TempDir,
     /// The namespace it listens in.
@@ -138,7 +138,7 @@ impl Lapi {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        self.child = Some(cmd.spawn().expect("starting crowdsec"));
+        self.child = Some(ChildGuard::spawn(cmd, "crowdsec"));
         let start = Instant::now();
         while !self.answers() {
             assert!(
@@ -214,21 +214,13 @@ impl Lapi {
 
     /// Stops it (SIGKILL): the daemon's pulls fail.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        // The guard kills it and waits.
+        self.child = None;
     }
 
     /// Starts it again, on the same port and database.
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
-    }
-}
-
-impl Drop for Lapi {
-    fn drop(&mut self) {
-        self.stop();
     }
 }

@@ -8,17 +8,17 @@ use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use crate::TempDir;
+use crate::{ChildGuard, TempDir};
 
 /// A `redis-server` on 127.0.0.1 (or an address of a namespace), killed on
-/// drop.
+/// drop (its [`ChildGuard`]).
 pub struct RedisServer {
-    child: Option<Child>,
+    child: Option<ChildGuard>,
     /// Its port.
     pub port: u16,
     dir: TempDir,
@@ -203,7 +203,7 @@ impl RedisServer {
                 .arg(self.dir.0.join("redis.sock"))
                 .args(["--unixsocketperm", "700"]);
         }
-        self.child = Some(cmd.spawn().expect("starting redis-server"));
+        self.child = Some(ChildGuard::spawn(cmd, "redis-server"));
         let start = Instant::now();
         while !self.answers() {
             assert!(
@@ -227,15 +227,13 @@ impl RedisServer {
 
     /// Its process id (while it runs).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.as_ref().map(|c| c.pid() as u32)
     }
 
     /// Stops it (SIGKILL): clients see the connection fail.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        // The guard kills it and waits.
+        self.child = None;
     }
 
     /// Starts it again on the same port, empty (no persistence): scripts and
@@ -248,16 +246,12 @@ impl RedisServer {
     /// Stops the process (SIGSTOP) without closing its connections: a stall.
     /// Commands sent meanwhile wait in its sockets and run on [`Self::resume`].
     pub fn pause(&self) {
-        let pid = self.child.as_ref().expect("running").id() as i32;
-        // SAFETY: a pid we own.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        self.child.as_ref().expect("running").signal(libc::SIGSTOP);
     }
 
     /// Lets a paused process run again (SIGCONT) and waits until it answers.
     pub fn resume(&self) {
-        let pid = self.child.as_ref().expect("running").id() as i32;
-        // SAFETY: a pid we own.
-        unsafe { libc::kill(pid, libc::SIGCONT) };
+        self.child.as_ref().expect("running").signal(libc::SIGCONT);
         let start = Instant::now();
         while !self.answers() {
             assert!(
@@ -302,12 +296,6 @@ impl RedisServer {
     pub fn cmd(&self, cmd: &str) -> String {
         command_in(self.netns.as_deref(), &self.host, self.port, cmd)
             .unwrap_or_else(|e| panic!("redis {cmd}: {e}"))
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 

@@ -334,11 +334,18 @@ fn package_env() -> Vec<std::ffi::OsString> {
 
 fn check(cmd: &mut Command, what: &str) -> Result<()> {
     eprintln!("xtask: {what}");
+    let start = std::time::Instant::now();
     let status = cmd.status().with_context(|| format!("starting: {what}"))?;
     if !status.success() {
         bail!("{what} failed ({status})");
     }
+    took(what, start);
     Ok(())
+}
+
+/// Says how long a step of a task took: where a run's time goes.
+fn took(what: &str, start: std::time::Instant) {
+    eprintln!("xtask: took {:.0} s: {what}", start.elapsed().as_secs_f64());
 }
 
 /// Builds the `ratelimit` binary and returns its path, as cargo reports it.
@@ -446,6 +453,7 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
 }
 
 fn test() -> Result<ExitCode> {
+    let start = std::time::Instant::now();
     setup::setup(false)?;
     check(
         cargo().args(["fmt", "--all", "--check"]),
@@ -552,7 +560,9 @@ fn test() -> Result<ExitCode> {
 
     // The integration tests run the real daemon binary, built as operators
     // build it.
+    let built = std::time::Instant::now();
     let bin = build_bin(true)?;
+    took("building ratelimit (release)", built);
     if !is_root() {
         let out = cargo()
             .args([
@@ -605,7 +615,9 @@ fn test() -> Result<ExitCode> {
     )?;
     // The Debian package of that same binary (no rebuild): installed into a
     // scratch root, checked, removed, purged.
+    let deb = std::time::Instant::now();
     deb::check(&bin, &workspace_root().join(deb::DEFAULT_OUT))?;
+    took("the .deb check", deb);
     // The kernel tier again on the kernels operators run: Debian 12's
     // 6.1 and the newest sid kernel, booted in qemu.
     let tier = vm::Tier::build()?;
@@ -632,8 +644,11 @@ fn test() -> Result<ExitCode> {
             figures.map(|f| format!(": {f}")).unwrap_or_default()
         );
     }
+    let smoke = std::time::Instant::now();
     bench_smoke(&bin)?;
+    took("bench --quick", smoke);
     tally.print();
+    took("cargo xtask test, in all", start);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -740,6 +755,7 @@ impl Tally {
     fn run(&mut self, cmd: &mut Command, what: &str) -> Result<()> {
         use std::io::{BufRead as _, BufReader};
         eprintln!("xtask: {what}");
+        let start = std::time::Instant::now();
         let mut child = cmd
             .stdout(Stdio::piped())
             .spawn()
@@ -758,6 +774,7 @@ impl Tally {
             self.print();
             bail!("{what} failed ({status})");
         }
+        took(what, start);
         Ok(())
     }
 

@@ -605,7 +605,9 @@ fn silent_grpc_connections_share_the_cap_and_do_not_starve_either_listener() {
         &Setup {
             config: Some(&text),
             grpc: true,
-            args: &["--header-timeout", "10s"],
+            // Long enough that the first connections are still open when
+            // the last is (1 100 took 8.2 s on a loaded 2-CPU machine once).
+            args: &["--header-timeout", "20s"],
             wrapper: &["prlimit", "--nofile=1024:1024", "--"],
             ..Setup::default()
         },
@@ -621,7 +623,7 @@ fn silent_grpc_connections_share_the_cap_and_do_not_starve_either_listener() {
     }
     let last_opened = Instant::now();
     assert!(
-        last_opened - first_opened < Duration::from_secs(8),
+        last_opened - first_opened < Duration::from_secs(18),
         "opening 1 100 connections took {:?}: the machine is too slow for this test",
         last_opened - first_opened
     );
@@ -671,12 +673,12 @@ fn silent_grpc_connections_share_the_cap_and_do_not_starve_either_listener() {
         .unwrap_or(0.0);
     assert!(shed >= 172.0, "{shed} connections closed to make room");
 
-    let deadline = last_opened + Duration::from_secs(10 + 3);
+    let deadline = last_opened + Duration::from_secs(20 + 3);
     for (i, c) in held.iter_mut().enumerate() {
         let wait = deadline.saturating_duration_since(Instant::now());
         assert!(
             closed_within(c, wait, &mut Vec::new()).is_some(),
-            "silent gRPC connection {i} still open 13 s after the last was opened (header timeout 10 s)"
+            "silent gRPC connection {i} still open 23 s after the last was opened (header timeout 20 s)"
         );
     }
 }

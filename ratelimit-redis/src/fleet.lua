@@ -66,9 +66,9 @@ local function report(key, s, p, b, amount)
     if d <= 0 then
       redis.call('DEL', key)
     else
-      -- Full again after d/s microseconds.
-      redis.call('SET', key, string.format('%.0f %.0f %.0f %.0f %.0f', s, p, b, t, d),
-        'PX', math.floor((d + s - 1) / s / 1000) + 1)
+      -- Full again d/s microseconds after t.
+      redis.call('SET', key, string.format('%.0f %.0f %.0f %.0f %.0f', s, p, b, t, d))
+      redis.call('PEXPIREAT', key, expiry(t, math.floor((d + s - 1) / s)))
     end
   end
   return math.floor((d + s - 1) / s)

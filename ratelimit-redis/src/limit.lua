@@ -83,10 +83,9 @@ if algo == 'gcra' then
     if d <= 0 then
       redis.call('DEL', key)
     else
-      redis.call('HSET', key, 'a', 'gcra', 'x', int(s), 'y', int(p), 'z', int(b),
-        't', int(t), 'd', int(d))
-      -- Full again after d/s microseconds.
-      redis.call('PEXPIRE', key, math.floor((d + s - 1) / s / 1000) + 1)
+      -- Full again d/s microseconds after t.
+      hwrite(key, expiry(t, math.floor((d + s - 1) / s)), 'a', 'gcra', 'x', int(s),
+        'y', int(p), 'z', int(b), 't', int(t), 'd', int(d))
     end
   end
   local function left(d)
@@ -168,12 +167,11 @@ local function save(c)
     redis.call('DEL', key)
     return
   end
-  redis.call('HSET', key, 'a', algo, 'x', int(l), 'y', int(w), 'z', '0',
-    'i', int(index), 'q', int(prev), 'c', int(c))
-  -- Nothing of this window weighs after the end of the next one.
-  local horizon = (index + 1) * w - now
+  -- Nothing of this window weighs after its end (sliding: the next one's).
+  local horizon = (index + 1) * w
   if algo == 'sliding' then horizon = horizon + w end
-  redis.call('PEXPIRE', key, math.floor(horizon / 1000) + 1)
+  hwrite(key, expiry(horizon, 0), 'a', algo, 'x', int(l), 'y', int(w),
+    'z', '0', 'i', int(index), 'q', int(prev), 'c', int(c))
 end
 
 if op == 'refund' then

@@ -95,23 +95,27 @@ if op == 'acquire' then
       -- Written from the strings at hand: formatting numbers costs Redis
       -- more than the rest of the record.
       local f = redis.call('HMGET', key, 't', 'd', 'R', 'e', 'i')
+      -- No state: it expired as it was written (Redis ran this script
+      -- late), so the units are back already; the record says so.
+      local gone = not (f[1] or f[5])
       local epoch = f[4]
       if not epoch then
         epoch = id
-        redis.call('HSET', key, 'e', epoch)
+        if not gone then redis.call('HSET', key, 'e', epoch) end
       end
-      local t, d, ttl
+      local t, d, at
       if algo == 'gcra' then
-        t, d = f[1], f[2]
+        t, d = f[1] or int(now), f[2] or '0'
         -- The grant's units are back by themselves when the debt is gone.
-        ttl = math.floor((tonumber(d) + x - 1) / x / 1000) + 1
+        at = expiry(tonumber(t), math.floor((tonumber(d) + x - 1) / x))
       else
-        t, d = f[5], '0'
-        ttl = math.floor(((tonumber(t) + 1) * y - now) / 1000) + 1
+        t, d = f[5] or int(math.floor(now / y)), '0'
+        at = expiry((tonumber(t) + 1) * y, 0)
       end
       local rec = table.concat({algo, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], t, d,
         tostring(r[2]), '0', f[3] or '0', epoch, ARGV[a + 7]}, ' ')
-      redis.call('SET', gkey, rec, 'PX', ttl)
+      redis.call('SET', gkey, rec)
+      redis.call('PEXPIREAT', gkey, at)
     end
     out[#out + 1] = r[1]
     out[#out + 1] = r[2]
@@ -177,9 +181,8 @@ if op == 'refill' then
         redis.call('DEL', key)
         d = 0
       else
-        redis.call('HSET', key, 't', int(t), 'd', int(d))
-        redis.call('HINCRBY', key, 'R', int(credit))
-        redis.call('PEXPIRE', key, math.floor((d + x - 1) / x / 1000) + 1)
+        hwrite(key, expiry(t, math.floor((d + x - 1) / x)), 't', int(t), 'd', int(d),
+          'R', int((tonumber(st[5]) or 0) + credit))
       end
     end
     if want > 0 then record(said + want) end

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 
 use super::{
     breaker::{Breakers, Tripped},
+    lag::Lag,
     metrics::Metrics,
 };
 
@@ -47,6 +48,15 @@ pub(super) enum Failed {
     Down(Tripped),
     /// The call failed.
     Redis(Arc<RedisError>),
+    /// The call timed out while the service itself was starved of CPU
+    /// ([`super::lag`]): Redis may have answered in time, unread. Not
+    /// Redis's error: its breaker stays closed.
+    Starved {
+        /// How late the service's runtime ran during the call.
+        late: std::time::Duration,
+        /// What the call met.
+        error: Arc<RedisError>,
+    },
 }
 
 impl std::fmt::Display for Failed {
@@ -54,6 +64,11 @@ impl std::fmt::Display for Failed {
         match self {
             Self::Down(t) => t.fmt(f),
             Self::Redis(e) => e.fmt(f),
+            Self::Starved { late, error } => write!(
+                f,
+                "the service was too busy to hear Redis in time: its own workers ran {} ms late during the call (Redis is not blamed; its breaker stays closed): {error}",
+                late.as_millis()
+            ),
         }
     }
 }
@@ -66,7 +81,7 @@ impl Failed {
                 RedisError::Param(p) => Some(p),
                 _ => None,
             },
-            Self::Down(_) => None,
+            Self::Down(_) | Self::Starved { .. } => None,
         }
     }
 }
@@ -78,22 +93,26 @@ pub(super) struct Decider {
     breakers: Arc<Breakers>,
     batcher: Option<Arc<Batcher>>,
     metrics: Arc<Metrics>,
+    lag: Arc<Lag>,
     random: ring::rand::SystemRandom,
 }
 
 impl Decider {
-    /// Decides in `store`, keys under `prefix`.
+    /// Decides in `store`, keys under `prefix`; a call that fails while
+    /// `lag` saw the service starved is not blamed on Redis.
     pub(super) fn new(
         store: Store,
         prefix: &str,
         breakers: Arc<Breakers>,
         metrics: Arc<Metrics>,
+        lag: Arc<Lag>,
     ) -> Self {
         let batcher = (!store.is_cluster()).then(|| {
             Arc::new(Batcher {
                 store: store.clone(),
                 breakers: breakers.clone(),
                 metrics: metrics.clone(),
+                lag: lag.clone(),
                 queue: Mutex::new(Queue::default()),
             })
         });
@@ -103,6 +122,7 @@ impl Decider {
             breakers,
             batcher,
             metrics,
+            lag,
             random: ring::rand::SystemRandom::new(),
         }
     }
@@ -153,8 +173,8 @@ impl Decider {
                 let group: Vec<Ask> = chunk.iter().map(|&i| asks[i].clone()).collect();
                 let chunk = chunk.to_vec();
                 calls.push(async move {
-                    let r = call(&self.store, &self.metrics, &group).await;
-                    if let Err(e) = &r {
+                    let r = call(&self.store, &self.metrics, &self.lag, &group).await;
+                    if let Err(Failed::Redis(e)) = &r {
                         self.breakers.failed(slot, e);
                     }
                     (chunk, r)
@@ -169,9 +189,8 @@ impl Decider {
                     }
                 }
                 Err(e) => {
-                    let e = Arc::new(e);
                     for i in chunk {
-                        out[i] = Some(Err(Failed::Redis(e.clone())));
+                        out[i] = Some(Err(e.clone()));
                     }
                 }
             }
@@ -192,12 +211,13 @@ impl Decider {
     ) -> Result<Refilled, Failed> {
         let slot = ratelimit_redis::slot(key);
         self.down(slot)?;
+        let start = Instant::now();
         let r = timed(
             &self.metrics,
             self.store.refill_grant(key, id, owner, unused),
         )
         .await;
-        self.settle(slot, r)
+        self.settle(slot, start, r)
     }
 
     /// Gives back `amount` of the Redis key `key` (see
@@ -210,8 +230,9 @@ impl Decider {
     ) -> Result<Refunded, Failed> {
         let slot = ratelimit_redis::slot(key);
         self.down(slot)?;
+        let start = Instant::now();
         let r = timed(&self.metrics, self.store.refund_key(key, limit, amount)).await;
-        self.settle(slot, r)
+        self.settle(slot, start, r)
     }
 
     fn down(&self, slot: u16) -> Result<(), Failed> {
@@ -221,16 +242,18 @@ impl Decider {
         })
     }
 
-    fn settle<T>(&self, slot: u16, r: Result<T, RedisError>) -> Result<T, Failed> {
+    fn settle<T>(&self, slot: u16, start: Instant, r: Result<T, RedisError>) -> Result<T, Failed> {
         match r {
             Ok(v) => {
                 self.metrics.wrote();
                 Ok(v)
             }
             Err(e) => {
-                self.metrics.failed(&e);
-                self.breakers.failed(slot, &e);
-                Err(Failed::Redis(Arc::new(e)))
+                let f = blame(&self.metrics, &self.lag, start, e, 1);
+                if let Failed::Redis(e) = &f {
+                    self.breakers.failed(slot, e);
+                }
+                Err(f)
             }
         }
     }
@@ -247,11 +270,13 @@ impl Decider {
         self.metrics
             .redis_latency
             .observe(start.elapsed().as_secs_f64());
-        match &r {
-            Ok(()) => self.metrics.wrote(),
-            Err(e) => self.metrics.failed(e),
+        match r {
+            Ok(()) => {
+                self.metrics.wrote();
+                Ok(())
+            }
+            Err(e) => Err(blame(&self.metrics, &self.lag, start, e, 1)),
         }
-        r.map_err(|e| Failed::Redis(Arc::new(e)))
     }
 }
 
@@ -266,16 +291,43 @@ async fn timed<T>(
     r
 }
 
-/// One acquire call, timed and counted.
-async fn call(store: &Store, metrics: &Metrics, asks: &[Ask]) -> Result<Vec<Granted>, RedisError> {
-    metrics.batch_keys.observe(asks.len() as f64);
-    let r = timed(metrics, store.acquire_many(asks)).await;
-    match &r {
-        Ok(g) if g.iter().any(|g| g.granted > 0) => metrics.wrote(),
-        Ok(_) => {}
-        Err(e) => metrics.failed_keys(e, asks.len() as u64),
+/// Whose fault the failed call begun at `start` is, counted for its `keys`:
+/// a timeout (or a call Redis reached past its deadline) while the service
+/// was starved ([`Lag::starved_since`]) is the service's; anything else is
+/// Redis's.
+fn blame(metrics: &Metrics, lag: &Lag, start: Instant, e: RedisError, keys: u64) -> Failed {
+    if matches!(e, RedisError::TimedOut(_) | RedisError::Late { .. })
+        && let Some(late) = lag.starved_since(start)
+    {
+        metrics.starved_calls.inc();
+        tracing::debug!(late_ms = late.as_millis() as u64, error = %e, "serve: a Redis call timed out while the service was starved: not blamed on Redis");
+        return Failed::Starved {
+            late,
+            error: Arc::new(e),
+        };
     }
-    r
+    metrics.failed_keys(&e, keys);
+    Failed::Redis(Arc::new(e))
+}
+
+/// One acquire call, timed and counted.
+async fn call(
+    store: &Store,
+    metrics: &Metrics,
+    lag: &Lag,
+    asks: &[Ask],
+) -> Result<Vec<Granted>, Failed> {
+    metrics.batch_keys.observe(asks.len() as f64);
+    let start = Instant::now();
+    match timed(metrics, store.acquire_many(asks)).await {
+        Ok(g) => {
+            if g.iter().any(|g| g.granted > 0) {
+                metrics.wrote();
+            }
+            Ok(g)
+        }
+        Err(e) => Err(blame(metrics, lag, start, e, asks.len() as u64)),
+    }
 }
 
 struct Pending {
@@ -294,6 +346,7 @@ struct Batcher {
     store: Store,
     breakers: Arc<Breakers>,
     metrics: Arc<Metrics>,
+    lag: Arc<Lag>,
     queue: Mutex<Queue>,
 }
 
@@ -372,17 +425,18 @@ impl Batcher {
             }
             return;
         }
-        match call(&self.store, &self.metrics, &asks).await {
+        match call(&self.store, &self.metrics, &self.lag, &asks).await {
             Ok(granted) => {
                 for (reply, g) in replies.into_iter().zip(granted) {
                     let _ = reply.send(Ok(g));
                 }
             }
-            Err(e) => {
-                self.breakers.failed(0, &e);
-                let e = Arc::new(e);
+            Err(f) => {
+                if let Failed::Redis(e) = &f {
+                    self.breakers.failed(0, e);
+                }
                 for reply in replies {
-                    let _ = reply.send(Err(Failed::Redis(e.clone())));
+                    let _ = reply.send(Err(f.clone()));
                 }
             }
         }
@@ -460,6 +514,43 @@ fn unbase64url(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn count(m: &Metrics, cause: &'static str) -> u64 {
+        m.redis_errors
+            .get_or_create(&super::super::metrics::Cause { cause })
+            .get()
+    }
+
+    /// A call that timed out while the service was starved is the
+    /// service's: not counted as Redis's error, not a cause to open the
+    /// breaker; the same call on time is Redis's. Errors that are not
+    /// timeouts are Redis's whatever the service's state.
+    #[test]
+    fn a_timeout_is_blamed_on_redis_only_when_the_service_ran_on_time() {
+        let m = Metrics::new();
+        let late = || RedisError::Late {
+            late: std::time::Duration::from_millis(5),
+        };
+        let lag = Lag::new();
+        // Never woken since it was made, 150 ms ago: starved now.
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let start = Instant::now();
+        let f = blame(&m, &lag, start, late(), 3);
+        assert!(matches!(f, Failed::Starved { .. }), "{f}");
+        assert!(f.to_string().contains("too busy to hear Redis"), "{f}");
+        assert_eq!(m.starved_calls.get(), 1);
+        assert_eq!(count(&m, "late"), 0, "not Redis's error");
+        let f = blame(&m, &lag, start, RedisError::Url("broken".into()), 2);
+        assert!(matches!(f, Failed::Redis(_)), "not a timeout: {f}");
+        assert_eq!(count(&m, "other"), 2);
+
+        // On time: the watch has just woken, without delay.
+        lag.woke(std::time::Duration::ZERO);
+        let f = blame(&m, &lag, Instant::now(), late(), 3);
+        assert!(matches!(f, Failed::Redis(_)), "{f}");
+        assert_eq!(count(&m, "late"), 3, "Redis's error, once per key");
+        assert_eq!(m.starved_calls.get(), 1);
+    }
 
     #[test]
     fn grant_tokens_round_trip() {

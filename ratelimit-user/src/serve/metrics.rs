@@ -61,6 +61,8 @@ pub(super) struct Metrics {
     pub redis_latency: Histogram,
     pub redis_up: Gauge,
     pub redis_errors: Family<Cause, Counter>,
+    /// Calls that timed out while the service was starved (not Redis's).
+    pub starved_calls: Counter,
     /// Script calls sent to Redis (probes apart).
     pub redis_calls: Counter,
     /// Keys per acquire call.
@@ -137,6 +139,12 @@ impl Metrics {
             "Keys that Redis failed to decide, by cause (a call that decided many keys counts once per key; a key answered by an open breaker counts under the cause that opened it): refused (Redis answered an error, such as out of memory), unreachable, timeout, late (reached after its deadline: took nothing), other",
             redis_errors.clone(),
         );
+        let starved_calls = Counter::default();
+        registry.register(
+            "ratelimit_serve_starved_calls",
+            "Redis calls that timed out while the service itself was starved of CPU (its runtime woke 100 ms late or more during the call): answered 503, not counted as Redis's errors, the breaker left closed",
+            starved_calls.clone(),
+        );
         let redis_calls = Counter::default();
         registry.register(
             "ratelimit_serve_redis_calls",
@@ -189,6 +197,7 @@ impl Metrics {
             redis_latency,
             redis_up,
             redis_errors,
+            starved_calls,
             redis_calls,
             batch_keys,
             breaker_open,
@@ -210,11 +219,6 @@ impl Metrics {
 
     pub(super) fn refused(&self, reason: &'static str) {
         self.auth_refused.get_or_create(&Reason { reason }).inc();
-    }
-
-    /// A Redis call failed.
-    pub(super) fn failed(&self, e: &ratelimit_redis::Error) {
-        self.failed_keys(e, 1);
     }
 
     /// A Redis call that decided `keys` keys failed.

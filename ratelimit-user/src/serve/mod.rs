@@ -16,7 +16,8 @@
 //! answers each HTTP request, [`grpc`] each gRPC one; both read what a
 //! request asks with [`request`] and [`auth`], and decide through
 //! [`decide`] (batching, grants) and [`breaker`] (503 at once while a Redis
-//! node is down). Called by the CLI's `serve` command.
+//! node is down), which blames Redis for a timeout only when [`lag`] saw the
+//! service's own runtime on time. Called by the CLI's `serve` command.
 
 mod api;
 mod auth;
@@ -25,6 +26,7 @@ pub mod config;
 mod conn;
 mod decide;
 mod grpc;
+mod lag;
 mod metrics;
 pub mod policy;
 mod request;
@@ -170,8 +172,10 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
     };
     let breakers = breaker::Breakers::new(store.clone(), &opts.prefix, node, metrics.clone());
     breakers.refresh().await;
+    let lag = lag::Lag::new();
+    lag.watch();
     let app = Arc::new(api::App {
-        decider: decide::Decider::new(store, &opts.prefix, breakers, metrics.clone()),
+        decider: decide::Decider::new(store, &opts.prefix, breakers, metrics.clone(), lag),
         policy,
         metrics,
         max_body: opts.max_body,

@@ -229,3 +229,84 @@ fn a_dead_cluster_master_fails_only_its_own_keys_and_at_once() {
     let failed = results.iter().filter(|a| a["status"] == 503).count();
     assert_eq!(failed, on[0].len(), "{r}");
 }
+
+/// A service starved of CPU is not Redis being down. The service is
+/// stopped (SIGSTOP) for a second, eight times, while 8 clients acquire: a
+/// call in flight then times out although Redis answered it at once. Before,
+/// that opened the breaker ("Redis is known down"), counted a Redis timeout
+/// and answered every caller 503 until a probe. Now such a call is answered
+/// 503 naming the service's own lateness, counted as starved, and the
+/// breaker stays closed: no probe ever runs.
+#[test]
+fn a_starved_service_does_not_blame_redis() {
+    use std::sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    };
+    let redis = RedisServer::start();
+    let s = Service::start(&redis, &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let (stop, errors, port) = (stop.clone(), errors.clone(), s.port);
+            std::thread::spawn(move || {
+                let body = json!({"key": format!("starved-{i}"), "limit": {"rate": "100000/s", "burst": 100000}});
+                let mut ok = 0u32;
+                let start = Instant::now();
+                // Bounded: the main thread stops it after ~13 s; 60 s at most.
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) {
+                    let (status, r) = ratelimit_tests::serve::post(port, "/v1/acquire", body.clone());
+                    if status == 200 {
+                        ok += 1;
+                    } else {
+                        errors.lock().unwrap().push(r.to_string());
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(500));
+    for _ in 0..8 {
+        // SAFETY: kill(2) on the service's own pid, a child of this test.
+        assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGSTOP) }, 0);
+        sleep(Duration::from_secs(1));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGCONT) }, 0);
+        sleep(Duration::from_millis(600));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let ok: u32 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    let errors = errors.lock().unwrap();
+    let starved = s
+        .metric("ratelimit_serve_starved_calls_total")
+        .unwrap_or(0.0);
+    eprintln!(
+        "{ok} acquires answered 200, {} answered otherwise; {starved} starved calls",
+        errors.len()
+    );
+    assert!(ok > 100, "the clients were served: {ok}");
+    for e in errors.iter() {
+        assert!(
+            e.contains("the service was too busy to hear Redis in time"),
+            "a 503 while Redis was up must name the service's lateness: {e}"
+        );
+    }
+    for probe in ["answered", "failed"] {
+        let name = format!("ratelimit_serve_breaker_probes_total{{outcome=\"{probe}\"}}");
+        assert_eq!(
+            s.metric(&name).unwrap_or(0.0),
+            0.0,
+            "the breaker opened for a Redis that was up: {name}\n{}",
+            s.log()
+        );
+    }
+    assert_eq!(rejected(&s), 0.0, "keys answered by an open breaker");
+    assert_eq!(
+        s.metric("ratelimit_serve_redis_errors_total{cause=\"timeout\"}")
+            .unwrap_or(0.0),
+        0.0,
+        "timeouts counted as Redis's"
+    );
+}

@@ -40,6 +40,9 @@ pub struct Setup<'a> {
     pub args: &'a [&'a str],
     /// The command it runs under (e.g. `prlimit --nofile=1024:1024 --`).
     pub wrapper: &'a [&'a str],
+    /// The binary to run instead of [`ratelimit_bin`] (a copy another user
+    /// may execute).
+    pub program: Option<&'a std::path::Path>,
 }
 
 /// A free port on 127.0.0.1.
@@ -102,13 +105,16 @@ impl Service {
         }
         let log = dir.0.join("serve.log");
         let file = std::fs::File::create(&log).expect("creating the service's log");
+        let bin = setup
+            .program
+            .map_or_else(ratelimit_bin, std::path::Path::to_path_buf);
         let mut cmd = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
-                c.args(rest).arg(ratelimit_bin());
+                c.args(rest).arg(&bin);
                 c
             }
-            None => Command::new(ratelimit_bin()),
+            None => Command::new(&bin),
         };
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis"])
             .arg(url)

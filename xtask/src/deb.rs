@@ -10,6 +10,7 @@
 //! | its man pages (`ratelimit man --out`), `gzip -9n` | `/usr/share/man/man8/` (`man5/` for `.5` pages) |
 //! | its completions (`ratelimit completions SHELL`) | `/usr/share/bash-completion/completions/ratelimit`, `/usr/share/zsh/vendor-completions/_ratelimit`, `/usr/share/fish/vendor_completions.d/ratelimit.fish` |
 //! | `dist/ratelimit@.service`, `ExecStart=/usr/bin/ratelimit …` | `/usr/lib/systemd/system/ratelimit@.service` |
+//! | `dist/ratelimit-serve.service`, `ExecStart=/usr/bin/ratelimit serve …` | `/usr/lib/systemd/system/ratelimit-serve.service` |
 //! | `examples/ratelimit.toml` (a conffile) | `/etc/ratelimit/ratelimit.toml` |
 //! | `dist/fail2ban/ratelimit.conf`, `ratelimit = /usr/bin/ratelimit` (a conffile) | `/etc/fail2ban/action.d/ratelimit.conf` |
 //! | `copyright`, `changelog.gz` (CHANGELOG.md), `README.md` | `/usr/share/doc/ratelimit/` |
@@ -47,8 +48,10 @@ const STAGE: &str = "target/deb-stage";
 
 /// The binary, as installed.
 const BIN: &str = "/usr/bin/ratelimit";
-/// The unit, as installed.
+/// The daemon's unit, as installed.
 const UNIT: &str = "/usr/lib/systemd/system/ratelimit@.service";
+/// The service's unit, as installed.
+const SERVE_UNIT: &str = "/usr/lib/systemd/system/ratelimit-serve.service";
 /// The example config, as installed (the unit reads `/etc/ratelimit/IFACE.toml`:
 /// this is the file to copy there).
 const CONFIG: &str = "/etc/ratelimit/ratelimit.toml";
@@ -81,7 +84,7 @@ const DOC: &str = "/usr/share/doc/ratelimit";
 
 /// Files the package must hold, with their modes (one man page per command
 /// comes on top of these two, and the file formats' pages).
-const EXPECTED: [(&str, u32); 14] = [
+const EXPECTED: [(&str, u32); 15] = [
     (BIN, 0o755),
     ("/usr/share/man/man8/ratelimit.8.gz", 0o644),
     ("/usr/share/man/man8/ratelimit-run.8.gz", 0o644),
@@ -91,6 +94,7 @@ const EXPECTED: [(&str, u32); 14] = [
     (COMPLETIONS[1].1, 0o644),
     (COMPLETIONS[2].1, 0o644),
     (UNIT, 0o644),
+    (SERVE_UNIT, 0o644),
     (CONFIG, 0o644),
     (FAIL2BAN, 0o644),
     ("/usr/share/doc/ratelimit/copyright", 0o644),
@@ -278,13 +282,15 @@ fn stage(bin: &Path, tree: &Path, work: &Path, meta: &Meta) -> Result<()> {
         install::put(&at(path), &install::completion(&staged, shell)?, 0o644)?;
     }
 
-    let unit = String::from_utf8(read(&root.join(install::UNIT))?)
-        .with_context(|| format!("{} is not UTF-8", install::UNIT))?;
-    install::put(
-        &at(UNIT),
-        install::unit_for(&unit, Path::new(BIN))?.as_bytes(),
-        0o644,
-    )?;
+    for (shipped, installed) in [(install::UNIT, UNIT), (install::SERVE_UNIT, SERVE_UNIT)] {
+        let unit = String::from_utf8(read(&root.join(shipped))?)
+            .with_context(|| format!("{shipped} is not UTF-8"))?;
+        install::put(
+            &at(installed),
+            install::unit_for(&unit, Path::new(BIN))?.as_bytes(),
+            0o644,
+        )?;
+    }
 
     install::put(&at(CONFIG), &read(&root.join(CONFIG_SRC))?, 0o644)?;
 
@@ -456,7 +462,19 @@ fn checks(built: &Built, s: &Scratch) -> Result<()> {
     );
     ok(&format!("ExecStart={exec}; the fail2ban action runs {BIN}"));
 
-    verify_unit(s, &unit)?;
+    verify_unit(s, &unit, "ratelimit@eth0.service")?;
+
+    let serve_unit = fs::read_to_string(s.path(SERVE_UNIT))?;
+    let exec = serve_unit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ExecStart="))
+        .context("the installed service unit has no ExecStart=")?;
+    ensure!(
+        exec == format!("{BIN} serve $SERVE_ARGS") && !serve_unit.contains("/usr/local/"),
+        "the installed service unit's ExecStart={exec}"
+    );
+    ok(&format!("the service's ExecStart={exec}"));
+    verify_unit(s, &serve_unit, "ratelimit-serve.service")?;
 
     let installed_bin = s.path(BIN);
     let version = output(
@@ -522,7 +540,7 @@ fn checks(built: &Built, s: &Scratch) -> Result<()> {
 /// --root` would need the root to hold `sysinit.target` and `/bin/kill`
 /// too), with the installed man pages on `MANPATH` (verify checks the
 /// `Documentation=` pages).
-fn verify_unit(s: &Scratch, unit: &str) -> Result<()> {
+fn verify_unit(s: &Scratch, unit: &str, instance: &str) -> Result<()> {
     if which::which("systemd-analyze").is_err() {
         if env::var_os("CI").is_some() {
             bail!("CI is set and systemd-analyze is missing: `cargo xtask setup` installs it");
@@ -533,7 +551,7 @@ fn verify_unit(s: &Scratch, unit: &str) -> Result<()> {
         return Ok(());
     }
     let installed_bin = s.path(BIN);
-    let copy = s.dir.join("verify/ratelimit@eth0.service");
+    let copy = s.dir.join("verify").join(instance);
     install::put(
         &copy,
         unit.replace(
@@ -555,11 +573,11 @@ fn verify_unit(s: &Scratch, unit: &str) -> Result<()> {
     let complaints = String::from_utf8_lossy(&out.stderr);
     ensure!(
         out.status.success() && complaints.trim().is_empty(),
-        "systemd-analyze verify of the installed unit ({}): {complaints}",
+        "systemd-analyze verify of the installed unit {instance} ({}): {complaints}",
         out.status
     );
     eprintln!(
-        "xtask: deb: ok: systemd-analyze verify of the installed unit (as ratelimit@eth0, ExecStart at {}, the installed man pages)",
+        "xtask: deb: ok: systemd-analyze verify of the installed unit (as {instance}, ExecStart at {}, the installed man pages)",
         installed_bin.display()
     );
     Ok(())

@@ -11,7 +11,7 @@
 //! | bash | `PREFIX/share/bash-completion/completions/ratelimit` |
 //! | zsh | `PREFIX/share/zsh/site-functions/_ratelimit` |
 //! | fish | `PREFIX/share/fish/vendor_completions.d/ratelimit.fish` |
-//! | `ratelimit@.service` | `UNIT_DIR/` (`/etc/systemd/system`), its `ExecStart` pointing at `PREFIX/bin/ratelimit` |
+//! | `ratelimit@.service`, `ratelimit-serve.service` | `UNIT_DIR/` (`/etc/systemd/system`), their `ExecStart` pointing at `PREFIX/bin/ratelimit` |
 //!
 //! Every file is written to a temporary name and renamed into place, so a
 //! running daemon's binary is replaced, never overwritten in place.
@@ -25,8 +25,12 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-/// The unit as shipped, relative to the workspace root.
+/// The daemon's unit as shipped, relative to the workspace root.
 pub(crate) const UNIT: &str = "dist/ratelimit@.service";
+/// The service's unit (`ratelimit serve`) as shipped.
+pub(crate) const SERVE_UNIT: &str = "dist/ratelimit-serve.service";
+/// Both units as shipped.
+pub(crate) const UNITS: [&str; 2] = [UNIT, SERVE_UNIT];
 /// The binary's path in the shipped unit's `ExecStart` (and in the fail2ban
 /// action's `ratelimit =`).
 pub(crate) const SHIPPED_BIN: &str = "/usr/local/bin/ratelimit";
@@ -40,12 +44,13 @@ const COMPLETIONS: [(&str, &str); 3] = [
     ("fish", "share/fish/vendor_completions.d/ratelimit.fish"),
 ];
 
-/// Installs `bin` and what it generates under `prefix`, and `unit` (the
-/// shipped unit's text) into `unit_dir`. Returns the paths written.
+/// Installs `bin` and what it generates under `prefix`, and `units` (each
+/// shipped unit's file name and text) into `unit_dir`. Returns the paths
+/// written.
 pub(crate) fn files(
     bin: &Path,
     prefix: &Path,
-    unit: &str,
+    units: &[(&str, &str)],
     unit_dir: &Path,
 ) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
@@ -65,9 +70,11 @@ pub(crate) fn files(
         written.push(path);
     }
 
-    let unit_path = unit_dir.join("ratelimit@.service");
-    put(&unit_path, unit_for(unit, &installed)?.as_bytes(), 0o644)?;
-    written.push(unit_path);
+    for (name, unit) in units {
+        let unit_path = unit_dir.join(name);
+        put(&unit_path, unit_for(unit, &installed)?.as_bytes(), 0o644)?;
+        written.push(unit_path);
+    }
     Ok(written)
 }
 
@@ -135,7 +142,7 @@ pub(crate) fn completion(bin: &Path, shell: &str) -> Result<Vec<u8>> {
 /// The shipped unit with `ExecStart` pointing at `installed`.
 pub(crate) fn unit_for(unit: &str, installed: &Path) -> Result<String> {
     if !unit.contains(&format!("ExecStart={SHIPPED_BIN} ")) {
-        bail!("{UNIT} no longer starts {SHIPPED_BIN}: update xtask/src/install.rs");
+        bail!("a unit of dist/ no longer starts {SHIPPED_BIN}: update xtask/src/install.rs");
     }
     let installed = installed
         .to_str()
@@ -182,7 +189,12 @@ esac
         let prefix = root.join("usr");
         let unit_dir = root.join("etc/systemd/system");
         let unit = "[Service]\nExecStart=/usr/local/bin/ratelimit run --iface %i\n";
-        let written = files(&stub, &prefix, unit, &unit_dir).unwrap();
+        let serve = "[Service]\nExecStart=/usr/local/bin/ratelimit serve $SERVE_ARGS\n";
+        let units = [
+            ("ratelimit@.service", unit),
+            ("ratelimit-serve.service", serve),
+        ];
+        let written = files(&stub, &prefix, &units, &unit_dir).unwrap();
 
         let want = [
             "usr/bin/ratelimit",
@@ -192,6 +204,7 @@ esac
             "usr/share/zsh/site-functions/_ratelimit",
             "usr/share/fish/vendor_completions.d/ratelimit.fish",
             "etc/systemd/system/ratelimit@.service",
+            "etc/systemd/system/ratelimit-serve.service",
         ];
         let got: Vec<String> = written
             .iter()
@@ -201,6 +214,15 @@ esac
         let mode = |p: &str| fs::metadata(root.join(p)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode("usr/bin/ratelimit"), 0o755);
         assert_eq!(mode("etc/systemd/system/ratelimit@.service"), 0o644);
+        assert_eq!(mode("etc/systemd/system/ratelimit-serve.service"), 0o644);
+        let serve_unit = fs::read_to_string(root.join(want[7])).unwrap();
+        assert!(
+            serve_unit.contains(&format!(
+                "ExecStart={} serve $SERVE_ARGS",
+                prefix.join("bin/ratelimit").display()
+            )),
+            "{serve_unit}"
+        );
         let bash = fs::read_to_string(root.join(want[3])).unwrap();
         assert_eq!(bash, "# bash completions for ratelimit\n");
         let installed_unit = fs::read_to_string(root.join(want[6])).unwrap();

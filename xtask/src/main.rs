@@ -279,10 +279,23 @@ fn install(prefix: &Path, unit_dir: &Path, binary: Option<PathBuf>) -> Result<Ex
         let status = cmd.status().context("running sudo")?;
         return Ok(exit_code(status));
     }
-    let unit_src = workspace_root().join(install::UNIT);
-    let unit = std::fs::read_to_string(&unit_src)
-        .with_context(|| format!("reading {}", unit_src.display()))?;
-    for path in install::files(&bin, prefix, &unit, unit_dir)? {
+    let mut units = Vec::new();
+    for shipped in install::UNITS {
+        let src = workspace_root().join(shipped);
+        let text =
+            std::fs::read_to_string(&src).with_context(|| format!("reading {}", src.display()))?;
+        let name = src
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("a unit's file name")?
+            .to_string();
+        units.push((name, text));
+    }
+    let units: Vec<(&str, &str)> = units
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.as_str()))
+        .collect();
+    for path in install::files(&bin, prefix, &units, unit_dir)? {
         eprintln!("xtask: installed {}", path.display());
     }
     if unit_dir == Path::new("/etc/systemd/system") && Path::new("/run/systemd/system").exists() {
@@ -293,6 +306,9 @@ fn install(prefix: &Path, unit_dir: &Path, binary: Option<PathBuf>) -> Result<Ex
     }
     eprintln!(
         "xtask: next: put the rules in /etc/ratelimit/IFACE.toml (see examples/ratelimit.toml), then `systemctl enable --now ratelimit@IFACE`"
+    );
+    eprintln!(
+        "xtask: the throttling service: SERVE_ARGS=\"--redis redis://HOST:PORT ...\" in /etc/default/ratelimit-serve, then `systemctl enable --now ratelimit-serve`"
     );
     Ok(ExitCode::SUCCESS)
 }

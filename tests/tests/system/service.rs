@@ -1,14 +1,11 @@
-//! The systemd unit `dist/ratelimit@.service`: it verifies, its exposure
+//! The systemd units. `dist/ratelimit@.service`: it verifies, its exposure
 //! (`systemd-analyze security`) stays at 4.0 or below, the daemon does its work
 //! with exactly the capabilities the unit leaves it, and every system call it
-//! makes is one the unit's filter allows.
+//! makes is one the unit's filter allows. `dist/ratelimit-serve.service`: it
+//! verifies, its exposure stays at 2.0 or below, and `ratelimit serve`
+//! decides as a user of no account with no capability.
 
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{collections::BTreeSet, path::Path, process::Command, time::Duration};
 
 use ratelimit_tests::{
     Daemon, TempDir,
@@ -22,29 +19,45 @@ use ratelimit_tests::{
 /// locked down, 10 is a service with no sandbox; "OK" ends at 4.9).
 const MAX_EXPOSURE: f64 = 4.0;
 
-fn unit_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/ratelimit@.service")
+/// The highest exposure level the service's unit may have: it keeps no
+/// capability and runs as a user of its own.
+const MAX_SERVE_EXPOSURE: f64 = 2.0;
+
+/// The daemon's unit.
+const DAEMON_UNIT: &str = "ratelimit@.service";
+/// The service's unit.
+const SERVE_UNIT: &str = "ratelimit-serve.service";
+
+fn unit_text_of(unit: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../dist")
+        .join(unit);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-fn unit_text() -> String {
-    std::fs::read_to_string(unit_path())
-        .unwrap_or_else(|e| panic!("reading {}: {e}", unit_path().display()))
-}
-
-/// Every value of `key=` in the unit, in order (a key may be given several
+/// Every value of `key=` in `unit`, in order (a key may be given several
 /// times, as SystemCallFilter= is).
-fn unit_values(key: &str) -> Vec<String> {
+fn unit_values_of(unit: &str, key: &str) -> Vec<String> {
     let prefix = format!("{key}=");
-    unit_text()
+    unit_text_of(unit)
         .lines()
         .filter_map(|l| l.trim().strip_prefix(&prefix).map(str::to_string))
         .collect()
 }
 
-fn unit_value(key: &str) -> String {
-    let v = unit_values(key);
-    assert_eq!(v.len(), 1, "{key}= given {} times in the unit", v.len());
+fn unit_value_of(unit: &str, key: &str) -> String {
+    let v = unit_values_of(unit, key);
+    assert_eq!(v.len(), 1, "{key}= given {} times in {unit}", v.len());
     v[0].clone()
+}
+
+/// Every value of `key=` in the daemon's unit.
+fn unit_values(key: &str) -> Vec<String> {
+    unit_values_of(DAEMON_UNIT, key)
+}
+
+fn unit_value(key: &str) -> String {
+    unit_value_of(DAEMON_UNIT, key)
 }
 
 /// The unit's capability bounding set, e.g. `["CAP_BPF", "CAP_NET_ADMIN", …]`.
@@ -105,15 +118,25 @@ fn the_unit_verifies_and_its_exposure_is_at_most_4() {
         unit_value("Documentation")
     );
 
-    // A copy as an instance, run by the binary under test (the installed
-    // path need not exist here), with the man pages it refers to on MANPATH:
-    // verify checks both.
+    let (exposure, report) = verify_and_score(DAEMON_UNIT, "ratelimit@eth0.service");
+    assert!(
+        exposure <= MAX_EXPOSURE,
+        "exposure {exposure}, at most {MAX_EXPOSURE} wanted:\n{report}"
+    );
+}
+
+/// `systemd-analyze verify` and `security` on a copy of `unit` named
+/// `instance`, run by the binary under test (the installed path need not
+/// exist here), with the man pages it refers to on MANPATH (verify checks
+/// both): panics with what verify says, else the exposure level and
+/// systemd's report.
+fn verify_and_score(unit: &str, instance: &str) -> (f64, String) {
     let dir = TempDir::new("unit");
-    let unit = dir.0.join("ratelimit@eth0.service");
+    let path = dir.0.join(instance);
     let bin = ratelimit_bin();
     std::fs::write(
-        &unit,
-        unit_text().replace(
+        &path,
+        unit_text_of(unit).replace(
             "/usr/local/bin/ratelimit",
             bin.to_str().expect("UTF-8 path"),
         ),
@@ -133,42 +156,38 @@ fn the_unit_verifies_and_its_exposure_is_at_most_4() {
     );
     let out = Command::new("systemd-analyze")
         .arg("verify")
-        .arg(&unit)
+        .arg(&path)
         .env("MANPATH", &man)
         .output()
         .expect("systemd-analyze verify");
     let complaints = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && complaints.trim().is_empty(),
-        "systemd-analyze verify ({}): {complaints}",
+        "systemd-analyze verify {instance} ({}): {complaints}",
         out.status
     );
-
     let out = Command::new("systemd-analyze")
         .args(["security", "--offline=true"])
-        .arg(&unit)
+        .arg(&path)
         .output()
         .expect("systemd-analyze security");
     let report = String::from_utf8_lossy(&out.stdout);
     let line = report
         .lines()
-        .find(|l| l.contains("Overall exposure level for ratelimit@eth0.service:"))
+        .find(|l| l.contains(&format!("Overall exposure level for {instance}:")))
         .unwrap_or_else(|| {
             panic!(
                 "no exposure level in: {report}{}",
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-    let exposure: f64 = line
+    let exposure = line
         .split(':')
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("unreadable exposure line: {line}"));
-    assert!(
-        exposure <= MAX_EXPOSURE,
-        "exposure {exposure}, at most {MAX_EXPOSURE} wanted:\n{report}"
-    );
+    (exposure, report.into_owned())
 }
 
 /// setpriv's form of the unit's capabilities: `-all,+bpf,+net_admin,…`.
@@ -537,4 +556,74 @@ fn every_system_call_the_daemon_makes_is_in_the_units_filter() {
         refused.is_empty(),
         "the daemon makes system calls the unit's SystemCallFilter= refuses (EPERM): {refused:?}\n{summary}"
     );
+}
+
+/// The service's unit keeps no capability and runs as a user systemd makes
+/// up (no root, no account), with an exposure of at most 2.0; and
+/// `ratelimit serve` decides as such a user: uid 65534, no capability in
+/// any set, no new privileges, against a real Redis.
+#[test]
+fn the_service_unit_keeps_no_privilege_and_serves_without_any() {
+    let name = "the_service_unit_keeps_no_privilege_and_serves_without_any";
+    if !require_tool(name, "systemd-analyze") {
+        return;
+    }
+    let exec = unit_value_of(SERVE_UNIT, "ExecStart");
+    assert_eq!(exec, "/usr/local/bin/ratelimit serve $SERVE_ARGS");
+    assert_eq!(unit_value_of(SERVE_UNIT, "DynamicUser"), "yes");
+    assert_eq!(unit_value_of(SERVE_UNIT, "CapabilityBoundingSet"), "");
+    assert_eq!(unit_value_of(SERVE_UNIT, "AmbientCapabilities"), "");
+    assert!(
+        unit_values_of(SERVE_UNIT, "User").is_empty(),
+        "no User=: DynamicUser= makes one"
+    );
+    let (exposure, report) = verify_and_score(SERVE_UNIT, SERVE_UNIT);
+    assert!(
+        exposure <= MAX_SERVE_EXPOSURE,
+        "exposure {exposure}, at most {MAX_SERVE_EXPOSURE} wanted:\n{report}"
+    );
+
+    privileged!(name);
+    // A copy nobody may run, wherever the build is.
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = TempDir::new("serve-bin");
+    let bin = dir.0.join("ratelimit");
+    std::fs::copy(ratelimit_bin(), &bin).expect("copying the binary");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let redis = ratelimit_tests::redis::RedisServer::start();
+    let s = ratelimit_tests::serve::Service::start_with(
+        &redis.url(),
+        &ratelimit_tests::serve::Setup {
+            wrapper: &[
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--no-new-privs",
+                "--",
+            ],
+            program: Some(&bin),
+            ..Default::default()
+        },
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).expect("status");
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .expect("Uid:");
+    assert!(
+        uid.split_whitespace().all(|u| u == "65534"),
+        "the service runs as uid 65534: Uid:{uid}"
+    );
+    for set in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        assert_eq!(proc_caps(s.pid(), set), 0, "{set} of the service");
+    }
+    let (code, r) = s.post(
+        "/v1/acquire",
+        serde_json::json!({"key": "unit", "limit": {"rate": "10/s", "burst": 2}}),
+    );
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["allowed"], true, "{r}");
 }

@@ -45,13 +45,16 @@ pub struct FleetCursor {
 const _: () = assert!(core::mem::size_of::<FleetCursor>() == 32);
 
 /// Value of [`MAP_FLEET_BEAT`](crate::MAP_FLEET_BEAT) (one entry): the
-/// daemon's heartbeat. Written by the daemon at every sync; read by the
-/// program for every frame under a fleet-wide rule (see [`fleet_cost`]).
-/// A zeroed value (no daemon ever synced) charges nothing extra.
+/// daemon's heartbeat. Written by the daemon at every sync, once every key
+/// of the sync is settled; read by the program for every frame under a
+/// fleet-wide rule (see [`fleet_cost`]). A zeroed value (no daemon ever
+/// synced) charges nothing extra.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FleetBeat {
-    /// When the daemon last synced (CLOCK_MONOTONIC, ns: the program's clock).
+    /// When the counts of the daemon's last settled sync were read
+    /// (CLOCK_MONOTONIC, ns: the program's clock): the debt the program
+    /// judges with is no older than this.
     pub at: u64,
     /// The daemons of the fleet the daemon counted then, itself included;
     /// at most [`FLEET_MEMBERS_MAX`].

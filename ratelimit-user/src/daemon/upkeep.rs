@@ -202,18 +202,14 @@ impl Daemon {
             .collect()
     }
 
-    /// Answers the fleet sync task: writes its heartbeat and reads what
-    /// keys were admitted; raises buckets and writes report cursors.
+    /// Answers the fleet sync task: reads what keys were admitted; raises
+    /// buckets and writes report cursors; writes its heartbeat.
     pub(super) fn fleet_job(&mut self, job: crate::fleet::Job) {
         use crate::fleet::{FleetRule, Job, Snapshot};
         match job {
-            Job::Read {
-                members,
-                cursors,
-                reply,
-            } => {
+            Job::Beat { at, members } => {
                 let beat = ratelimit_common::FleetBeat {
-                    at: monotonic_ns(),
+                    at,
                     members: members.min(u64::from(ratelimit_common::FLEET_MEMBERS_MAX)) as u32,
                     _pad: 0,
                 };
@@ -228,6 +224,8 @@ impl Daemon {
                         self.beat_failing = true;
                     }
                 }
+            }
+            Job::Read { cursors, reply } => {
                 let set = self.rules.effective();
                 let mut rules = std::collections::HashMap::new();
                 let mut add =

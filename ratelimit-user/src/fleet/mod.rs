@@ -32,10 +32,14 @@
 //! for good (SIGINT or SIGTERM without `--keep-attached`: its program goes
 //! with it) leaves at once.
 //!
-//! Each sync writes a heartbeat (`RL_FLEET_BEAT`: the time, and `N`) that the
-//! program reads: when it is older than five syncs (the daemon is dead or
-//! stuck) the program itself charges each frame of a fleet-wide key `N`
-//! times (ratelimit-common's `fleet_cost`), as the `share` fallback would.
+//! Each sync writes a heartbeat (`RL_FLEET_BEAT`: when its counts were
+//! read, and `N`) once every key of it is settled (answered, or charged as
+//! under the fallback), and the program reads it: when it is older than five
+//! syncs (the daemon is dead, stuck or starved) the program itself charges
+//! each frame of a fleet-wide key `N` times (ratelimit-common's
+//! `fleet_cost`), as the `share` fallback would. So the debt a program
+//! judges with is never more than five syncs old, however late its daemon
+//! runs.
 //!
 //! # The bound, and what it depends on
 //! With `N` daemons, a key of rate `R` and burst `B`, and `Δ` the age of the
@@ -222,16 +226,23 @@ pub struct Raise {
 
 /// What the sync task asks of the daemon's loop.
 pub enum Job {
-    /// Write the heartbeat (the fleet's `members` as last counted), then
-    /// read the fleet-wide rules and what their keys were admitted (and the
+    /// Read the fleet-wide rules and what their keys were admitted (and the
     /// pinned report cursors, if `cursors`).
     Read {
-        /// The members last counted, this daemon included.
-        members: u64,
         /// Read the pinned report cursors too.
         cursors: bool,
         /// Where the snapshot goes.
         reply: oneshot::Sender<Snapshot>,
+    },
+    /// Write the heartbeat: every key of the counts read at `at` is
+    /// settled (its answer written, or charged as under the fallback), so
+    /// the debt the program judges with is no older than `at`. Sent after
+    /// the round's writes, so that the program sees them first.
+    Beat {
+        /// When the counts were read ([`Snapshot::at`]).
+        at: u64,
+        /// The members last counted, this daemon included.
+        members: u64,
     },
     /// Raise these keys' buckets and write these report cursors (`None`:
     /// remove).

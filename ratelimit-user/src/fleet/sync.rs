@@ -1,8 +1,8 @@
-//! The sync task: every [`SYNC`], the heartbeat and the counts from the
-//! daemon's loop (which owns the maps), one call per key group and the
-//! members' renewal to Redis at once, each group's raises and cursors back
-//! to the loop as its answer comes, and the groups that did not answer
-//! within [`CALL_TIMEOUT`] judged by the fallback.
+//! The sync task: every [`SYNC`], the counts from the daemon's loop (which
+//! owns the maps), one call per key group and the members' renewal to Redis
+//! at once, each group's raises and cursors back to the loop as its answer
+//! comes, and the groups that did not answer within [`CALL_TIMEOUT`] judged
+//! by the fallback; the heartbeat once every key is settled.
 
 use std::{
     collections::HashMap,
@@ -142,6 +142,9 @@ struct Round {
     failed_groups: u64,
     /// When the last group's answer used came (monotonic ns).
     last_answer: Option<u64>,
+    /// The members' renewal was sent and has not answered: the heartbeat
+    /// waits for the count it carries.
+    members_pending: bool,
 }
 
 impl Syncer {
@@ -154,15 +157,33 @@ impl Syncer {
         let mut round = self.send(plan);
         // What failed at once is written at once.
         self.write(&mut round.settled).await?;
-        self.collect(&mut round).await?;
-        self.finish(round, &snap).await
+        let beaten = self.collect(&mut round, snap.at).await?;
+        self.finish(round, &snap).await?;
+        if !beaten {
+            self.beat(snap.at).await?;
+        }
+        Some(())
+    }
+
+    /// The heartbeat, once every key of the counts read at `at` is settled:
+    /// a daemon that cannot settle its keys (starved of CPU, stuck) leaves
+    /// it to age, and its program charges fleet-wide keys as under the
+    /// fallback once it is [`ratelimit_common::FLEET_STALE_NS`] old. Written
+    /// when the counts were read, a heartbeat could hide a stall between the
+    /// read and the answer's write, and let the debt the program judges with
+    /// age to twice that.
+    async fn beat(&mut self, at: u64) -> Option<()> {
+        let beat = Job::Beat {
+            at,
+            members: self.view.members,
+        };
+        self.jobs.send(beat).await.ok()
     }
 
     /// The heartbeat and the counts, from the loop.
     async fn read(&mut self) -> Option<Snapshot> {
         let (reply, answer) = oneshot::channel();
         let read = Job::Read {
-            members: self.view.members,
             cursors: self.first,
             reply,
         };
@@ -191,6 +212,7 @@ impl Syncer {
                 let call = s.fleet_members(&key, &m, LEASE, SILENCE, GRACE);
                 Answer::Members(within(call).await)
             });
+            round.members_pending = true;
         }
         for (group, mut items) in plan {
             if !self.link.due(group, now) {
@@ -228,12 +250,19 @@ impl Syncer {
 
     /// Each answer written as it comes; what has not come within SLOW is
     /// charged as under the fallback at once, and what has not come by the
-    /// deadline is judged by the fallback.
-    async fn collect(&mut self, round: &mut Round) -> Option<()> {
+    /// deadline is judged by the fallback. The heartbeat for the counts read
+    /// at `at` goes as soon as every key is settled and the members' count
+    /// it carries is in (or at SLOW); answers whether it went.
+    async fn collect(&mut self, round: &mut Round, at: u64) -> Option<bool> {
         let sent = tokio::time::Instant::now();
         let deadline = sent + CALL_TIMEOUT + Duration::from_millis(10);
         let mut late = false;
+        let mut beaten = false;
         loop {
+            if !beaten && (late || (round.pending.is_empty() && !round.members_pending)) {
+                self.beat(at).await?;
+                beaten = true;
+            }
             let done = tokio::select! {
                 done = round.calls.join_next() => done,
                 () = tokio::time::sleep_until(sent + SLOW), if !late && !round.pending.is_empty() => {
@@ -260,13 +289,14 @@ impl Syncer {
                 .settled
                 .merge(self.book.failed(items, monotonic_ns(), &self.view));
         }
-        Some(())
+        Some(beaten)
     }
 
     /// One call's answer into the books.
     fn answered(&mut self, round: &mut Round, answer: Answer) {
         match answer {
             Answer::Members(Ok(m)) => {
+                round.members_pending = false;
                 self.link.answered(MEMBERS);
                 self.members_up = true;
                 self.view.members = m.members.max(1);
@@ -274,6 +304,7 @@ impl Syncer {
                 self.past_lease = m.past_lease.min(self.view.silent);
             }
             Answer::Members(Err(e)) => {
+                round.members_pending = false;
                 self.link.failed(MEMBERS, e.as_ref(), Instant::now());
                 self.members_up = false;
             }

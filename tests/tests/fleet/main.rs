@@ -5,6 +5,7 @@
 //! `ratelimit_tests::fleet`): restarts of every kind, a daemon cut off, a
 //! daemon dead, Redis slow, a Cluster master down and back.
 
+mod beat;
 mod cluster;
 mod faults;
 mod restarts;

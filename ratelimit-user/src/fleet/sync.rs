@@ -180,7 +180,7 @@ impl Syncer {
         self.jobs.send(beat).await.ok()
     }
 
-    /// The heartbeat and the counts, from the loop.
+    /// The counts, from the loop.
     async fn read(&mut self) -> Option<Snapshot> {
         let (reply, answer) = oneshot::channel();
         let read = Job::Read {

@@ -32,7 +32,7 @@ enum Seen {
 /// while the debt its program judged with aged. Now, with Redis stalled for
 /// 1.5 s in the middle of 4 s of syncs: each read is followed by exactly one
 /// heartbeat, stamped with that read's time; in
-/// step it comes within a few milliseconds of the read; the round the stall
+/// step it comes with the answers, before SLOW; the round the stall
 /// caught settled its key only by charging it at SLOW (100 ms), and its
 /// heartbeat came no sooner.
 #[test]
@@ -152,8 +152,8 @@ fn the_heartbeat_waits_for_the_keys_to_settle_and_carries_the_reads_time() {
         waits.len()
     );
     assert!(
-        median < Duration::from_millis(50),
-        "in step, a heartbeat comes within milliseconds of its read: median {median:?}"
+        median < SLOW,
+        "in step, a heartbeat comes with the answers, before {SLOW:?}: median {median:?}"
     );
     assert!(
         slowest >= SLOW - Duration::from_millis(5),

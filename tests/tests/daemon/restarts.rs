@@ -200,9 +200,16 @@ fn ip_netns_exec_cargo_xtask_run_pins_where_pins_outlive_it() {
         let built = build
             .args(args)
             .current_dir(workspace())
-            .status()
+            .output()
             .expect("running cargo build");
-        assert!(built.success(), "cargo {args:?}: {built}");
+        let said = String::from_utf8_lossy(&built.stderr);
+        let tail: Vec<&str> = said.lines().rev().take(60).collect();
+        assert!(
+            built.status.success(),
+            "cargo {args:?}: {}; the end of what it said:\n{}",
+            built.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
     }
     let h = Host::bare("xtask");
     let denied = ip("198.18.50.1");

@@ -28,6 +28,12 @@
 //! read-only replica, ...), could not be reached, did not answer in time, or
 //! reached the call after its deadline.
 //!
+//! Two features, both on by default, keep each program to its own part: `serve`
+//! (grants bound to their keys, the Cluster's slots: what the throttling
+//! service decides with) and `fleet` (the daemons' shared counts, members and
+//! tallies, [`fleet`]). The daemon builds with `fleet` alone, the service
+//! with `serve` alone.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), ratelimit_redis::Error> {
 //! use std::time::Duration;
@@ -43,7 +49,9 @@
 //! ```
 
 pub mod clock;
+#[cfg(feature = "fleet")]
 pub mod fleet;
+#[cfg(feature = "serve")]
 mod grant;
 mod lease;
 
@@ -57,6 +65,7 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
+#[cfg(feature = "serve")]
 pub use grant::{Ask, Granted, MAX_BATCH, RefillOutcome, Refilled, Refunded, slot, tag_of_slot};
 pub use lease::{Leases, bound as lease_bound};
 

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub use ratelimit_host::config_file::{ConfigErrors, Problem};
+
 /// Everything the library can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -193,6 +195,15 @@ impl Error {
     }
 }
 
+impl From<ratelimit_host::Invalid> for Error {
+    fn from(e: ratelimit_host::Invalid) -> Self {
+        Self::Invalid {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
 /// What kind of failure an error is, for scripts: each kind has its own exit
 /// code and its name in the `--json` error object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,75 +311,6 @@ impl Error {
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// One error of a config file.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Problem {
-    /// The line (from 1) of the key or table it is about; `None` when it is
-    /// about the file as a whole (it cannot be read, it does not fit).
-    pub line: Option<usize>,
-    /// The key as the file names it (`rule[3] (198.18.0.0/24).rate`), or an
-    /// option (`--max-rules`); empty when the file cannot be read as TOML.
-    pub field: String,
-    /// What is wrong, and which forms are accepted.
-    pub message: String,
-}
-
-/// Every error of a config file. Nothing of the file was applied.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigErrors {
-    /// The file, as the user named it.
-    pub file: String,
-    /// In the order of the file's lines; those about no line last.
-    pub problems: Vec<Problem>,
-}
-
-impl ConfigErrors {
-    pub(crate) fn of(file: &std::path::Path, mut problems: Vec<Problem>) -> Self {
-        problems.sort_by_key(|p| (p.line.is_none(), p.line));
-        Self {
-            file: file.display().to_string(),
-            problems,
-        }
-    }
-
-    /// Each error as one line: `FILE:LINE: field: message`.
-    pub fn lines(&self) -> impl Iterator<Item = String> + '_ {
-        self.problems.iter().map(|p| {
-            let at = match p.line {
-                Some(line) => format!("{}:{line}", self.file),
-                None => self.file.clone(),
-            };
-            if p.field.is_empty() {
-                format!("{at}: {}", p.message)
-            } else {
-                format!("{at}: {}: {}", p.field, p.message)
-            }
-        })
-    }
-
-    /// `FILE: 3 errors; nothing was applied`.
-    pub fn summary(&self) -> String {
-        let n = self.problems.len();
-        format!(
-            "{}: {n} error{}; nothing was applied",
-            self.file,
-            if n == 1 { "" } else { "s" }
-        )
-    }
-}
-
-impl std::fmt::Display for ConfigErrors {
-    /// Every error on its line, then the summary.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for line in self.lines() {
-            writeln!(f, "{line}")?;
-        }
-        f.write_str(&self.summary())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
 
 #[cfg(test)]
 mod tests {

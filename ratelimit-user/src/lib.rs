@@ -18,7 +18,9 @@
 //! - [`daemon`]: the daemon's loop, its control server, a handler per
 //!   request, metrics, persistence and the read-only path when no daemon
 //!   runs.
-//! - [`serve`]: `ratelimit serve`, the throttling service over HTTP.
+//! - `ratelimit serve` is not here: it runs the service's own binary,
+//!   `ratelimit-serve` (the `ratelimit-serve` crate), so that this one holds
+//!   nothing of it ([`cli`] hands the arguments on).
 //! - [`cli`]: the command line, its printers, man pages and help.
 
 pub mod cli;
@@ -31,7 +33,6 @@ pub mod host;
 pub mod kernel;
 pub mod model;
 pub mod protocol;
-pub mod serve;
 
 pub use error::{Error, Result};
 

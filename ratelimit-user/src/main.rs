@@ -14,6 +14,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return report::usage_error(e, report::json_in_args(std::env::args_os())),
     };
+    if let cli::Command::Serve(_) = cli.command {
+        // The service is its own binary: this process becomes it.
+        return report::failure(cli::serve::exec(), false);
+    }
     let json = cli.json();
     let runtime = match cli.runtime() {
         Ok(r) => r,

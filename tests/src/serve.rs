@@ -116,7 +116,11 @@ impl Service {
             }
             None => Command::new(&bin),
         };
-        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis"])
+        // `ratelimit serve`, or the service's own binary as its unit runs it.
+        if bin.file_name().is_none_or(|n| n != "ratelimit-serve") {
+            cmd.arg("serve");
+        }
+        cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--redis"])
             .arg(url)
             .args(&extra)
             .args(args)

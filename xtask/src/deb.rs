@@ -7,10 +7,11 @@
 //! | what | where |
 //! |---|---|
 //! | the binary (stripped as `dh_strip` does; the eBPF object is in it) | `/usr/bin/ratelimit` |
+//! | the service's binary (stripped), which `ratelimit serve` runs | `/usr/bin/ratelimit-serve` |
 //! | its man pages (`ratelimit man --out`), `gzip -9n` | `/usr/share/man/man8/` (`man5/` for `.5` pages) |
 //! | its completions (`ratelimit completions SHELL`) | `/usr/share/bash-completion/completions/ratelimit`, `/usr/share/zsh/vendor-completions/_ratelimit`, `/usr/share/fish/vendor_completions.d/ratelimit.fish` |
 //! | `dist/ratelimit@.service`, `ExecStart=/usr/bin/ratelimit …` | `/usr/lib/systemd/system/ratelimit@.service` |
-//! | `dist/ratelimit-serve.service`, `ExecStart=/usr/bin/ratelimit serve …` | `/usr/lib/systemd/system/ratelimit-serve.service` |
+//! | `dist/ratelimit-serve.service`, `ExecStart=/usr/bin/ratelimit-serve …` | `/usr/lib/systemd/system/ratelimit-serve.service` |
 //! | `examples/ratelimit.toml` (a conffile) | `/etc/ratelimit/ratelimit.toml` |
 //! | `dist/fail2ban/ratelimit.conf`, `ratelimit = /usr/bin/ratelimit` (a conffile) | `/etc/fail2ban/action.d/ratelimit.conf` |
 //! | `copyright`, `changelog.gz` (CHANGELOG.md), `README.md` | `/usr/share/doc/ratelimit/` |
@@ -48,6 +49,8 @@ const STAGE: &str = "target/deb-stage";
 
 /// The binary, as installed.
 const BIN: &str = "/usr/bin/ratelimit";
+/// The service's binary, as installed.
+const SERVE_BIN: &str = "/usr/bin/ratelimit-serve";
 /// The daemon's unit, as installed.
 const UNIT: &str = "/usr/lib/systemd/system/ratelimit@.service";
 /// The service's unit, as installed.
@@ -84,8 +87,9 @@ const DOC: &str = "/usr/share/doc/ratelimit";
 
 /// Files the package must hold, with their modes (one man page per command
 /// comes on top of these two, and the file formats' pages).
-const EXPECTED: [(&str, u32); 15] = [
+const EXPECTED: [(&str, u32); 16] = [
     (BIN, 0o755),
+    (SERVE_BIN, 0o755),
     ("/usr/share/man/man8/ratelimit.8.gz", 0o644),
     ("/usr/share/man/man8/ratelimit-run.8.gz", 0o644),
     ("/usr/share/man/man5/ratelimit.toml.5.gz", 0o644),
@@ -189,7 +193,13 @@ pub(crate) fn build(bin: &Path, out: &Path) -> Result<Built> {
     // dpkg-shlibdeps finds the package's root by its DEBIAN directory.
     let debian = tree.join("DEBIAN");
     fs::create_dir_all(&debian)?;
-    let depends = depends(&work, &format!("debian/{PACKAGE}{BIN}"))?;
+    let depends = depends(
+        &work,
+        &[
+            format!("debian/{PACKAGE}{BIN}"),
+            format!("debian/{PACKAGE}{SERVE_BIN}"),
+        ],
+    )?;
 
     let maintainer = maintainer(&meta);
     let control = control(&Control {
@@ -248,14 +258,19 @@ fn stage(bin: &Path, tree: &Path, work: &Path, meta: &Meta) -> Result<()> {
     fs::create_dir_all(staged.parent().context("a directory")?)?;
     // What dh_strip does to an executable: the symbol table goes (4 MB), the
     // build id stays.
-    output(
-        Command::new("strip")
-            .args(["--remove-section=.comment", "--remove-section=.note", "-o"])
-            .arg(&staged)
-            .arg(bin),
-        "strip",
-    )?;
-    fs::set_permissions(&staged, fs::Permissions::from_mode(0o755))?;
+    for (from, to) in [
+        (bin.to_path_buf(), staged.clone()),
+        (install::serve_bin(bin), at(SERVE_BIN)),
+    ] {
+        output(
+            Command::new("strip")
+                .args(["--remove-section=.comment", "--remove-section=.note", "-o"])
+                .arg(&to)
+                .arg(&from),
+            "strip",
+        )?;
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o755))?;
+    }
 
     let man = work.join("man");
     install::man_pages(&staged, &man)?;
@@ -470,7 +485,7 @@ fn checks(built: &Built, s: &Scratch) -> Result<()> {
         .find_map(|l| l.trim().strip_prefix("ExecStart="))
         .context("the installed service unit has no ExecStart=")?;
     ensure!(
-        exec == format!("{BIN} serve $SERVE_ARGS") && !serve_unit.contains("/usr/local/"),
+        exec == format!("{SERVE_BIN} $SERVE_ARGS") && !serve_unit.contains("/usr/local/"),
         "the installed service unit's ExecStart={exec}"
     );
     ok(&format!("the service's ExecStart={exec}"));
@@ -487,6 +502,16 @@ fn checks(built: &Built, s: &Scratch) -> Result<()> {
         built.version
     );
     ok(&format!("{BIN} --version: {}", version.trim()));
+    let serve_version = output(
+        Command::new(s.path(SERVE_BIN)).arg("--version"),
+        "ratelimit-serve --version",
+    )?;
+    ensure!(
+        serve_version.trim() == format!("ratelimit-serve {}", built.crate_version),
+        "ratelimit-serve --version printed {serve_version:?}, the package is {}",
+        built.version
+    );
+    ok(&format!("{SERVE_BIN} --version: {}", serve_version.trim()));
     let config = s.path(CONFIG);
     let checked = output(
         Command::new(&installed_bin)
@@ -550,20 +575,18 @@ fn verify_unit(s: &Scratch, unit: &str, instance: &str) -> Result<()> {
         );
         return Ok(());
     }
-    let installed_bin = s.path(BIN);
     let copy = s.dir.join("verify").join(instance);
-    install::put(
-        &copy,
-        unit.replace(
-            &format!("ExecStart={BIN} "),
+    let mut text = unit.to_string();
+    for bin in [SERVE_BIN, BIN] {
+        text = text.replace(
+            &format!("ExecStart={bin} "),
             &format!(
                 "ExecStart={} ",
-                installed_bin.to_str().context("a UTF-8 scratch path")?
+                s.path(bin).to_str().context("a UTF-8 scratch path")?
             ),
-        )
-        .as_bytes(),
-        0o644,
-    )?;
+        );
+    }
+    install::put(&copy, text.as_bytes(), 0o644)?;
     let out = Command::new("systemd-analyze")
         .arg("verify")
         .arg(&copy)
@@ -577,8 +600,7 @@ fn verify_unit(s: &Scratch, unit: &str, instance: &str) -> Result<()> {
         out.status
     );
     eprintln!(
-        "xtask: deb: ok: systemd-analyze verify of the installed unit (as {instance}, ExecStart at {}, the installed man pages)",
-        installed_bin.display()
+        "xtask: deb: ok: systemd-analyze verify of the installed unit (as {instance}, ExecStart at the scratch root's binary, the installed man pages)"
     );
     Ok(())
 }
@@ -865,14 +887,14 @@ const MIT: &str = " Permission is hereby granted, free of charge, to any person 
 ";
 
 /// `Depends` from `dpkg-shlibdeps` run in `work` (which holds
-/// `debian/control`) on `bin` (relative to `work`), or, without dpkg-dev,
-/// from the binary's `NEEDED` libraries and glibc symbol versions.
-fn depends(work: &Path, bin: &str) -> Result<String> {
+/// `debian/control`) on `bins` (relative to `work`), or, without dpkg-dev,
+/// from the binaries' `NEEDED` libraries and glibc symbol versions.
+fn depends(work: &Path, bins: &[String]) -> Result<String> {
     if which::which("dpkg-shlibdeps").is_ok() {
         let out = Command::new("dpkg-shlibdeps")
             .current_dir(work)
             .arg("-O")
-            .arg(bin)
+            .args(bins)
             .output()
             .context("running dpkg-shlibdeps")?;
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -888,12 +910,15 @@ fn depends(work: &Path, bin: &str) -> Result<String> {
             .context("dpkg-shlibdeps printed no shlibs:Depends");
     }
     eprintln!("xtask: deb: no dpkg-shlibdeps (dpkg-dev): Depends from readelf -d and objdump -T");
-    let bin = work.join(bin);
-    let dynamic = output(
-        Command::new("readelf").args(["-d", "--wide"]).arg(&bin),
-        "readelf -d",
-    )?;
-    let symbols = output(Command::new("objdump").arg("-T").arg(&bin), "objdump -T")?;
+    let (mut dynamic, mut symbols) = (String::new(), String::new());
+    for bin in bins {
+        let bin = work.join(bin);
+        dynamic += &output(
+            Command::new("readelf").args(["-d", "--wide"]).arg(&bin),
+            "readelf -d",
+        )?;
+        symbols += &output(Command::new("objdump").arg("-T").arg(&bin), "objdump -T")?;
+    }
     elf_depends(&dynamic, &symbols)
 }
 

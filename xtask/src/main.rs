@@ -30,7 +30,7 @@ use std::{
     process::{Command, ExitCode, Stdio},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -60,17 +60,20 @@ enum Task {
     /// release binary, the Debian package's check, the kernel tier in VMs on
     /// Debian's 6.1 and sid, and the bench's smoke run.
     Test,
-    /// Build a release and install the binary, its man pages, shell
-    /// completions and the systemd unit (as root, through sudo if needed).
+    /// Build a release and install the binaries (ratelimit, ratelimit-serve),
+    /// their man pages, shell completions and the systemd units (as root,
+    /// through sudo if needed).
     Install {
-        /// Where the binary (PREFIX/bin), the man pages (PREFIX/share/man/man8)
+        /// Where the binaries (PREFIX/bin), the man pages (PREFIX/share/man/man8)
         /// and the completions (PREFIX/share/…) go.
         #[arg(long, default_value = "/usr/local")]
         prefix: PathBuf,
-        /// Where the systemd unit ratelimit@.service goes.
+        /// Where the systemd units ratelimit@.service and
+        /// ratelimit-serve.service go.
         #[arg(long, default_value = "/etc/systemd/system")]
         unit_dir: PathBuf,
-        /// Install this binary instead of building one.
+        /// Install this binary (and the ratelimit-serve beside it) instead of
+        /// building them.
         #[arg(long, value_name = "PATH")]
         binary: Option<PathBuf>,
     },
@@ -79,7 +82,8 @@ enum Task {
         /// Where the package goes (default: target/deb in the workspace).
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
-        /// Package this binary instead of building one.
+        /// Package this binary (and the ratelimit-serve beside it) instead of
+        /// building them.
         #[arg(long, value_name = "PATH")]
         binary: Option<PathBuf>,
         /// Then install it into a scratch root with dpkg and check it, remove
@@ -149,7 +153,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             args,
         } => {
             setup::setup(false)?;
-            let bin = build_bin(release)?;
+            let bin = build_bin(release, false)?;
             let mut cmd = as_root(&bin);
             cmd.args(["run", "--iface", &iface]).args(&args);
             // Ctrl-C reaches the daemon (same process group), which detaches and
@@ -174,7 +178,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Some(b) => b,
                 None => {
                     setup::setup(false)?;
-                    build_bin(true)?
+                    build_bin(true, true)?
                 }
             };
             let out = out.unwrap_or_else(|| workspace_root().join(deb::DEFAULT_OUT));
@@ -212,7 +216,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 fn bench(quick: bool, only: Option<&str>) -> Result<ExitCode> {
     setup::setup(false)?;
-    let bin = build_bin(true)?;
+    let bin = build_bin(true, true)?;
     let mut build = cargo();
     build.args([
         "build",
@@ -261,7 +265,7 @@ fn install(prefix: &Path, unit_dir: &Path, binary: Option<PathBuf>) -> Result<Ex
         Some(b) => b,
         None => {
             setup::setup(false)?;
-            build_bin(true)?
+            build_bin(true, true)?
         }
     };
     if !is_root() {
@@ -364,8 +368,10 @@ fn took(what: &str, start: std::time::Instant) {
     eprintln!("xtask: took {:.0} s: {what}", start.elapsed().as_secs_f64());
 }
 
-/// Builds the `ratelimit` binary and returns its path, as cargo reports it.
-fn build_bin(release: bool) -> Result<PathBuf> {
+/// Builds the `ratelimit` binary (and, `with_service`, the service's
+/// `ratelimit-serve` beside it, which `ratelimit serve` runs); returns the
+/// first's path, as cargo reports it.
+fn build_bin(release: bool, with_service: bool) -> Result<PathBuf> {
     let mut cmd = cargo();
     cmd.args([
         "build",
@@ -375,6 +381,9 @@ fn build_bin(release: bool) -> Result<PathBuf> {
         "ratelimit",
         "--message-format=json-render-diagnostics",
     ]);
+    if with_service {
+        cmd.args(["--package", "ratelimit-serve", "--bin", "ratelimit-serve"]);
+    }
     if release {
         cmd.arg("--release");
     }
@@ -392,7 +401,14 @@ fn build_bin(release: bool) -> Result<PathBuf> {
             && msg["target"]["name"] == "ratelimit"
             && let Some(exe) = msg["executable"].as_str()
         {
-            return Ok(PathBuf::from(exe));
+            let exe = PathBuf::from(exe);
+            let serve = install::serve_bin(&exe);
+            ensure!(
+                !with_service || serve.is_file(),
+                "cargo build did not leave the service's binary beside {}",
+                exe.display()
+            );
+            return Ok(exe);
         }
     }
     bail!("cargo build did not report the ratelimit binary")
@@ -506,6 +522,17 @@ fn test() -> Result<ExitCode> {
             &format!("ratelimit-common with {}", features.join(" ")),
         )?;
     }
+    // ratelimit-redis as each program builds it: the service with `serve`
+    // alone, the daemon with `fleet` alone.
+    for feature in ["serve", "fleet"] {
+        check(
+            cargo()
+                .args(["clippy", "--package", "ratelimit-redis", "--lib"])
+                .args(["--no-default-features", "--features", feature])
+                .args(["--", "-D", "warnings"]),
+            &format!("ratelimit-redis with {feature} alone"),
+        )?;
+    }
     rust_version_gate()?;
     check(
         Command::new("rustup")
@@ -577,7 +604,7 @@ fn test() -> Result<ExitCode> {
     // The integration tests run the real daemon binary, built as operators
     // build it.
     let built = std::time::Instant::now();
-    let bin = build_bin(true)?;
+    let bin = build_bin(true, true)?;
     took("building ratelimit (release)", built);
     if !is_root() {
         let out = cargo()

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+pub use ratelimit_host::serve_args::ServeArgs;
 
 use super::help;
 use crate::kernel::AttachMode;
@@ -78,7 +79,7 @@ pub enum Command {
     Get(GetArgs),
     /// Serve the throttling service (HTTP and JSON, and Envoy's rate limit
     /// service API over gRPC) for other programs, on Redis.
-    #[command(after_help = help::SERVE)]
+    #[command(after_help = ratelimit_host::serve_args::EXAMPLES)]
     Serve(ServeArgs),
     /// Check a config file as `run` and `reload` would read it, without
     /// touching anything running: every error with its line; exit status 2
@@ -200,14 +201,11 @@ pub struct ManArgs {
 }
 
 impl Cli {
-    /// The runtime the command runs on: `serve`'s with its `--threads`
-    /// workers, the others' with one worker per CPU.
+    /// The runtime the command runs on: one worker per CPU (`serve` runs
+    /// none here: `main` hands it to the service's binary first).
     pub fn runtime(&self) -> crate::Result<tokio::runtime::Runtime> {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        if let Command::Serve(s) = &self.command {
-            b.worker_threads(s.worker_threads()?);
-        }
-        b.enable_all()
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
             .build()
             .map_err(crate::error::Error::io("starting the async runtime"))
     }
@@ -237,86 +235,6 @@ impl Cli {
             | Command::Serve(_)
             | Command::Completions(_)
             | Command::Man(_) => false,
-        }
-    }
-}
-
-/// `ratelimit serve`.
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    // The help text shows brackets as written; they are not links.
-    #[allow(rustdoc::broken_intra_doc_links)]
-    /// Address to listen on: HOST:PORT, [V6]:PORT, localhost:PORT, or :PORT
-    /// (every IPv4 address).
-    #[arg(long, default_value = "127.0.0.1:9478")]
-    pub listen: String,
-    /// Redis: redis://HOST:PORT[/DB] for one server, or
-    /// redis+cluster://HOST:PORT,HOST:PORT for a Redis Cluster.
-    #[arg(long)]
-    pub redis: String,
-    /// Prefix of the Redis keys (each key is PREFIX{KEY}).
-    #[arg(long, default_value = "ratelimit:")]
-    pub prefix: String,
-    /// Client connections open at once, HTTP and gRPC together; past it the
-    /// one idle longest is closed for a new one, and when all are busy a new
-    /// one is answered 503 (gRPC: closed) [default: 1024, or the open-file
-    /// limit minus 96 if lower].
-    #[arg(long, value_name = "N")]
-    pub max_connections: Option<String>,
-    /// How long a request's headers may take to arrive, from the connection's
-    /// opening (or a later request's first byte); a TLS handshake too.
-    #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_HEADER_TIMEOUT)]
-    pub header_timeout: String,
-    /// How long a keep-alive connection may wait for its next request (gRPC:
-    /// a connection with no request in flight).
-    #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_IDLE_TIMEOUT)]
-    pub idle_timeout: String,
-    /// How long a request's body may take to arrive, from its headers
-    /// (answered 408 past it; gRPC: DEADLINE_EXCEEDED).
-    #[arg(long, value_name = "DURATION", default_value = crate::serve::DEFAULT_BODY_TIMEOUT)]
-    pub body_timeout: String,
-    /// Largest request body, like 16KiB or 65536 (bytes); answered 413 past
-    /// it.
-    #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_BODY)]
-    pub max_body: String,
-    /// Limits, tenants and their tokens: a TOML file (see
-    /// examples/serve.toml). Callers then name a limit, not its numbers, and
-    /// send `Authorization: Bearer TOKEN`. Without it the service is open:
-    /// any caller names any key and the limit's numbers.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Also serve Envoy's rate limit service API (gRPC,
-    /// envoy.service.ratelimit.v3) on this address: HOST:PORT, like
-    /// 127.0.0.1:8081.
-    #[arg(long, value_name = "ADDR")]
-    pub grpc_listen: Option<String>,
-    /// TLS on both listeners: the certificate chain (PEM, leaf first).
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// TLS on both listeners: the certificate's private key (PEM).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// Threads serving requests [default: half the CPUs, rounded up: the
-    /// service mostly waits on Redis, and on a small host shares it with
-    /// Redis or the programs it serves].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<String>,
-}
-
-impl ServeArgs {
-    /// `--threads`, checked, or its default.
-    pub fn worker_threads(&self) -> crate::Result<usize> {
-        match &self.threads {
-            None => Ok(std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .div_ceil(2)),
-            Some(s) => match s.trim().parse::<usize>() {
-                Ok(n) if (1..=1024).contains(&n) => Ok(n),
-                _ => Err(crate::error::Error::invalid(
-                    "--threads",
-                    format!("{s:?} is not a number of threads from 1 to 1024, like 2"),
-                )),
-            },
         }
     }
 }

@@ -105,13 +105,6 @@ Examples:
   ratelimit log -n 100 --json
   ratelimit log --follow --iface eth0";
 
-/// `ratelimit serve`.
-pub const SERVE: &str = "\
-Examples:
-  ratelimit serve --redis redis://127.0.0.1:6379
-  ratelimit serve --redis redis+cluster://198.18.0.10:7000,198.18.0.11:7000 --listen :9478 --max-connections 4096
-  ratelimit serve --redis redis://127.0.0.1:6379 --config /etc/ratelimit/serve.toml --grpc-listen 127.0.0.1:8081 --tls-cert cert.pem --tls-key key.pem";
-
 /// `ratelimit check`.
 pub const CHECK: &str = "\
 Examples:

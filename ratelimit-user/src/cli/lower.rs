@@ -1,12 +1,9 @@
 //! From what clap parsed ([`super::args`]) to what cannot be wrong: `run`'s
-//! and `serve`'s validated options, and the requests of the change commands,
-//! each value parsed into the model's type with the flag it came from named
+//! options and the requests of the change commands, each value parsed into the model's type with the flag it came from named
 //! in its errors. What needs the rule a daemon has (a burst's unit, a
 //! reserve's share) is left as typed, for the daemon to validate with it.
 
-use std::time::Duration;
-
-use super::args::{ChangeArgs, MatchArgs, RunArgs, ServeArgs, SetArgs};
+use super::args::{ChangeArgs, MatchArgs, RunArgs, SetArgs};
 use crate::{
     config::{RawBurst, RawConfig, RawLimit},
     daemon::RunOptions,
@@ -24,64 +21,6 @@ use crate::{
         flags::{self, nth},
     },
 };
-
-impl ServeArgs {
-    /// The validated options: each flag's error names it and its forms.
-    pub fn options(&self) -> Result<crate::serve::Options> {
-        use crate::serve::{DEFAULT_GRPC_PORT, DEFAULT_PORT, MAX_MAX_BODY, MAX_TIMEOUT, Options};
-        let timeout = |flag: &str, s: &str| -> Result<Duration> {
-            let d = Duration::from_nanos(parse_duration(flag, s)?);
-            if d < Duration::from_millis(1) || d > MAX_TIMEOUT {
-                return Err(Error::invalid(
-                    flag,
-                    format!("{s:?} is out of range; write 1ms to 1h, like 500ms, 5s or 2min"),
-                ));
-            }
-            Ok(d)
-        };
-        let max_connections = match &self.max_connections {
-            None => None,
-            Some(s) => match s.trim().parse::<usize>() {
-                Ok(n) if (1..=1_000_000).contains(&n) => Some(n),
-                _ => {
-                    return Err(Error::invalid(
-                        "--max-connections",
-                        format!(
-                            "{s:?} is not a number of connections from 1 to 1000000, like 1024"
-                        ),
-                    ));
-                }
-            },
-        };
-        let max_body = crate::model::rate::parse_size("--max-body", &self.max_body)?;
-        if max_body == 0 || max_body > MAX_MAX_BODY as u64 {
-            return Err(Error::invalid(
-                "--max-body",
-                format!(
-                    "{:?} is out of range; write 1 byte to 1MiB, like 16KiB or 65536",
-                    self.max_body
-                ),
-            ));
-        }
-        Ok(Options {
-            listen: crate::host::listen::listen_addr("--listen", &self.listen, DEFAULT_PORT)?,
-            redis: self.redis.clone(),
-            prefix: self.prefix.clone(),
-            max_connections,
-            header_timeout: timeout("--header-timeout", &self.header_timeout)?,
-            idle_timeout: timeout("--idle-timeout", &self.idle_timeout)?,
-            body_timeout: timeout("--body-timeout", &self.body_timeout)?,
-            max_body: max_body as usize,
-            config: self.config.clone(),
-            grpc_listen: self
-                .grpc_listen
-                .as_deref()
-                .map(|a| crate::host::listen::listen_addr("--grpc-listen", a, DEFAULT_GRPC_PORT))
-                .transpose()?,
-            tls: self.tls_cert.clone().zip(self.tls_key.clone()),
-        })
-    }
-}
 
 impl RunArgs {
     /// The command line's rule options as a config (only what was given).
@@ -212,7 +151,11 @@ impl ChangeArgs {
     pub(super) fn for_ms(&self) -> Result<Option<u64>> {
         self.for_
             .as_deref()
-            .map(|d| parse_duration("--for", d).map(|ns| ns.div_ceil(1_000_000)))
+            .map(|d| {
+                parse_duration("--for", d)
+                    .map(|ns| ns.div_ceil(1_000_000))
+                    .map_err(Error::from)
+            })
             .transpose()
     }
 }

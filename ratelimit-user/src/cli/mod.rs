@@ -7,6 +7,7 @@
 //! - `print`: the answers as lines, tables or `--json`;
 //! - `check`: `ratelimit check`'s report of a config file;
 //! - [`crowdsec`]: `run`'s CrowdSec flags, checked into the bouncer's options;
+//! - [`serve`]: `ratelimit serve` handed on to the service's own binary;
 //! - [`report`]: a failure as a message, an exit code, and JSON with `--json`;
 //! - [`help`] and [`docs`]: examples, man pages and completions, from [`args`];
 //! - `values`: the names and help of the lower floors' enums a flag takes
@@ -23,7 +24,9 @@ mod lower;
 mod print;
 pub mod report;
 mod run;
+pub mod serve;
 mod values;
 
 pub use args::{Cli, Command};
-pub use run::{main, shutdown_signal};
+pub use ratelimit_host::shutdown_signal;
+pub use run::main;

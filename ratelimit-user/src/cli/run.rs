@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use ratelimit_host::shutdown_signal;
 use serde::de::DeserializeOwned;
 
 use super::{
@@ -53,7 +54,8 @@ async fn run_command(command: Command) -> Result<()> {
             let opts = args.options()?;
             daemon::run(opts, shutdown_signal()).await
         }
-        Command::Serve(args) => crate::serve::serve(args.options()?, shutdown_signal()).await,
+        // `main` hands `serve` to the service's own binary before any runtime.
+        Command::Serve(_) => Err(super::serve::exec()),
         Command::Gc(g) => gc(g),
         Command::Detach(d) => detach(d),
         Command::Explain(e) => explain(e).await,
@@ -627,21 +629,5 @@ where
             })
         }
         None => Err(no_daemon),
-    }
-}
-
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        // Without handlers the default action (exit) applies.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
     }
 }

@@ -17,43 +17,15 @@
 
 use std::{ops::Range, path::Path};
 
+use ratelimit_host::config_file::{line_at, line_of, parse_toml, read_text};
 use serde::{Deserialize as _, de::IntoDeserializer as _};
-use toml_edit::{ImDocument, InlineTable, Item, TableLike, Value};
+use toml_edit::{ImDocument, InlineTable, Item, Value};
 
 use crate::{
     config::{RawConfig, RawLimit, RawList, RawRule},
     error::{ConfigErrors, Error, Problem, chain},
     model::rules::RuleSet,
 };
-
-/// An error of the file `path` as a whole, at `line` when known.
-pub(crate) fn whole_file(path: &Path, line: Option<usize>, message: String) -> ConfigErrors {
-    ConfigErrors::of(
-        path,
-        vec![Problem {
-            line,
-            field: String::new(),
-            message,
-        }],
-    )
-}
-
-/// The text of the config file `path` (a regular file of bounded size).
-pub(crate) fn read_text(path: &Path) -> Result<String, ConfigErrors> {
-    crate::host::input::read(path, crate::host::input::Kind::Config, "the config file")
-        .map_err(|e| whole_file(path, None, e))
-}
-
-/// `text` (of `path`) parsed as TOML, or its syntax error at its line.
-pub(crate) fn parse_toml<'a>(
-    path: &Path,
-    text: &'a str,
-) -> Result<ImDocument<&'a str>, ConfigErrors> {
-    ImDocument::parse(text).map_err(|e| {
-        let (line, message) = syntax_error(text, &e);
-        whole_file(path, line, message)
-    })
-}
 
 /// Reads and validates the config file `path` (and the list files it names),
 /// with `cli` on top: what `run`'s rule options set, which the file must not
@@ -92,28 +64,6 @@ pub fn file(path: &Path, cli: &RawConfig) -> Result<RuleSet, ConfigErrors> {
         Ok(set) if problems.is_empty() => Ok(set),
         _ => Err(ConfigErrors::of(path, problems)),
     }
-}
-
-/// The line of a TOML syntax error and what it says, on one line (with the
-/// column: the line alone may not show where).
-pub(crate) fn syntax_error(text: &str, e: &toml_edit::TomlError) -> (Option<usize>, String) {
-    let at = e.span().map(|s| s.start);
-    let column = at
-        .and_then(|at| text.get(..at))
-        .map_or(String::new(), |before| {
-            let line = before.rfind('\n').map_or(before, |n| &before[n + 1..]);
-            format!(" at column {}", line.chars().count() + 1)
-        });
-    let why: Vec<&str> = e
-        .message()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    (
-        at.map(|at| line_at(text, at)),
-        format!("not valid TOML{column}: {}", why.join("; ")),
-    )
 }
 
 /// Whether `set` fits in a daemon's maps of `max_rules` rules and
@@ -206,23 +156,6 @@ impl Summary {
             dry_run: set.dry_run,
         }
     }
-}
-
-/// The line of the key or table `field` names (`domain[0].limit[2].rate`)
-/// in `text`, parsed as `doc`: the deepest part of its path the file has.
-/// For the other files read with located errors (`ratelimit serve --config`).
-pub(crate) fn line_of(text: &str, doc: &ImDocument<&str>, field: &str) -> Option<usize> {
-    Located { text, doc }.locate(field)
-}
-
-/// The line (from 1) of byte `offset` of `text`.
-pub(crate) fn line_at(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    text.as_bytes()[..end]
-        .iter()
-        .filter(|b| **b == b'\n')
-        .count()
-        + 1
 }
 
 /// What a file's parts read into, each rule and list with its index in the
@@ -410,30 +343,7 @@ impl Located<'_> {
     /// The line of the key or table `field` names: the deepest of its path
     /// the file has (a missing key's table).
     fn locate(&self, field: &str) -> Option<usize> {
-        let mut table: &dyn TableLike = self.doc.as_table();
-        let mut line = None;
-        for (name, index) in key_path(field) {
-            let Some((key, item)) = table.get_key_value(&name) else {
-                break;
-            };
-            line = self.line(key.span()).or(line);
-            let next: Option<(&dyn TableLike, Option<Range<usize>>)> = match (index, item) {
-                (None, item) => item.as_table_like().map(|t| (t, None)),
-                (Some(i), Item::ArrayOfTables(a)) => {
-                    a.get(i).map(|t| (t as &dyn TableLike, t.span()))
-                }
-                (Some(i), Item::Value(Value::Array(a))) => a
-                    .get(i)
-                    .and_then(|v| v.as_inline_table().map(|t| (t as &dyn TableLike, v.span()))),
-                _ => None,
-            };
-            let Some((next, span)) = next else {
-                break;
-            };
-            line = self.line(span).or(line);
-            table = next;
-        }
-        line
+        line_of(self.text, self.doc, field)
     }
 }
 
@@ -480,34 +390,6 @@ fn read_rule(table: &InlineTable) -> Result<RawRule, toml_edit::de::Error> {
     }
     RawLimit::deserialize(Value::InlineTable(limit).into_deserializer())?;
     RawRule::deserialize(Value::InlineTable(table.clone()).into_deserializer())
-}
-
-/// The keys of an error's field: `rule[3] (198.18.0.0/24).levels[1].rate` is
-/// `rule` 3, `levels` 0, `rate` (the part in parentheses names the rule's
-/// selector; a level's index counts from 1 in errors, as `--rate` does on the
-/// command line, the rule's own rate being the first).
-fn key_path(field: &str) -> Vec<(String, Option<usize>)> {
-    let field = match (field.find(" ("), field.find(')')) {
-        (Some(open), Some(close)) if open < close => {
-            format!("{}{}", &field[..open], &field[close + 1..])
-        }
-        _ => field.to_string(),
-    };
-    field
-        .split('.')
-        .map(|segment| match segment.split_once('[') {
-            Some((name, index)) => {
-                let index: Option<usize> = index.trim_end_matches(']').parse().ok();
-                let index = if name == "levels" {
-                    index.and_then(|i| i.checked_sub(1))
-                } else {
-                    index
-                };
-                (name.to_string(), index)
-            }
-            None => (segment.to_string(), None),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -364,6 +364,7 @@ impl RawLimit {
         }
         let dur = |param: &str, v: &Option<String>| -> Result<u64> {
             parse_duration(&format!("{field}.{param}"), v.as_deref().unwrap_or(""))
+                .map_err(Into::into)
         };
         let n = |v: Option<u64>| v.unwrap_or(0);
         Ok(match name {

@@ -270,6 +270,7 @@ pub struct RawList {
 /// the page's test: a key added here and not there fails it.
 #[cfg(test)]
 pub(crate) fn tables() -> Vec<(&'static str, Vec<&'static str>)> {
+    use ratelimit_host::config_file::fields;
     // A rule's limit is flattened (serde then lists no keys): its own keys,
     // which `check` reads it by, and the limit's.
     let rule = RawRule::OWN_KEYS
@@ -283,62 +284,4 @@ pub(crate) fn tables() -> Vec<(&'static str, Vec<&'static str>)> {
         ("levels", fields::<RawLevel>()),
         ("[[list]]", fields::<RawList>()),
     ]
-}
-
-/// The keys serde's derive reads a struct `T` with (renamed as written, the
-/// list `deny_unknown_fields` checks against): what its `Deserialize` hands
-/// to `deserialize_struct`. Panics for a type read otherwise (a flattened
-/// struct is read as a map: its keys are not listed).
-#[cfg(test)]
-pub(crate) fn fields<T: serde::de::DeserializeOwned>() -> Vec<&'static str> {
-    use serde::de::{Deserializer, Visitor};
-
-    /// Why the probe stops: it only wants the list.
-    #[derive(Debug)]
-    struct Stop;
-    impl std::fmt::Display for Stop {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a probe of the keys")
-        }
-    }
-    impl std::error::Error for Stop {}
-    impl serde::de::Error for Stop {
-        fn custom<M: std::fmt::Display>(_: M) -> Self {
-            Stop
-        }
-    }
-
-    /// A deserializer that keeps the fields a struct asks for, and fails.
-    struct Probe<'a>(&'a mut Option<&'static [&'static str]>);
-    impl<'de> Deserializer<'de> for Probe<'_> {
-        type Error = Stop;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
-            Err(Stop)
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Stop> {
-            *self.0 = Some(fields);
-            Err(Stop)
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
-            bytes byte_buf option unit unit_struct newtype_struct seq tuple
-            tuple_struct map enum identifier ignored_any
-        }
-    }
-
-    let mut fields = None;
-    let _ = T::deserialize(Probe(&mut fields));
-    fields
-        .unwrap_or_else(|| {
-            panic!(
-                "{} is not read as a struct with a list of keys",
-                std::any::type_name::<T>()
-            )
-        })
-        .to_vec()
 }

@@ -63,7 +63,7 @@ impl RawConfig {
         if let Some(n) = &self.new_states {
             match parse_rate("new-states", n) {
                 Ok(rate) => set.new_states = Shared::of(rate),
-                Err(e) => errors.push(e),
+                Err(e) => errors.push(e.into()),
             }
         }
         if let Some(m) = self.mode {

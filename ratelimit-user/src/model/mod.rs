@@ -14,5 +14,6 @@ pub mod matching;
 pub mod overlay;
 pub mod ports;
 pub mod prefix;
-pub mod rate;
 pub mod rules;
+
+pub use ratelimit_host::rate;

@@ -293,7 +293,7 @@ impl NewSourcesGiven {
         if s == Self::UNLIMITED {
             return Ok(Self::Unlimited);
         }
-        parse_rate(field, s).map(Self::Rate)
+        parse_rate(field, s).map(Self::Rate).map_err(Into::into)
     }
 
     /// The form [`NewSourcesGiven::parse`] reads back the same.

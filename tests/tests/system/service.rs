@@ -560,8 +560,8 @@ fn every_system_call_the_daemon_makes_is_in_the_units_filter() {
 
 /// The service's unit keeps no capability and runs as a user systemd makes
 /// up (no root, no account), with an exposure of at most 2.0; and
-/// `ratelimit serve` decides as such a user: uid 65534, no capability in
-/// any set, no new privileges, against a real Redis.
+/// `ratelimit-serve`, which it starts, decides as such a user: uid 65534, no
+/// capability in any set, no new privileges, against a real Redis.
 #[test]
 fn the_service_unit_keeps_no_privilege_and_serves_without_any() {
     let name = "the_service_unit_keeps_no_privilege_and_serves_without_any";
@@ -569,7 +569,7 @@ fn the_service_unit_keeps_no_privilege_and_serves_without_any() {
         return;
     }
     let exec = unit_value_of(SERVE_UNIT, "ExecStart");
-    assert_eq!(exec, "/usr/local/bin/ratelimit serve $SERVE_ARGS");
+    assert_eq!(exec, "/usr/local/bin/ratelimit-serve $SERVE_ARGS");
     assert_eq!(unit_value_of(SERVE_UNIT, "DynamicUser"), "yes");
     assert_eq!(unit_value_of(SERVE_UNIT, "CapabilityBoundingSet"), "");
     assert_eq!(unit_value_of(SERVE_UNIT, "AmbientCapabilities"), "");
@@ -587,8 +587,9 @@ fn the_service_unit_keeps_no_privilege_and_serves_without_any() {
     // A copy nobody may run, wherever the build is.
     use std::os::unix::fs::PermissionsExt as _;
     let dir = TempDir::new("serve-bin");
-    let bin = dir.0.join("ratelimit");
-    std::fs::copy(ratelimit_bin(), &bin).expect("copying the binary");
+    let bin = dir.0.join("ratelimit-serve");
+    std::fs::copy(ratelimit_bin().with_file_name("ratelimit-serve"), &bin)
+        .expect("copying the service's binary");
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let redis = ratelimit_tests::redis::RedisServer::start();
     let s = ratelimit_tests::serve::Service::start_with(
@@ -626,4 +627,59 @@ fn the_service_unit_keeps_no_privilege_and_serves_without_any() {
     );
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["allowed"], true, "{r}");
+}
+
+/// The service is a program of its own: the daemon's binary (root, CAP_BPF)
+/// holds none of its code (no gRPC, no Envoy types: their sources' paths
+/// and the gRPC service's path are absent), `ratelimit-serve` beside it
+/// holds them, and `ratelimit serve` is still the command, answered by it.
+#[test]
+fn the_daemons_binary_holds_nothing_of_the_service() {
+    let daemon = ratelimit_bin();
+    let service = daemon.with_file_name("ratelimit-serve");
+    let holds = |bin: &Path, what: &str| {
+        let bytes = std::fs::read(bin).unwrap_or_else(|e| panic!("reading {}: {e}", bin.display()));
+        bytes.windows(what.len()).any(|w| w == what.as_bytes())
+    };
+    // The gRPC service's path (the help text names its package, so not that
+    // alone), and the sources of tonic and Envoy's types (in panic messages).
+    for what in [
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "/tonic-0.",
+        "/envoy-types-0.",
+    ] {
+        assert!(!holds(&daemon, what), "{} holds {what:?}", daemon.display());
+        assert!(
+            holds(&service, what),
+            "{} does not hold {what:?}",
+            service.display()
+        );
+    }
+    // The command stays: `ratelimit serve` is answered by the service's
+    // binary (its name in the usage line, its own exit code for bad input).
+    let out = Command::new(&daemon)
+        .args(["serve", "--redis", "redis://127.0.0.1:1", "--threads", "0"])
+        .output()
+        .expect("ratelimit serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("ratelimit serve: --threads: \"0\" is not a number of threads"),
+        "{err}"
+    );
+    // A `ratelimit` copied alone says what is missing, and fails.
+    let dir = ratelimit_tests::TempDir::new("alone");
+    let alone = dir.0.join("ratelimit");
+    std::fs::copy(&daemon, &alone).expect("copying the binary");
+    let out = Command::new(&alone)
+        .args(["serve", "--redis", "redis://127.0.0.1:1"])
+        .env("PATH", &dir.0)
+        .output()
+        .expect("ratelimit serve, alone");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("runs the service's own binary, ratelimit-serve, which could not be started"),
+        "{err}"
+    );
 }

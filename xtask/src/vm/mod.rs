@@ -242,7 +242,7 @@ pub(crate) struct Tier {
 impl Tier {
     /// Builds both.
     pub(crate) fn build() -> Result<Self> {
-        let daemon = crate::build_bin(true)?;
+        let daemon = crate::build_bin(true, false)?;
         eprintln!("xtask vm: building the kernel tier");
         let binary = crate::build_artifact(
             crate::cargo().args([

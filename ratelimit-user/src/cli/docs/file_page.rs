@@ -388,7 +388,7 @@ mod tests {
     }
 
     fn read_serve(path: &Path) -> Result<(), String> {
-        crate::serve::config::read(path)
+        ratelimit_serve::config::read(path)
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -450,7 +450,7 @@ mod tests {
 
     #[test]
     fn every_key_the_service_reads_is_on_its_page_and_no_other() {
-        keys_are_the_parsers(&SERVE, crate::serve::config::tables());
+        keys_are_the_parsers(&SERVE, ratelimit_serve::config::tables());
     }
 
     /// `base` (a file) with the lines of `example`: those of a table's

@@ -1,5 +1,6 @@
 //! `ratelimit-serve.toml(5)`: the config file of `ratelimit serve --config
-//! FILE`, read by [`crate::serve::config`]. Every key the parser reads is
+//! FILE`, read by `ratelimit_serve::config` (a crate this one does not
+//! link: its tests do). Every key the parser reads is
 //! here, and nothing else (the tests of [`super::file_page`] check both).
 
 use super::file_page::{Example, Key, Page, Table};

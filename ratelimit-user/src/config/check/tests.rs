@@ -304,16 +304,3 @@ fn what_does_not_fit_is_counted_in_words() {
         "{over:?}"
     );
 }
-
-#[test]
-fn key_paths_leave_out_the_selector_and_count_levels_from_one() {
-    assert_eq!(
-        key_path("rule[3] (198.18.0.0/24 proto tcp).levels[1].rate"),
-        [
-            ("rule".to_string(), Some(3)),
-            ("levels".to_string(), Some(0)),
-            ("rate".to_string(), None)
-        ]
-    );
-    assert_eq!(key_path("new-states"), [("new-states".to_string(), None)]);
-}

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::error::{Error, Result};
+use crate::{Invalid, Result};
 
 /// What a rule's tokens count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -180,7 +180,7 @@ fn period_ns(p: &str) -> Option<u64> {
 /// Parses a rate. `field` names the option in errors.
 pub fn parse_rate(field: &str, s: &str) -> Result<Rate> {
     let bad = |why: &str| {
-        Error::invalid(
+        Invalid::new(
             field,
             format!("invalid rate {s:?}: {why}; expected {RATE_FORMS}"),
         )
@@ -228,7 +228,7 @@ pub fn parse_rate(field: &str, s: &str) -> Result<Rate> {
 /// the option in errors.
 pub fn parse_window(field: &str, s: &str) -> Result<(u64, u64)> {
     let bad = |why: &str| {
-        Error::invalid(
+        Invalid::new(
             field,
             format!(
                 "invalid rate {s:?} for a window: {why}; a window's rate is a whole count of requests per window, like 100/min, 10k/hour or 3/2min"
@@ -290,7 +290,7 @@ pub const DURATION_FORMS: &str =
 /// `250ns`) into ns. A year is 365 days.
 pub fn parse_duration(field: &str, s: &str) -> Result<u64> {
     let bad = |why: &str| {
-        Error::invalid(
+        Invalid::new(
             field,
             format!("invalid duration {s:?}: {why}; expected {DURATION_FORMS}"),
         )
@@ -320,7 +320,7 @@ pub const SIZE_FORMS: &str =
 /// Parses a size in bytes (`65536`, `16KiB`, `1MiB`, `64kB`, `100B`).
 pub fn parse_size(field: &str, s: &str) -> Result<u64> {
     let bad = |why: &str| {
-        Error::invalid(
+        Invalid::new(
             field,
             format!("invalid size {s:?}: {why}; expected {SIZE_FORMS}"),
         )
@@ -345,7 +345,7 @@ pub fn parse_size(field: &str, s: &str) -> Result<u64> {
 /// Parses a burst for a rate counting `unit`. `field` names the option in errors.
 pub fn parse_burst(field: &str, s: &str, unit: Unit) -> Result<u64> {
     let bad = |why: &str| {
-        Error::invalid(
+        Invalid::new(
             field,
             format!("invalid burst {s:?}: {why}; expected {BURST_FORMS}"),
         )
@@ -494,7 +494,7 @@ mod tests {
         assert_eq!(parse_size("--max-body", "64kB").unwrap(), 64_000);
         for bad in ["", "big", "16Kib", "1.5", "10/s", "1kbit"] {
             match parse_size("--max-body", bad) {
-                Err(Error::Invalid { field, message }) => {
+                Err(Invalid { field, message }) => {
                     assert_eq!(field, "--max-body");
                     assert!(message.contains("16KiB"), "{bad:?}: {message}");
                 }

@@ -14,12 +14,12 @@ use std::{
 
 use tokio::task::AbortHandle;
 
-use crate::host::logs::QuietLog;
+use crate::logs::QuietLog;
 
 /// An accept loop's pace after failures (out of file descriptors, or the
 /// like): it waits before the next accept, 10 ms doubling up to 1 s, rather
 /// than spin, and logs the error at most once per
-/// [`LOG_EVERY`](crate::host::logs::LOG_EVERY).
+/// [`LOG_EVERY`](crate::logs::LOG_EVERY).
 pub struct AcceptBackoff {
     log: QuietLog,
     wait: std::time::Duration,

@@ -5,7 +5,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 
-use crate::error::{Error, Result};
+use crate::{Invalid, Result};
 
 /// Resolves `s`, the value of `field`, to the address to bind. A name is
 /// resolved now (the system resolver: /etc/hosts first, as configured) and the
@@ -17,7 +17,7 @@ pub fn listen_addr(field: &str, s: &str, example_port: u16) -> Result<SocketAddr
         None => s.to_string(),
     };
     let bad = |why: &str| {
-        Error::invalid(
+        Invalid::new(
             field,
             format!(
                 "{s:?} is not an address to listen on ({why}); write HOST:PORT, like \
@@ -39,7 +39,7 @@ mod tests {
 
     fn refused(s: &str) -> String {
         match listen_addr("--metrics", s, 9477) {
-            Err(Error::Invalid { field, message }) => {
+            Err(Invalid { field, message }) => {
                 assert_eq!(field, "--metrics");
                 message
             }

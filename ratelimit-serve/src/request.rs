@@ -18,10 +18,9 @@ use ratelimit_redis::Limit;
 use serde_json::{Map, Value};
 
 use super::policy::{self, FailureMode, Policy, Tenant};
-use crate::{
-    error::{Error, Result},
-    model::rate::{Unit, parse_rate},
-};
+use ratelimit_host::rate::{Unit, parse_rate};
+
+use crate::error::{Error, Result};
 
 /// Longest key, descriptor key or value accepted, bytes.
 pub const MAX_KEY: usize = 512;
@@ -79,12 +78,13 @@ pub(super) struct Refusal {
 
 impl Refusal {
     fn bad(e: Error) -> Self {
+        let status = e.http_status();
         let (field, message) = match e {
             Error::Invalid { field, message } => (field, message),
             other => (String::new(), other.to_string()),
         };
         Self {
-            status: 400,
+            status,
             field,
             message,
         }
@@ -445,7 +445,7 @@ pub(super) fn limit_from(
             }
             // The window is the period as written ("30/min": 30 per minute),
             // not the reduced fraction ("1/2s"), and its count is whole.
-            let (window_ns, limit) = crate::model::rate::parse_window(&field("rate"), rate_text)?;
+            let (window_ns, limit) = ratelimit_host::rate::parse_window(&field("rate"), rate_text)?;
             let window = Duration::from_nanos(window_ns);
             if algorithm == "fixed-window" {
                 Limit::fixed_window(window, limit).map_err(param)

@@ -4,13 +4,13 @@
 //!
 //! What a flood of idle or slow clients can cost is bounded, the same on
 //! both listeners, and the cap is one for both (the open-file limit is):
-//! - at most [`Limits::max_connections`] are open ([`crate::host::slots`]); past
+//! - at most [`Limits::max_connections`] are open ([`ratelimit_host::slots`]); past
 //!   it, the one idle longest (it has no request in flight: it has not sent
 //!   one, or waits between two) is closed for the newcomer, whichever
 //!   listener either came by; when every one is busy with a request, an HTTP
 //!   newcomer is answered 503 at once (at most [`OVERFLOW`] such answers at a
 //!   time; past that it is closed unanswered) and a gRPC one is closed.
-//!   Either is logged once per [`LOG_EVERY`](crate::host::logs::LOG_EVERY),
+//!   Either is logged once per [`LOG_EVERY`](ratelimit_host::logs::LOG_EVERY),
 //!   with the count since;
 //! - a connection's first request must arrive within
 //!   [`Limits::header_timeout`] of its opening (HTTP/1.1: a later request's
@@ -52,9 +52,9 @@ use tokio::{
 };
 use tokio_rustls::TlsAcceptor;
 
-use crate::{
-    host::logs::QuietLog,
-    host::slots::{AcceptBackoff, Admission, Slot, Slots},
+use ratelimit_host::{
+    logs::QuietLog,
+    slots::{AcceptBackoff, Admission, Slot, Slots},
 };
 
 /// The largest request head (request line and headers), bytes; hyper
@@ -173,7 +173,7 @@ pub(super) struct Listener {
 
 /// The cap both listeners share: one set of slots for all the service's
 /// connections, and its log lines (each once per
-/// [`LOG_EVERY`](crate::host::logs::LOG_EVERY) whichever listener hit it).
+/// [`LOG_EVERY`](ratelimit_host::logs::LOG_EVERY) whichever listener hit it).
 #[derive(Clone)]
 pub(super) struct Cap {
     slots: Slots,

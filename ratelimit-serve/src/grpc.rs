@@ -43,6 +43,7 @@ use super::{
     api::App,
     auth,
     decide::Failed,
+    error::Error,
     metrics::{Code as CodeLabel, Shadow},
     policy::{self, Denied, Domain, FailureMode, Tenant},
     request::{MAX_ENTRIES, MAX_KEY},
@@ -214,6 +215,15 @@ impl Rls {
         self.refuse("invalid_argument", Status::invalid_argument(m))
     }
 
+    /// A field of the request's part `at` that is wrong, answered with its
+    /// error's gRPC code.
+    fn wrong(&self, at: &str, e: Error) -> Status {
+        self.refuse(
+            "invalid_argument",
+            Status::new(e.grpc_code(), format!("{at}.{e}")),
+        )
+    }
+
     /// The domain's and the descriptors' sizes.
     fn check_sizes(&self, r: &RateLimitRequest) -> Result<(), Status> {
         if r.domain.is_empty() || r.domain.len() > MAX_KEY {
@@ -302,7 +312,7 @@ impl Rls {
                 }
                 Some(Found {
                     limit: override_limit(o)
-                        .map_err(|m| self.invalid(format!("descriptors[{i}].limit: {m}")))?,
+                        .map_err(|e| self.wrong(&format!("descriptors[{i}]"), e))?,
                     name: String::new(),
                     shadow: false,
                 })
@@ -447,7 +457,8 @@ fn per_unit(limit: &Limit) -> (u32, Unit) {
 
 /// A descriptor's `limit` override: `requests_per_unit` per `unit`, a burst
 /// of one unit's worth (gcra).
-fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
+fn override_limit(o: &RateLimitOverride) -> Result<Limit, Error> {
+    let bad = |m: String| Error::invalid("limit", m);
     // envoy.type.v3.RateLimitUnit: SECOND 1, MINUTE 2, HOUR 3, DAY 4,
     // MONTH 5, YEAR 6, WEEK 7.
     let secs: u64 = match o.unit {
@@ -458,13 +469,13 @@ fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
         7 => 7 * 86_400,
         5 => 30 * 86_400,
         6 => 365 * 86_400,
-        other => return Err(format!("unit {other} is not a unit of time")),
+        other => return Err(bad(format!("unit {other} is not a unit of time"))),
     };
     if o.requests_per_unit == 0 {
-        return Err("requests_per_unit must be at least 1".into());
+        return Err(bad("requests_per_unit must be at least 1".into()));
     }
     let n = u64::from(o.requests_per_unit);
-    Limit::gcra(n, Duration::from_secs(secs), n).map_err(|e| e.accepted.to_string())
+    Limit::gcra(n, Duration::from_secs(secs), n).map_err(|e| bad(e.accepted.to_string()))
 }
 
 #[cfg(test)]

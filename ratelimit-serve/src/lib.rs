@@ -1,4 +1,4 @@
-//! `ratelimit serve`: a throttling service over HTTP and JSON, and Envoy's
+//! `ratelimit-serve` (also started as `ratelimit serve`): a throttling service over HTTP and JSON, and Envoy's
 //! rate limit service API over gRPC (clients acquire units for a key and
 //! refill what they did not use, bound to the grant their acquire got), for
 //! programs not written in Rust and for Envoy. Stateless: every decision is
@@ -10,14 +10,21 @@
 //! the tenants and their bearer tokens are the server's ([`config`],
 //! [`policy`]): a caller names a limit, and touches only its tenant's keys.
 //!
-//! What enters: the options ([`Options`], validated from the command line).
+//! A program of its own, unprivileged (no capability, a user of its own: the
+//! unit `ratelimit-serve.service`), with nothing of the packet limiter: what
+//! it shares with the daemon is the `ratelimit-host` crate (reading files and
+//! options, connection slots, logs). Its errors are its own ([`Error`]), each
+//! with an exit code, an HTTP status and a gRPC code.
+//!
+//! What enters: the options ([`Options`], validated from the command line by
+//! [`options`]).
 //! [`conn`] accepts and bounds the HTTP connections (a cap, header, idle and
 //! body timeouts, a 503 when every connection is busy, TLS); [`api`]
 //! answers each HTTP request, [`grpc`] each gRPC one; both read what a
 //! request asks with [`request`] and [`auth`], and decide through
 //! [`decide`] (batching, grants) and [`breaker`] (503 at once while a Redis
 //! node is down), which blames Redis for a timeout only when [`lag`] saw the
-//! service's own runtime on time. Called by the CLI's `serve` command.
+//! service's own runtime on time. Called by the binary's `main`.
 
 mod api;
 mod auth;
@@ -25,6 +32,7 @@ mod breaker;
 pub mod config;
 mod conn;
 mod decide;
+pub mod error;
 mod grpc;
 mod lag;
 mod metrics;
@@ -38,24 +46,21 @@ pub use conn::{Limits, MAX_HEAD};
 use ratelimit_redis::Store;
 pub use request::{MAX_KEY, limit_of};
 
-use crate::error::{Error, Result};
+pub use ratelimit_host::serve_args::{
+    DEFAULT_BODY_TIMEOUT, DEFAULT_GRPC_PORT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_BODY, DEFAULT_PORT,
+};
+use ratelimit_host::{
+    listen::listen_addr,
+    rate::{parse_duration, parse_size},
+    serve_args::ServeArgs,
+};
 
-/// The port `--grpc-listen` defaults to (Envoy's ratelimit service's).
-pub const DEFAULT_GRPC_PORT: u16 = 8081;
-/// The port `--listen` defaults to (on 127.0.0.1).
-pub const DEFAULT_PORT: u16 = 9478;
+pub use crate::error::{Error, Result};
+
 /// `--max-connections` when not given (lowered to what the open-file limit
 /// allows: see [`RESERVED_FDS`]).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-/// `--header-timeout` when not given: headers come at once from a program.
-pub const DEFAULT_HEADER_TIMEOUT: &str = "5s";
-/// `--idle-timeout` when not given: long enough for a client's pool to reuse
-/// its connections; under pressure idle ones are closed for room anyway.
-pub const DEFAULT_IDLE_TIMEOUT: &str = "30s";
-/// `--body-timeout` when not given: a body of 16 KiB takes milliseconds.
-pub const DEFAULT_BODY_TIMEOUT: &str = "10s";
-/// `--max-body` when not given: a request names a key and a limit.
-pub const DEFAULT_MAX_BODY: &str = "16KiB";
 /// The largest `--max-body`, bytes: a request names a key and a limit.
 pub const MAX_MAX_BODY: usize = 1 << 20;
 /// The longest timeout accepted.
@@ -126,10 +131,64 @@ pub fn connection_cap(asked: Option<usize>, nofile: u64) -> Result<(usize, bool)
     })
 }
 
+/// The validated options of a command line: each flag's error names it and
+/// its forms.
+pub fn options(args: &ServeArgs) -> Result<Options> {
+    let timeout = |flag: &str, s: &str| -> Result<Duration> {
+        let d = Duration::from_nanos(parse_duration(flag, s)?);
+        if d < Duration::from_millis(1) || d > MAX_TIMEOUT {
+            return Err(Error::invalid(
+                flag,
+                format!("{s:?} is out of range; write 1ms to 1h, like 500ms, 5s or 2min"),
+            ));
+        }
+        Ok(d)
+    };
+    let max_connections = match &args.max_connections {
+        None => None,
+        Some(s) => match s.trim().parse::<usize>() {
+            Ok(n) if (1..=1_000_000).contains(&n) => Some(n),
+            _ => {
+                return Err(Error::invalid(
+                    "--max-connections",
+                    format!("{s:?} is not a number of connections from 1 to 1000000, like 1024"),
+                ));
+            }
+        },
+    };
+    let max_body = parse_size("--max-body", &args.max_body)?;
+    if max_body == 0 || max_body > MAX_MAX_BODY as u64 {
+        return Err(Error::invalid(
+            "--max-body",
+            format!(
+                "{:?} is out of range; write 1 byte to 1MiB, like 16KiB or 65536",
+                args.max_body
+            ),
+        ));
+    }
+    Ok(Options {
+        listen: listen_addr("--listen", &args.listen, DEFAULT_PORT)?,
+        redis: args.redis.clone(),
+        prefix: args.prefix.clone(),
+        max_connections,
+        header_timeout: timeout("--header-timeout", &args.header_timeout)?,
+        idle_timeout: timeout("--idle-timeout", &args.idle_timeout)?,
+        body_timeout: timeout("--body-timeout", &args.body_timeout)?,
+        max_body: max_body as usize,
+        config: args.config.clone(),
+        grpc_listen: args
+            .grpc_listen
+            .as_deref()
+            .map(|a| listen_addr("--grpc-listen", a, DEFAULT_GRPC_PORT))
+            .transpose()?,
+        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+    })
+}
+
 /// Runs the service until `shutdown` completes; requests in flight then have
 /// a few seconds to finish.
 pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()> {
-    let nofile = crate::host::slots::raise_nofile();
+    let nofile = ratelimit_host::slots::raise_nofile();
     let (max_connections, lowered) = connection_cap(opts.max_connections, nofile)?;
     if lowered {
         tracing::warn!(

@@ -35,10 +35,11 @@ use super::{
     auth,
     policy::{Domain, FailureMode, LimitDef, Policy, Tenant},
 };
-use crate::{
-    config::check::{line_at, line_of, parse_toml, read_text, whole_file},
-    error::{ConfigErrors, Error, Problem},
+use ratelimit_host::config_file::{
+    ConfigErrors, Problem, line_at, line_of, parse_toml, read_text, whole_file,
 };
+
+use crate::error::Error;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -94,10 +95,10 @@ struct RawEntry {
 
 /// The keys each table of the file takes, as serde reads them: the table as
 /// `ratelimit-serve.toml(5)` names it (`""` for the top level), and its keys.
-/// For the page's test: a key added here and not there fails it.
-#[cfg(test)]
-pub(crate) fn tables() -> Vec<(&'static str, Vec<&'static str>)> {
-    use crate::config::fields;
+/// For the page's test (in `ratelimit-user`, which writes the page): a key
+/// added here and not there fails it.
+pub fn tables() -> Vec<(&'static str, Vec<&'static str>)> {
+    use ratelimit_host::config_file::fields;
     vec![
         ("", fields::<RawServe>()),
         ("[[tenant]]", fields::<RawTenant>()),
@@ -259,8 +260,11 @@ fn tenant_tokens(
     };
     let field = format!("{at}.token-file");
     let p = dir.join(file);
-    let text = match crate::host::input::read(&p, crate::host::input::Kind::List, "the token file")
-    {
+    let text = match ratelimit_host::input::read(
+        &p,
+        ratelimit_host::input::Kind::List,
+        "the token file",
+    ) {
         Ok(text) => text,
         Err(e) => {
             errors.push(Error::invalid(&field, format!("{}: {e}", p.display())));

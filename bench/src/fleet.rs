@@ -91,7 +91,7 @@ async fn kernel(keys: Vec<FlowKey>, mut jobs: mpsc::Receiver<Job>) {
 }
 
 /// Redis's counts: every command's calls, and its CPU seconds.
-fn redis_counts(r: &RedisServer) -> (u64, f64) {
+pub(crate) fn redis_counts(r: &RedisServer) -> (u64, f64) {
     let stats = r.cmd("INFO commandstats");
     let calls = stats
         .lines()

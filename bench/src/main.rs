@@ -8,7 +8,7 @@
 //! throughput and floods on a veth, against netfilter), [`accuracy`],
 //! [`memory`], [`set`] (from a command to enforcement), [`serve`] (the
 //! throttling service's latency), [`serve_load`] (its throughput beside raw
-//! EVALSHA) and [`fleet`] (what fleet-wide keys cost Redis); [`report`]
+//! EVALSHA, and its cost beside the [`minimal`] services) and [`fleet`] (what fleet-wide keys cost Redis); [`report`]
 //! writes the results.
 
 mod accuracy;
@@ -17,6 +17,7 @@ mod droplog;
 mod fleet;
 mod floods;
 mod memory;
+mod minimal;
 mod report;
 mod serve;
 mod serve_load;
@@ -61,6 +62,18 @@ fn main() {
         out: PathBuf::from("bench"),
         only: None,
     };
+    // The minimal services the throttling service is measured beside: a
+    // process of their own, started by `serve_load`.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--minimal-server") {
+        let kind = argv.get(2).expect("--minimal-server KIND PORT [REDIS_URL]");
+        let port = argv
+            .get(3)
+            .and_then(|p| p.parse().ok())
+            .expect("--minimal-server KIND PORT [REDIS_URL]");
+        minimal::run(kind, port, argv.get(4).map(String::as_str));
+        return;
+    }
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {

@@ -38,6 +38,8 @@ struct Run {
     per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// Requests answered.
+    n: usize,
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -88,7 +90,67 @@ fn load<C: Send>(
         per_sec: all.len() as f64 / secs.as_secs_f64(),
         p50_ms: pct(&all, 50.0),
         p99_ms: pct(&all, 99.0),
+        n: all.len(),
     }
+}
+
+/// A process's time on CPU so far, ns: the sum of its threads' (schedstat).
+fn process_cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// What a run cost per request: the service's CPU (µs), Redis's commands
+/// and Redis's CPU (µs).
+struct Cost {
+    cpu_us: f64,
+    redis_calls: f64,
+    redis_cpu_us: f64,
+}
+
+/// `run` against the service `pid`, with what it cost per request.
+fn costed(pid: u32, redis: &RedisServer, run: impl FnOnce() -> Run) -> (Run, Cost) {
+    let (cpu0, (calls0, rcpu0)) = (process_cpu_ns(pid), crate::fleet::redis_counts(redis));
+    let r = run();
+    let (cpu1, (calls1, rcpu1)) = (process_cpu_ns(pid), crate::fleet::redis_counts(redis));
+    let n = r.n.max(1) as f64;
+    let cost = Cost {
+        cpu_us: (cpu1 - cpu0) as f64 / 1e3 / n,
+        redis_calls: (calls1 - calls0) as f64 / n,
+        redis_cpu_us: (rcpu1 - rcpu0) * 1e6 / n,
+    };
+    (r, cost)
+}
+
+/// One of the minimal services ([`crate::minimal`]), started from this
+/// binary, once it answers.
+fn minimal(kind: &str, redis: &RedisServer) -> (ChildGuard, u16) {
+    let port = free_port();
+    let mut cmd = Command::new(std::env::current_exe().expect("the bench's binary"));
+    cmd.args(["--minimal-server", kind, &port.to_string(), &redis.url()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = ChildGuard::spawn(cmd, "a minimal service");
+    let start = Instant::now();
+    loop {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let mut c = Http::connect(port);
+            if c.post("/v1/acquire", r#"{"key":"warm"}"#) == 200 {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the minimal {kind} service did not answer within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, port)
 }
 
 /// A keep-alive HTTP/1.1 client.
@@ -336,7 +398,9 @@ pub(crate) fn serve_load(opts: &Opts, report: &mut Report) {
     assert_eq!(sha.len(), 40, "SCRIPT LOAD answered {sha:?}");
 
     let bin = ratelimit_tests::ratelimit_bin();
-    let (_svc, port, grpc_port) = service(&bin, &redis, true);
+    let (svc, port, grpc_port) = service(&bin, &redis, true);
+    // `ratelimit serve` became `ratelimit-serve`: the same process.
+    let svc_pid = u32::try_from(svc.pid()).expect("a pid");
     let old = before.as_ref().map(|b| service(b, &redis, false));
     let bodies: Vec<String> = (0..KEYS)
         .map(|i| {
@@ -377,6 +441,7 @@ pub(crate) fn serve_load(opts: &Opts, report: &mut Report) {
             per_sec: (raw1.per_sec + raw2.per_sec) / 2.0,
             p50_ms: (raw1.p50_ms + raw2.p50_ms) / 2.0,
             p99_ms: (raw1.p99_ms + raw2.p99_ms) / 2.0,
+            n: raw1.n + raw2.n,
         };
         let cell = |r: &Run| format!("{:.0} ({:.2}, {:.2})", r.per_sec, r.p50_ms, r.p99_ms);
         let ratio = |r: &Run| r.per_sec / floor.per_sec;
@@ -425,4 +490,86 @@ pub(crate) fn serve_load(opts: &Opts, report: &mut Report) {
         "\nTarget: HTTP ≥ 80 % of raw EVALSHA at 8 and 32 clients.\n"
     );
     report.json.insert("serve_load".into(), json!(rows));
+    beside_minimal(&redis, svc_pid, port, secs, &bodies, &bare, report);
+}
+
+/// The service beside the two minimal ones ([`crate::minimal`]), per
+/// request: the CPU of each process (all its threads), and Redis's commands
+/// and CPU. What the issue holds the service to: its own CPU per request
+/// without grants at most 1.3× the axum + redis-rs service's.
+fn beside_minimal(
+    redis: &RedisServer,
+    svc_pid: u32,
+    port: u16,
+    secs: Duration,
+    bodies: &[String],
+    bare: &[String],
+    report: &mut Report,
+) {
+    let (echo, echo_port) = minimal("echo", redis);
+    let (evalsha, evalsha_port) = minimal("evalsha", redis);
+    let echo_pid = u32::try_from(echo.pid()).expect("a pid");
+    let evalsha_pid = u32::try_from(evalsha.pid()).expect("a pid");
+    let _ = writeln!(
+        report.md,
+        "\nBeside two minimal services on axum, each a process of its own with as many worker threads \
+         as the service (half the CPUs): **echo** answers every acquire with a fixed body; **axum + \
+         redis-rs** parses the body and sends one `EVALSHA` of the same script per request (a \
+         `ConnectionManager`, no grant, no bounds). Per request: the process's CPU (every thread's, \
+         from `/proc/PID/task/*/schedstat`), Redis's commands (`INFO commandstats`, those run by \
+         scripts included) and Redis's CPU (`INFO cpu`). The service without grants (`\"grant\": \
+         false`) does per key what the minimal one does; with grants it also writes the grant's \
+         record.\n\n\
+         | clients | echo: req/s (p50, p99 ms), CPU µs/req | axum + redis-rs: req/s (p50, p99 ms), CPU µs/req, Redis cmds/req, Redis µs/req | serve, no grant: same | serve ÷ axum + redis-rs, CPU/req | serve, grants: same |\n\
+         |---|---|---|---|---:|---|"
+    );
+    let mut rows = Vec::new();
+    for clients in CLIENTS {
+        let (e, ec) = costed(echo_pid, redis, || {
+            http_run(echo_port, clients, secs, bodies)
+        });
+        let (m, mc) = costed(evalsha_pid, redis, || {
+            http_run(evalsha_port, clients, secs, bodies)
+        });
+        let (b, bc) = costed(svc_pid, redis, || http_run(port, clients, secs, bare));
+        let (g, gc) = costed(svc_pid, redis, || http_run(port, clients, secs, bodies));
+        let full = |r: &Run, c: &Cost| {
+            format!(
+                "{:.0} ({:.2}, {:.2}), {:.1} µs, {:.2} cmds, {:.1} µs",
+                r.per_sec, r.p50_ms, r.p99_ms, c.cpu_us, c.redis_calls, c.redis_cpu_us
+            )
+        };
+        let over = bc.cpu_us / mc.cpu_us;
+        let _ = writeln!(
+            report.md,
+            "| {clients} | {:.0} ({:.2}, {:.2}), {:.1} µs | {} | {} | **{over:.2}×** | {} |",
+            e.per_sec,
+            e.p50_ms,
+            e.p99_ms,
+            ec.cpu_us,
+            full(&m, &mc),
+            full(&b, &bc),
+            full(&g, &gc),
+        );
+        println!(
+            "serve beside minimal, {clients} clients: echo {:.1} µs/req; axum + redis-rs {:.1} µs/req; serve no grant {:.1} µs/req ({over:.2}×), grants {:.1} µs/req",
+            ec.cpu_us, mc.cpu_us, bc.cpu_us, gc.cpu_us
+        );
+        let cell = |r: &Run, c: &Cost| json!({"per_sec": r.per_sec, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "cpu_us_per_req": c.cpu_us, "redis_cmds_per_req": c.redis_calls, "redis_cpu_us_per_req": c.redis_cpu_us});
+        rows.push(json!({
+            "clients": clients,
+            "echo": cell(&e, &ec),
+            "axum_redis_rs": cell(&m, &mc),
+            "serve_no_grant": cell(&b, &bc),
+            "serve_grants": cell(&g, &gc),
+            "serve_cpu_over_minimal": over,
+        }));
+    }
+    let _ = writeln!(
+        report.md,
+        "\nTarget: the service's CPU per request without grants ≤ 1.3× the axum + redis-rs service's.\n"
+    );
+    report
+        .json
+        .insert("serve_beside_minimal".into(), json!(rows));
 }

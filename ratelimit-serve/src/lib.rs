@@ -1,7 +1,8 @@
-//! `ratelimit-serve` (also started as `ratelimit serve`): a throttling service over HTTP and JSON, and Envoy's
-//! rate limit service API over gRPC (clients acquire units for a key and
-//! refill what they did not use, bound to the grant their acquire got), for
-//! programs not written in Rust and for Envoy. Stateless: every decision is
+//! `ratelimit-serve` (also started as `ratelimit serve`): a throttling
+//! service over HTTP and JSON, and Envoy's rate limit service API over gRPC
+//! (clients acquire units for a key and refill what they did not use, bound
+//! to the grant their acquire got), for programs not written in Rust and for
+//! Envoy. Stateless: every decision is
 //! one atomic script in Redis ([`ratelimit_redis`]), so any number of
 //! replicas behind any load balancer share every limit.
 //!
@@ -17,8 +18,7 @@
 //! with an exit code, an HTTP status and a gRPC code.
 //!
 //! What enters: the options ([`Options`], validated from the command line by
-//! [`options`]).
-//! [`conn`] accepts and bounds the HTTP connections (a cap, header, idle and
+//! [`options`]). [`conn`] accepts and bounds the HTTP connections (a cap, header, idle and
 //! body timeouts, a 503 when every connection is busy, TLS); [`api`]
 //! answers each HTTP request, [`grpc`] each gRPC one; both read what a
 //! request asks with [`request`] and [`auth`], and decide through

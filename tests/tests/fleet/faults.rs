@@ -1,7 +1,8 @@
 //! The faults fleets meet, each against the bound docs/fleet/fleets.md states for
 //! it, frames counted at the receivers: a daemon cut off from Redis (its
 //! Redis traffic dropped in its namespace), a daemon SIGKILLed (its program
-//! left attached), and Redis stalling under every daemon.
+//! left attached), a daemon starved of CPU (stopped and let run again, its
+//! program attached), and Redis stalling under every daemon.
 
 use std::{
     net::IpAddr,
@@ -309,4 +310,74 @@ fn redis_slower_than_the_bound_assumes_is_charged_as_the_fallback() {
         (total as f64) >= 0.4 * RATE * secs,
         "Redis slow: {total} admitted ({got:?}): shut out"
     );
+}
+
+/// The age of the debt a starved daemon's program judges with, at most: its
+/// heartbeat stale after 0.5 s, the others' reports one sync (0.1 s) older
+/// (docs/fleet/fleets.md).
+const STARVED_DELTA: f64 = 0.6;
+
+/// (Issue 37, item 3) A daemon starved of CPU, its program attached: stopped
+/// (SIGSTOP) for 1 s in every 1.5 s for 6 s while a source floods all three
+/// hosts. While it is stopped its program takes over once the heartbeat is
+/// 0.5 s old (every frame charged three times); when it runs again, its
+/// late sync settles its keys before it beats again. The fleet stays within
+/// the bound docs/fleet/fleets.md derives for a starved daemon, `Δ` = 0.6 s,
+/// and the daemon is back in step once it runs.
+#[test]
+fn a_starved_daemon_keeps_the_fleet_within_the_starved_bound() {
+    privileged!("a_starved_daemon_keeps_the_fleet_within_the_starved_bound");
+    let fleet = Fleet::start(3, false, &[], &RULE);
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    let src: IpAddr = "198.18.0.66".parse().unwrap();
+    fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs(1));
+    let pid = fleet.members[2].d().child.pid();
+    let secs = 6.0;
+    let starving = std::sync::atomic::AtomicBool::new(true);
+    let stops = std::sync::atomic::AtomicU32::new(0);
+    let got = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Each stop is followed by its SIGCONT: the daemon runs at the end.
+            while starving.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: kill(2) on the daemon this test started.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                stops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                sleep(Duration::from_millis(1000));
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                sleep(Duration::from_millis(500));
+            }
+        });
+        let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs_f64(secs));
+        starving.store(false, std::sync::atomic::Ordering::Relaxed);
+        got
+    });
+    let total: u64 = got.iter().sum();
+    let limit = bound(3.0, secs, STARVED_DELTA);
+    eprintln!(
+        "fleet, one daemon stopped 1 s in every 1.5 s ({} stops): {got:?} = {total} admitted over {secs} s; exact {}, bound {limit} (in step: {})",
+        stops.load(std::sync::atomic::Ordering::Relaxed),
+        BURST + RATE * secs,
+        bound(3.0, secs, DELTA)
+    );
+    assert!(
+        stops.load(std::sync::atomic::Ordering::Relaxed) >= 3,
+        "the daemon was starved"
+    );
+    assert!(
+        (total as f64) <= limit,
+        "one daemon starved: {total} admitted ({got:?}), bound {limit}"
+    );
+    assert!(
+        (total as f64) >= 0.7 * RATE * secs,
+        "one daemon starved: {total} admitted ({got:?}): the fleet limited far below its limit"
+    );
+    // Running again: back in step, and the fleet within the in-step bound.
+    fleet.wait_in_step(3, Duration::from_secs(10));
+    let got = fleet.flood(src, 67, &[0, 1, 2], Duration::from_secs(3));
+    let total: u64 = got.iter().sum();
+    let limit = bound(3.0, 3.0, DELTA);
+    eprintln!("fleet, the starved daemon running again: {got:?} = {total}, bound {limit}");
+    assert!((total as f64) <= limit, "{total} ({got:?}), bound {limit}");
+    assert!((total as f64) >= 0.85 * RATE * 3.0, "{total} ({got:?})");
 }

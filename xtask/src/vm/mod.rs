@@ -242,7 +242,10 @@ pub(crate) struct Tier {
 impl Tier {
     /// Builds both.
     pub(crate) fn build() -> Result<Self> {
-        let daemon = crate::build_bin(true, false)?;
+        // The same build as `cargo xtask test`'s (the service's binary too):
+        // another set of packages would unify features otherwise and build
+        // the dependencies again.
+        let daemon = crate::build_bin(true, true)?;
         eprintln!("xtask vm: building the kernel tier");
         let binary = crate::build_artifact(
             crate::cargo().args([

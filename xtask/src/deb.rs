@@ -17,7 +17,7 @@
 //! | `copyright`, `changelog.gz` (CHANGELOG.md), `README.md` | `/usr/share/doc/ratelimit/` |
 //! | `dist/deb/postinst`, `dist/deb/postrm` (`systemctl daemon-reload`) | `DEBIAN/` |
 //!
-//! `Depends` is what `dpkg-shlibdeps` says of the binary (from `readelf -d`
+//! `Depends` is what `dpkg-shlibdeps` says of the two binaries (from `readelf -d`
 //! and `objdump -T` when dpkg-dev is not installed); `Installed-Size` is
 //! counted as `dpkg-gencontrol` counts it.
 //!

@@ -43,6 +43,23 @@ impl Invalid {
     }
 }
 
+/// An error and every error it came from, on one line: `a: b: c`. What the
+/// daemon logs and the service reports, so that an errno is never lost
+/// behind "writing map X failed".
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 /// This crate's result type.
 pub type Result<T, E = Invalid> = std::result::Result<T, E>;
 

@@ -33,13 +33,7 @@ fn main() -> ExitCode {
     match run(&cli.args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                message.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            eprintln!("ratelimit serve: {message}");
+            eprintln!("ratelimit serve: {}", ratelimit_host::chain(&e));
             ExitCode::from(e.exit_code())
         }
     }

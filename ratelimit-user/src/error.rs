@@ -3,7 +3,10 @@
 
 use std::path::PathBuf;
 
-pub use ratelimit_host::config_file::{ConfigErrors, Problem};
+pub use ratelimit_host::{
+    chain,
+    config_file::{ConfigErrors, Problem},
+};
 
 /// Everything the library can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -161,22 +164,6 @@ pub enum Error {
     /// No permission (the CLI as a user other than root).
     #[error("permission denied: {0}")]
     Permission(String),
-}
-
-/// An error and every error it came from, on one line: `a: b: c`. What the
-/// daemon logs, so that an errno is never lost behind "writing map X failed".
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 impl Error {

@@ -271,7 +271,9 @@ pub(crate) const LEVEL_SHIFT: u64 = 9;
 /// One shared level of [`rl_levels`] (the level's number in `packed` at
 /// [`LEVEL_SHIFT`]). A key level whose key has no state gets a full bucket
 /// (only frames their own level admits come here, so a spoofed flood does not
-/// create them); one whose state cannot be stored does not judge.
+/// create them); one whose state cannot be stored (both its lines full) does
+/// not judge; one whose state another CPU is claiming refuses the frame
+/// ([`LEVEL_BUSY`]).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, now: u64) -> u32 {
@@ -292,6 +294,10 @@ pub extern "C" fn rl_level(ctx: *mut xdp_md, l3: u64, packed: u64, index: u32, n
         };
         (agg.word, 0, agg.params, agg.cost, refused)
     } else {
+        if packed >> LEVEL_POS_SHIFT == LEVEL_BUSY {
+            // Only a take claims, so only a take finds it busy.
+            return Reason::Contended as u32;
+        }
         let (lv, refused) = if n == 1 {
             (&rule.levels[0], Reason::Level2Limited)
         } else {
@@ -351,7 +357,7 @@ pub(crate) const LEVEL_POS_SHIFT: u64 = 32;
 /// in `packed`, as for [`rl_level`]) in the state table, claimed full if it
 /// has none and the operation takes units (only frames their own level
 /// admits come here, so a spoofed flood does not create them): its position,
-/// or 0.
+/// 0 for none, or [`LEVEL_BUSY`].
 ///
 /// A global function called by [`rl_levels`] beside [`rl_level`], not under
 /// it: the claim's frame below `rl_level`'s would make the deepest chain of
@@ -395,10 +401,19 @@ pub extern "C" fn rl_level_slot(
             event(Event::StateFull);
             0
         }
-        BUSY => 0,
+        // Another CPU is claiming the key at this instant: the frame is
+        // refused (`contended`), as a source's own state is then, never
+        // passed unjudged: the bucket the other CPU stores is full, and a
+        // frame passed beside it would be one more than the level holds.
+        BUSY => LEVEL_BUSY,
         p => p,
     }
 }
+
+/// [`rl_level_slot`]: the key's slot is being claimed by another CPU. No
+/// slot has this position: both families have at most
+/// [`ratelimit_common::MAX_STATE_LINES`] lines, so positions stay within 2^29.
+pub(crate) const LEVEL_BUSY: u64 = u32::MAX as u64;
 
 /// The table's key word and hash of `source`'s key (of family `fam`) at key
 /// level `n` (1 or 2) of the rule `rule_id`.

@@ -284,6 +284,50 @@ impl Fleet {
             .map(|r| r.finish().get(&src).copied().unwrap_or(0))
             .collect()
     }
+
+    /// Sends `pps` from each of `sources` to each host in `to` for `dur`;
+    /// for each source, all hosts together: (frames sent, frames received);
+    /// and how long the senders took (longer than `dur` when they could not
+    /// keep pace: they send their backlog).
+    pub fn flood_many(
+        &self,
+        sources: &[IpAddr],
+        pps: u32,
+        to: &[usize],
+        dur: Duration,
+    ) -> (Vec<(u64, u64)>, Duration) {
+        let receivers: Vec<Receiver> = to
+            .iter()
+            .map(|i| self.members[*i].host.pair.receiver(PORT))
+            .collect();
+        let flows: Vec<Vec<_>> = to
+            .iter()
+            .map(|i| {
+                let pair = &self.members[*i].host.pair;
+                sources.iter().map(|s| pair.flow(*s, PORT, pps)).collect()
+            })
+            .collect();
+        let start = Instant::now();
+        let senders: Vec<_> = to
+            .iter()
+            .zip(&flows)
+            .map(|(i, flows)| self.members[*i].host.pair.send_async(flows, dur))
+            .collect();
+        let mut out = vec![(0, 0); sources.len()];
+        for s in senders {
+            for (o, sent) in out.iter_mut().zip(s.join().expect("sender")) {
+                o.0 += sent.frames;
+            }
+        }
+        let took = start.elapsed();
+        for r in receivers {
+            let got = r.finish();
+            for (o, src) in out.iter_mut().zip(sources) {
+                o.1 += got.get(src).copied().unwrap_or(0);
+            }
+        }
+        (out, took)
+    }
 }
 
 /// A veth from the host's receiving namespace to Redis's; the host's end.

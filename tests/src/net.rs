@@ -3,7 +3,8 @@
 //! traffic loop is bounded in packets and in time.
 
 use std::{
-    collections::HashMap,
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
     fs::File,
     net::IpAddr,
     os::fd::AsRawFd,
@@ -425,16 +426,15 @@ pub fn send_async(
         NetNs { name: name.clone() }.enter_and_forget();
         let fd = packet_socket(&ifname);
         let start = Instant::now();
-        let mut next: Vec<Duration> = vec![Duration::ZERO; flows.len()];
+        // Each flow's next frame, soonest first (ties in the flows' order):
+        // a heap, so that thousands of flows cost a sender no more than a few.
+        let mut next: BinaryHeap<Reverse<(Duration, usize)>> = (0..flows.len())
+            .map(|i| Reverse((Duration::ZERO, i)))
+            .collect();
         let mut sent: Vec<Option<Sent>> = vec![None; flows.len()];
         let end = start + duration;
         loop {
-            let (i, due) = next
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, d)| **d)
-                .map(|(i, d)| (i, *d))
-                .expect("at least one flow");
+            let Reverse((due, i)) = next.pop().expect("at least one flow");
             let at = start + due;
             if at >= end {
                 break;
@@ -464,7 +464,10 @@ pub fn send_async(
                 s.last = t;
                 s.times.push(t);
             }
-            next[i] = due + Duration::from_nanos(1_000_000_000 / u64::from(flows[i].pps.max(1)));
+            next.push(Reverse((
+                due + Duration::from_nanos(1_000_000_000 / u64::from(flows[i].pps.max(1))),
+                i,
+            )));
         }
         // SAFETY: our fd.
         unsafe { libc::close(fd) };

@@ -8,6 +8,7 @@
 mod beat;
 mod cluster;
 mod faults;
+mod load;
 mod restarts;
 mod store;
 

@@ -304,18 +304,21 @@ async fn acquire(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) ->
     for (item, t) in items.iter().zip(&targets) {
         if let Some(t) = t {
             let id = item.grant.then(|| app.decider.grant_id()).flatten();
-            asks.push(Ask {
-                key: app.decider.key(&t.content),
-                limit: t.limit,
-                amount: item.amount,
-                whole: false,
-                grant: id.clone(),
-                owner: owner_of(tenant.map(|t| t.name.as_str())),
-            });
+            asks.push((
+                Ask {
+                    key: app.decider.key(&t.content),
+                    limit: t.limit,
+                    amount: item.amount,
+                    whole: false,
+                    grant: id.clone(),
+                    owner: owner_of(tenant.map(|t| t.name.as_str())),
+                },
+                t.lease,
+            ));
             ids.push(id);
         }
     }
-    let mut decided = app.decider.acquire(asks).await.into_iter().zip(ids);
+    let mut decided = app.decider.decide(asks).await.into_iter().zip(ids);
     let mut answers = Vec::with_capacity(items.len());
     for (item, t) in items.iter().zip(&targets) {
         let Some(t) = t else {

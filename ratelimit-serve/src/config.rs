@@ -22,6 +22,7 @@
 //! burst = 20
 //! # algorithm = "fixed-window"      # or sliding-window; gcra by default
 //! # shadow = true                   # decide and count, never deny
+//! # lease = 50                      # a hot key's units taken 50 at a time
 //! ```
 
 use std::{
@@ -84,6 +85,7 @@ struct RawLimit {
     algorithm: Option<String>,
     #[serde(default)]
     shadow: bool,
+    lease: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -383,6 +385,25 @@ fn add_limit(
             return;
         }
     };
+    if let Some(n) = l.lease {
+        let why = if !matches!(limit, ratelimit_redis::Limit::Gcra { .. }) {
+            Some(
+                "leases a gcra limit only (the default algorithm); remove it or the algorithm"
+                    .to_string(),
+            )
+        } else if n == 0 || n > limit.capacity() {
+            Some(format!(
+                "must be from 1 to the limit's burst ({}): the units a hot key takes from Redis at a time",
+                limit.capacity()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            errors.push(Error::invalid(format!("{at}.lease"), why));
+            return;
+        }
+    }
     let path: Vec<(String, Option<String>)> =
         l.descriptor.into_iter().map(|e| (e.key, e.value)).collect();
     let name = l.name.unwrap_or_else(|| {
@@ -414,6 +435,7 @@ fn add_limit(
         path,
         limit,
         shadow: l.shadow,
+        lease: l.lease,
     };
     if domain.add(def) {
         policy.named.insert(name, (domain.name.clone(), index));
@@ -491,6 +513,40 @@ shadow = true
         let vip = p.limit_named(t, "checkout/user=42").unwrap();
         assert!(vip.shadow);
         assert_eq!(p.domains["checkout"].failure_mode, Some(FailureMode::Allow));
+    }
+
+    #[test]
+    fn a_lease_is_of_a_gcra_limit_within_its_burst() {
+        let limit = |extra: &str| {
+            format!(
+                "[[tenant]]\nname = \"shop\"\ntokens = [\"{TOKEN}\"]\n\n[[domain]]\nname = \"d\"\ntenants = [\"shop\"]\n\n[[domain.limit]]\nname = \"hot\"\ndescriptor = [{{ key = \"user\" }}]\nrate = \"100/s\"\n{extra}\n"
+            )
+        };
+        let (_d, p) = file(&limit("burst = 20\nlease = 20"));
+        let p = read(&p).unwrap_or_else(|e| panic!("{e}"));
+        let t = p.tenant(Some("abc")).unwrap();
+        assert_eq!(p.limit_named(t, "hot").unwrap().lease, Some(20));
+        for (extra, says) in [
+            (
+                "burst = 20\nlease = 0",
+                "must be from 1 to the limit's burst (20)",
+            ),
+            (
+                "burst = 20\nlease = 21",
+                "must be from 1 to the limit's burst (20)",
+            ),
+            (
+                "algorithm = \"fixed-window\"\nlease = 5",
+                "leases a gcra limit only",
+            ),
+        ] {
+            let (_d, p) = file(&limit(extra));
+            let e = read(&p).unwrap_err().to_string();
+            assert!(
+                e.contains("domain[0].limit[0].lease: ") && e.contains(says),
+                "{extra}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 use super::{
     breaker::{Breakers, Tripped},
     lag::Lag,
+    lease::{Ended, Leases, Local},
     metrics::Metrics,
 };
 
@@ -95,7 +96,13 @@ pub(super) struct Decider {
     metrics: Arc<Metrics>,
     lag: Arc<Lag>,
     random: ring::rand::SystemRandom,
+    /// This process's leases of hot keys.
+    pub(super) leases: Leases,
 }
+
+/// The owner of the grants leases are taken under: their ids are never
+/// handed out, so nobody else refills them.
+const LEASE_OWNER: &str = "lease";
 
 impl Decider {
     /// Decides in `store`, keys under `prefix`; a call that fails while
@@ -124,6 +131,7 @@ impl Decider {
             metrics,
             lag,
             random: ring::rand::SystemRandom::new(),
+            leases: Leases::new(),
         }
     }
 
@@ -142,7 +150,144 @@ impl Decider {
         Some(b.iter().map(|x| format!("{x:02x}")).collect())
     }
 
-    /// Decides each of `asks` (keys in any slots); answers in order.
+    /// Decides each of `asks`: those of a limit that leases (`Some(size)`)
+    /// and ask for no grant from this process's leases where they can
+    /// ([`super::lease`]), the others in Redis ([`Decider::acquire`], each
+    /// lease taken there with them); answers in order.
+    pub(super) async fn decide(
+        &self,
+        asks: Vec<(Ask, Option<u64>)>,
+    ) -> Vec<Result<Granted, Failed>> {
+        enum At {
+            Plain(usize),
+            Lease(usize, Ask, String),
+        }
+        if asks
+            .iter()
+            .all(|(a, lease)| lease.is_none() || a.grant.is_some())
+        {
+            // Nothing to lease: as without leases, and nothing more.
+            return self
+                .acquire(asks.into_iter().map(|(a, _)| a).collect())
+                .await;
+        }
+        let now = Instant::now();
+        let mut out: Vec<Option<Result<Granted, Failed>>> = Vec::with_capacity(asks.len());
+        let (mut redis, mut at) = (Vec::new(), Vec::new());
+        for (i, (ask, lease)) in asks.into_iter().enumerate() {
+            out.push(None);
+            let local = match lease {
+                Some(size) if ask.grant.is_none() => self.leased(&ask, size).await,
+                _ => Local::Redis,
+            };
+            match local {
+                Local::Decided(g) => {
+                    self.metrics.leased_decisions.inc();
+                    out[i] = Some(Ok(g));
+                }
+                Local::Take { size } => {
+                    let id = self.grant_id();
+                    let Some(id) = id else {
+                        // No random id, no lease: decided in Redis.
+                        self.leases
+                            .took(&ask.key, ask.limit, "", None, 0, true, now);
+                        redis.push(ask);
+                        at.push(At::Plain(i));
+                        continue;
+                    };
+                    redis.push(Ask {
+                        key: ask.key.clone(),
+                        limit: ask.limit,
+                        amount: size,
+                        whole: false,
+                        grant: Some(id.clone()),
+                        owner: LEASE_OWNER.to_string(),
+                    });
+                    at.push(At::Lease(i, ask, id));
+                }
+                Local::Redis | Local::Wait => {
+                    redis.push(ask);
+                    at.push(At::Plain(i));
+                }
+            }
+        }
+        if !redis.is_empty() {
+            let decided = self.acquire(redis).await;
+            let now = Instant::now();
+            for (r, at) in decided.into_iter().zip(at) {
+                match at {
+                    At::Plain(i) => out[i] = Some(r),
+                    At::Lease(i, ask, id) => {
+                        let got = r.as_ref().ok().copied();
+                        if got.is_some() {
+                            self.metrics.leases.inc();
+                        }
+                        let d = self
+                            .leases
+                            .took(&ask.key, ask.limit, &id, got, ask.amount, ask.whole, now);
+                        out[i] = Some(match (d, r) {
+                            (Some(g), _) => {
+                                self.metrics.leased_decisions.inc();
+                                Ok(g)
+                            }
+                            (None, Err(e)) => Err(e),
+                            (None, Ok(g)) => Ok(g),
+                        });
+                    }
+                }
+            }
+        }
+        self.metrics.leased_units.set(self.leases.held() as i64);
+        out.into_iter()
+            .map(|r| r.expect("every ask is answered"))
+            .collect()
+    }
+
+    /// What the leases decide for `ask` (of a limit leased `size` at a
+    /// time): an acquire that meets a lease being taken waits for it, once,
+    /// at most [`super::lease::WAIT`], then asks again.
+    async fn leased(&self, ask: &Ask, size: u64) -> Local {
+        let changed = self.leases.changed().notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let local = self
+            .leases
+            .decide(&ask.key, ask.limit, size, ask.amount, Instant::now());
+        if local != Local::Wait {
+            return local;
+        }
+        let _ = tokio::time::timeout(super::lease::WAIT, changed).await;
+        match self
+            .leases
+            .decide(&ask.key, ask.limit, size, ask.amount, Instant::now())
+        {
+            Local::Wait => Local::Redis,
+            other => other,
+        }
+    }
+
+    /// Gives back what the leases ended by `now` did not use, each through
+    /// its grant's refill (a failure leaves the units taken: toward
+    /// limiting). Units given back.
+    pub(super) async fn end_leases(&self, ended: Vec<Ended>) -> u64 {
+        let mut back = 0;
+        for e in ended {
+            if e.unused == 0 {
+                continue;
+            }
+            match self.refill(&e.key, &e.id, LEASE_OWNER, e.unused).await {
+                Ok(r) => back += r.refunded,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a lease's unused units could not be given back")
+                }
+            }
+        }
+        self.metrics.lease_returned.inc_by(back);
+        self.metrics.leased_units.set(self.leases.held() as i64);
+        back
+    }
+
+    /// Decides each of `asks` in Redis (keys in any slots); answers in order.
     pub(super) async fn acquire(&self, asks: Vec<Ask>) -> Vec<Result<Granted, Failed>> {
         if let Some(b) = &self.batcher {
             if let Err(t) = self.breakers.check(0) {

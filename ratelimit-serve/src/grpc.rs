@@ -158,11 +158,16 @@ pub(super) struct Rls {
 /// A descriptor's entries: (key, value) pairs, in its order.
 type Entries = Vec<(String, String)>;
 
+/// An acquire, and its limit's lease ([`crate::lease`]).
+type Leasable = (Ask, Option<u64>);
+
 /// A descriptor's limit: its numbers, its name, whether it is a shadow.
 struct Found {
     limit: Limit,
     name: String,
     shadow: bool,
+    /// The config's `lease` ([`crate::lease`]).
+    lease: Option<u64>,
 }
 
 impl Rls {
@@ -189,7 +194,7 @@ impl RateLimitService for Rls {
             _ => None,
         };
         let (found, asks) = self.limits(&r, tenant, domain)?;
-        let decided = self.app.decider.acquire(asks).await;
+        let decided = self.app.decider.decide(asks).await;
         if let Some(fail) = decided.iter().find_map(|d| d.as_ref().err()) {
             for _ in 0..decided.len() {
                 self.app.metrics.count("redis_error");
@@ -245,7 +250,7 @@ impl Rls {
         r: &RateLimitRequest,
         tenant: Option<&Tenant>,
         domain: Option<&Domain>,
-    ) -> Result<(Vec<Option<Found>>, Vec<Ask>), Status> {
+    ) -> Result<(Vec<Option<Found>>, Vec<Leasable>), Status> {
         let mut found: Vec<Option<Found>> = Vec::with_capacity(r.descriptors.len());
         let mut asks = Vec::new();
         for (i, d) in r.descriptors.iter().enumerate() {
@@ -258,17 +263,20 @@ impl Rls {
                     .or((r.hits_addend > 0).then_some(u64::from(r.hits_addend)))
                     .unwrap_or(1)
                     .max(1);
-                asks.push(Ask {
-                    key: self
-                        .app
-                        .decider
-                        .key(&policy::descriptor_key(&r.domain, &entries)),
-                    limit: f.limit,
-                    amount: hits,
-                    whole: true,
-                    grant: None,
-                    owner: String::new(),
-                });
+                asks.push((
+                    Ask {
+                        key: self
+                            .app
+                            .decider
+                            .key(&policy::descriptor_key(&r.domain, &entries)),
+                        limit: f.limit,
+                        amount: hits,
+                        whole: true,
+                        grant: None,
+                        owner: String::new(),
+                    },
+                    f.lease,
+                ));
             }
             found.push(f);
         }
@@ -315,12 +323,14 @@ impl Rls {
                         .map_err(|e| self.wrong(&format!("descriptors[{i}]"), e))?,
                     name: String::new(),
                     shadow: false,
+                    lease: None,
                 })
             }
             None => domain.and_then(|dm| dm.find(&entries)).map(|def| Found {
                 limit: def.limit,
                 name: def.name.clone(),
                 shadow: def.shadow,
+                lease: def.lease,
             }),
         };
         Ok((entries, f))

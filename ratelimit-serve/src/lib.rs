@@ -35,6 +35,7 @@ mod decide;
 pub mod error;
 mod grpc;
 mod lag;
+mod lease;
 mod metrics;
 pub mod policy;
 mod request;
@@ -262,6 +263,21 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
         max_body = opts.max_body,
         "serving /v1/acquire and /v1/refill"
     );
+    // Leases end on time: what they did not use goes back.
+    let ending = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(lease::LEASE_TIME / 10);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let ended = app.decider.leases.ended(std::time::Instant::now());
+                if !ended.is_empty() {
+                    app.decider.end_leases(ended).await;
+                }
+            }
+        })
+    };
     let cap = conn::Cap::new(limits);
     let stop = Arc::new(tokio::sync::Notify::new());
     let grpc_task = grpc_listener.map(|tcp| {
@@ -289,6 +305,10 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
     if let Some(t) = grpc_task {
         let _ = tokio::time::timeout(conn::SHUTDOWN_GRACE, t).await;
     }
+    ending.abort();
+    // What the leases hold goes back before the service stops.
+    let held = app.decider.leases.end_all();
+    let _ = tokio::time::timeout(conn::SHUTDOWN_GRACE, app.decider.end_leases(held)).await;
     Ok(())
 }
 

@@ -77,6 +77,14 @@ pub(super) struct Metrics {
     pub auth_refused: Family<Reason, Counter>,
     /// gRPC `ShouldRateLimit` answers by code.
     pub grpc: Family<Code, Counter>,
+    /// Leases of hot keys taken from Redis ([`super::lease`]).
+    pub leases: Counter,
+    /// Acquires decided from a lease, without asking Redis.
+    pub leased_decisions: Counter,
+    /// Units held in leases now.
+    pub leased_units: Gauge,
+    /// Units leases did not use, given back when they ended.
+    pub lease_returned: Counter,
     /// The connections' own.
     pub conn: ConnMetrics,
 }
@@ -187,6 +195,30 @@ impl Metrics {
             "gRPC ShouldRateLimit answers by code: ok, over_limit, unavailable, unauthenticated, permission_denied, invalid_argument",
             grpc.clone(),
         );
+        let leases = Counter::default();
+        registry.register(
+            "ratelimit_serve_leases",
+            "Leases of hot keys taken from Redis (a limit's lease in the config)",
+            leases.clone(),
+        );
+        let leased_decisions = Counter::default();
+        registry.register(
+            "ratelimit_serve_leased_decisions",
+            "Acquires decided in this service from its leases, without asking Redis: allowed from a lease held, or denied while Redis is known short of one (also counted in ratelimit_serve_decisions)",
+            leased_decisions.clone(),
+        );
+        let leased_units = Gauge::default();
+        registry.register(
+            "ratelimit_serve_leased_units",
+            "Units this service holds in leases now, all keys together",
+            leased_units.clone(),
+        );
+        let lease_returned = Counter::default();
+        registry.register(
+            "ratelimit_serve_lease_returned_units",
+            "Units leases did not use, given back to Redis when they ended",
+            lease_returned.clone(),
+        );
         let conn = ConnMetrics::new(&mut registry);
         Self {
             registry,
@@ -205,6 +237,10 @@ impl Metrics {
             breaker_probes,
             auth_refused,
             grpc,
+            leases,
+            leased_decisions,
+            leased_units,
+            lease_returned,
             conn,
         }
     }

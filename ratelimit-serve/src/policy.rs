@@ -50,6 +50,9 @@ pub struct LimitDef {
     pub limit: Limit,
     /// Decided and counted, never denied.
     pub shadow: bool,
+    /// Units a hot key takes from Redis at a time, decided here from them
+    /// ([`crate::lease`]); `None`: every acquire is decided in Redis.
+    pub lease: Option<u64>,
 }
 
 /// A domain: its limits, as a tree walked entry by entry.
@@ -295,6 +298,7 @@ mod tests {
                 .collect(),
             limit: Limit::gcra(1, Duration::from_secs(1), 1).unwrap(),
             shadow: false,
+            lease: None,
         }
     }
 

@@ -65,6 +65,8 @@ pub(super) struct Target {
     pub shadow: Option<String>,
     /// What a 503 advises, when the config says.
     pub failure_mode: Option<FailureMode>,
+    /// Units a hot key takes from Redis at a time (the config's `lease`).
+    pub lease: Option<u64>,
 }
 
 /// A request that cannot be served as asked: the status (400 or 403), the
@@ -299,6 +301,7 @@ pub(super) fn resolve(
                 limit: *limit,
                 shadow: None,
                 failure_mode: None,
+                lease: None,
             })),
             Form::Named { .. } => Err(Refusal::bad(Error::invalid(
                 "limit",
@@ -326,6 +329,7 @@ pub(super) fn resolve(
                 limit: *limit,
                 shadow: None,
                 failure_mode: None,
+                lease: None,
             }))
         }
         Form::Named { name, key } => {
@@ -384,6 +388,7 @@ pub(super) fn resolve(
                 limit: def.limit,
                 shadow: def.shadow.then(|| def.name.clone()),
                 failure_mode: domain.failure_mode,
+                lease: def.lease,
             }))
         }
         Form::Descriptor { domain, entries } => {
@@ -399,6 +404,7 @@ pub(super) fn resolve(
                 limit: def.limit,
                 shadow: def.shadow.then(|| def.name.clone()),
                 failure_mode: d.failure_mode,
+                lease: def.lease,
             }))
         }
     }

@@ -6,6 +6,7 @@
 //! - [`api`]: the HTTP API; [`grants`]: grants, refills and who may make
 //!   them; [`config`]: the config file, tenants, TLS, reloads;
 //! - [`breaker`]: fail-fast while Redis does not answer;
+//! - [`leases`]: hot keys decided in the service from leases;
 //! - [`connections`], [`grpc`]: the listeners' bounds, and Envoy's gRPC
 //!   protocol through a real Envoy.
 
@@ -15,4 +16,5 @@ mod config;
 mod connections;
 mod grants;
 mod grpc;
+mod leases;
 mod redis;

@@ -184,6 +184,14 @@ pub(super) const PAGE: Page = Page {
                     example: "shadow = true",
                     ..Key::EMPTY
                 },
+                Key {
+                    name: "lease",
+                    forms: "1 to the limit's burst",
+                    default: "none (every acquire is decided in Redis)",
+                    text: "A key of this limit asked for at least this many units within a second is leased: the service takes this many units from Redis at once and decides that key's next acquires that ask for no grant (gRPC's, and HTTP's with \"grant\": false) from them, without asking Redis, for up to a second; what the lease did not use then goes back. With C replicas of the service the limit admits at most B + R·t + min(2·C·lease, R·1 s) over any time t (burst B, rate R). A gcra limit only. Counted in ratelimit_serve_leases_total, ratelimit_serve_leased_decisions_total and ratelimit_serve_leased_units.",
+                    example: "lease = 50",
+                    ..Key::EMPTY
+                },
             ],
         },
         Table {

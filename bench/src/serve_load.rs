@@ -522,23 +522,6 @@ rate = "1000000/s"
 burst = 100000
 "#;
 
-/// Script calls Redis has run (`EVALSHA`, `EVAL`).
-fn script_calls(redis: &RedisServer) -> u64 {
-    redis
-        .cmd("INFO commandstats")
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// One hot key decided with and without a lease (`lease = 50`, issue 37's
 /// item 6), beside a minimal axum echo: per decision, the service's CPU,
 /// Redis's script calls and Redis's CPU, and the latency. Its limit is far
@@ -566,9 +549,9 @@ fn leased_hot_key(redis: &RedisServer, bin: &std::path::Path, secs: Duration, re
     let mut rows = Vec::new();
     for clients in CLIENTS {
         let with_calls = |pid: u32, bodies: &[String], port: u16| {
-            let c0 = script_calls(redis);
+            let c0 = redis.script_calls();
             let (r, c) = costed(pid, redis, || http_run(port, clients, secs, bodies));
-            let calls = (script_calls(redis) - c0) as f64 / r.n.max(1) as f64;
+            let calls = (redis.script_calls() - c0) as f64 / r.n.max(1) as f64;
             (r, c, calls)
         };
         let (e, ec, _) = with_calls(echo_pid, &leased, echo_port);

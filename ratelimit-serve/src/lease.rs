@@ -90,6 +90,17 @@ struct Key {
 }
 
 impl Key {
+    fn new(limit: Limit, now: Instant) -> Self {
+        Self {
+            limit,
+            asked: 0,
+            since: now,
+            leases: VecDeque::new(),
+            taking: false,
+            short_until: None,
+        }
+    }
+
     fn live(&self, now: Instant) -> u64 {
         self.leases
             .iter()
@@ -158,14 +169,10 @@ impl Leases {
         if !st.keys.contains_key(key) && st.keys.len() >= MAX_KEYS {
             return Local::Redis;
         }
-        let k = st.keys.entry(key.to_string()).or_insert_with(|| Key {
-            limit,
-            asked: 0,
-            since: now,
-            leases: VecDeque::new(),
-            taking: false,
-            short_until: None,
-        });
+        let k = st
+            .keys
+            .entry(key.to_string())
+            .or_insert_with(|| Key::new(limit, now));
         if k.limit != limit {
             // Its limit changed: what the old leases hold ends now (given
             // back under the old limit's grant, which Redis then judges).
@@ -227,14 +234,10 @@ impl Leases {
         now: Instant,
     ) -> Option<Granted> {
         let mut st = self.state();
-        let k = st.keys.entry(key.to_string()).or_insert_with(|| Key {
-            limit,
-            asked: 0,
-            since: now,
-            leases: VecDeque::new(),
-            taking: false,
-            short_until: None,
-        });
+        let k = st
+            .keys
+            .entry(key.to_string())
+            .or_insert_with(|| Key::new(limit, now));
         k.taking = false;
         self.changed.notify_waiters();
         let g = got?;

@@ -292,6 +292,23 @@ impl RedisServer {
         panic!("Redis took 16 MB past a maxmemory {max} bytes with noeviction")
     }
 
+    /// Script calls it has run (`EVALSHA` and `EVAL`), from `INFO
+    /// commandstats`.
+    pub fn script_calls(&self) -> u64 {
+        self.cmd("INFO commandstats")
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// Runs one inline command, e.g. `SCRIPT FLUSH`.
     pub fn cmd(&self, cmd: &str) -> String {
         command_in(self.netns.as_deref(), &self.host, self.port, cmd)

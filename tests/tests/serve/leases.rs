@@ -37,23 +37,6 @@ const RATE: f64 = 200.0;
 const BURST: f64 = 100.0;
 const LEASE: f64 = 50.0;
 
-/// Script calls Redis has run.
-fn script_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.cmd("INFO commandstats");
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 fn metric(s: &Service, name: &str) -> f64 {
     s.metric(name)
         .unwrap_or_else(|| panic!("no {name} in the metrics"))
@@ -79,7 +62,7 @@ fn three_replicas_leasing_one_hot_key_stay_within_the_bound() {
             )
         })
         .collect();
-    let before = script_calls(&redis);
+    let before = redis.script_calls();
     let secs = Duration::from_secs(3);
     let start = Instant::now();
     let per_client: Vec<(u64, u64)> = std::thread::scope(|s| {
@@ -113,7 +96,7 @@ fn three_replicas_leasing_one_hot_key_stay_within_the_bound() {
     let t = start.elapsed().as_secs_f64();
     let granted: u64 = per_client.iter().map(|c| c.0).sum();
     let decisions: u64 = per_client.iter().map(|c| c.1).sum();
-    let calls = script_calls(&redis) - before;
+    let calls = redis.script_calls() - before;
     let leased: f64 = replicas
         .iter()
         .map(|r| metric(r, "ratelimit_serve_leased_decisions_total"))

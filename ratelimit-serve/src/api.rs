@@ -42,7 +42,7 @@ use crate::error::Error;
 
 /// What the handlers share.
 pub(super) struct App {
-    pub decider: Decider,
+    pub decider: Arc<Decider>,
     /// The config (`None`: the open mode).
     pub policy: Option<Policy>,
     pub metrics: Arc<Metrics>,

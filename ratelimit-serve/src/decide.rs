@@ -155,7 +155,7 @@ impl Decider {
     /// ([`super::lease`]), the others in Redis ([`Decider::acquire`], each
     /// lease taken there with them); answers in order.
     pub(super) async fn decide(
-        &self,
+        self: &Arc<Self>,
         asks: Vec<(Ask, Option<u64>)>,
     ) -> Vec<Result<Granted, Failed>> {
         enum At {
@@ -184,6 +184,11 @@ impl Decider {
                 Local::Decided(g) => {
                     self.metrics.leased_decisions.inc();
                     out[i] = Some(Ok(g));
+                }
+                Local::DecidedTakeNext(g, size) => {
+                    self.metrics.leased_decisions.inc();
+                    out[i] = Some(Ok(g));
+                    self.take_next(&ask, size);
                 }
                 Local::Take { size } => {
                     let id = self.grant_id();
@@ -241,6 +246,37 @@ impl Decider {
         out.into_iter()
             .map(|r| r.expect("every ask is answered"))
             .collect()
+    }
+
+    /// Takes the next lease of `ask`'s key (`size` units) in a task of its
+    /// own, so that the acquire whose answer asked for it does not wait for
+    /// Redis. One taken as the service stops may be held past
+    /// [`Leases::end_all`]: its units then come back as the limit refills.
+    fn take_next(self: &Arc<Self>, ask: &Ask, size: u64) {
+        let Some(id) = self.grant_id() else {
+            self.leases
+                .took(&ask.key, ask.limit, "", None, 0, true, Instant::now());
+            return;
+        };
+        let lease = Ask {
+            key: ask.key.clone(),
+            limit: ask.limit,
+            amount: size,
+            whole: false,
+            grant: Some(id.clone()),
+            owner: LEASE_OWNER.to_string(),
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let (key, limit) = (lease.key.clone(), lease.limit);
+            let got = me.acquire(vec![lease]).await.pop().and_then(Result::ok);
+            if got.is_some() {
+                me.metrics.leases.inc();
+            }
+            me.leases
+                .took(&key, limit, &id, got, 0, true, Instant::now());
+            me.metrics.leased_units.set(me.leases.held() as i64);
+        });
     }
 
     /// What the leases decide for `ask` (of a limit leased `size` at a

@@ -11,16 +11,23 @@
 //! time), so a key over its limit costs Redis a call per lease time's
 //! refill, not one per acquire.
 //!
+//! A key stays hot while it was asked for a lease's worth within this
+//! window or the one before. The next lease of a hot key is taken when
+//! what is held falls under half a lease, in a task beside the acquire
+//! that saw it, so the acquires after it are decided without waiting for
+//! Redis.
+//!
 //! Only acquires that ask for no grant are decided so (gRPC's, and HTTP's
 //! with `"grant": false`): an acquire with a grant is decided in Redis as
 //! before, so that its refill stays exact. An acquire that meets a lease
-//! being taken waits for it (at most [`WAIT`]) and is decided from it. An
-//! acquire larger than a lease, and every key once [`MAX_KEYS`] are
-//! followed, go to Redis too.
+//! being taken while nothing is held waits for it (at most [`WAIT`]) and is
+//! decided from it. An acquire larger than a lease, and every key once
+//! [`MAX_KEYS`] are followed, go to Redis too.
 //!
 //! # The bound
 //! A replica holds at most `2·N` units of a key at once (what is left of its
-//! last lease, below the acquire that needed more, and the new one). So with
+//! last lease, below the acquire that needed more or below half a lease
+//! when it is taken ahead, and the new one). So with
 //! `C` replicas leasing a key of rate `R` and burst `B`, over any window `t`
 //! the replicas together admit at most `B + R·t + min(2·C·N, R·L)` (`L` =
 //! [`LEASE_TIME`]: see `ratelimit_redis::lease_bound`), and never more than
@@ -51,6 +58,10 @@ pub(super) const MAX_KEYS: usize = 100_000;
 pub(super) enum Local {
     /// Decided from a lease held.
     Decided(Granted),
+    /// Decided from a lease held, which runs low: take the next lease of
+    /// `size` units now, beside the answer ([`Leases::took`] with nothing
+    /// to decide), so that the acquires after it find it held.
+    DecidedTakeNext(Granted, u64),
     /// Take a lease of `size` units for the key under the grant `id`, then
     /// decide ([`Leases::took`]).
     Take { size: u64 },
@@ -80,6 +91,8 @@ struct Key {
     /// Units asked since `since` (a window of [`LEASE_TIME`]).
     asked: u64,
     since: Instant,
+    /// Units asked in the window before (0 when it was not the last one).
+    before: u64,
     /// Leases held, oldest first.
     leases: VecDeque<Lease>,
     /// A lease is being taken.
@@ -95,10 +108,17 @@ impl Key {
             limit,
             asked: 0,
             since: now,
+            before: 0,
             leases: VecDeque::new(),
             taking: false,
             short_until: None,
         }
+    }
+
+    /// Asked for at least a lease (`size`) within this window or the one
+    /// before: a key that stays hot does not start over each window.
+    fn hot(&self, size: u64) -> bool {
+        self.asked >= size || self.before >= size
     }
 
     fn live(&self, now: Instant) -> u64 {
@@ -181,23 +201,36 @@ impl Leases {
                 l.ends = now;
             }
         }
-        if now.duration_since(k.since) >= LEASE_TIME {
+        let idle = now.duration_since(k.since);
+        if idle >= LEASE_TIME {
+            k.before = if idle < 2 * LEASE_TIME { k.asked } else { 0 };
             k.asked = 0;
             k.since = now;
         }
         k.asked = k.asked.saturating_add(amount);
         let live = k.live(now);
+        let short = k.short_until.filter(|u| *u > now);
         if live >= amount {
             k.spend(amount, now);
-            st.held -= amount;
-            return Local::Decided(Granted {
+            let g = Granted {
                 allowed: true,
                 granted: amount,
                 remaining: live - amount,
                 retry_after: None,
-            });
+            };
+            // Under half a lease left of a hot key: the next one is taken
+            // now, while this one still decides. What is held then stays
+            // under `1.5·size`.
+            let next = 2 * (live - amount) < size && !k.taking && short.is_none() && k.hot(size);
+            k.taking |= next;
+            st.held -= amount;
+            return if next {
+                Local::DecidedTakeNext(g, size)
+            } else {
+                Local::Decided(g)
+            };
         }
-        if let Some(until) = k.short_until.filter(|u| *u > now)
+        if let Some(until) = short
             && amount <= size
         {
             // Redis had less than a lease a moment ago, and told how long it
@@ -212,7 +245,7 @@ impl Leases {
         if k.taking && amount <= size {
             return Local::Wait;
         }
-        if k.taking || amount > size || k.asked < size {
+        if k.taking || amount > size || !k.hot(size) {
             return Local::Redis;
         }
         k.taking = true;
@@ -341,12 +374,86 @@ mod tests {
             assert!(matches!(
                 l.decide("k", limit(), 50, 1, t),
                 Local::Decided(Granted { allowed: true, .. })
+                    | Local::DecidedTakeNext(Granted { allowed: true, .. }, 50)
             ));
         }
         assert_eq!(l.held(), 0);
-        // A quiet key is not leased again: its asks are counted anew.
-        let later = t + LEASE_TIME;
+        // The lease taken ahead failed: nothing more held.
+        l.took("k", limit(), "id2", None, 0, true, t);
+        assert_eq!(l.held(), 0);
+        // A key quiet for a whole window is not leased again: its asks are
+        // counted anew.
+        let later = t + 2 * LEASE_TIME;
         assert_eq!(l.decide("k", limit(), 50, 1, later), Local::Redis);
+    }
+
+    #[test]
+    fn a_hot_key_takes_its_next_lease_before_the_last_runs_out() {
+        let l = Leases::new();
+        let t = Instant::now();
+        for _ in 0..9 {
+            l.decide("k", limit(), 10, 1, t);
+        }
+        assert_eq!(l.decide("k", limit(), 10, 1, t), Local::Take { size: 10 });
+        l.took("k", limit(), "a", granted(10), 1, false, t);
+        // 9 held: decided here until under half a lease is left; the
+        // acquire that leaves 4 asks for the next lease beside its answer.
+        for left in (5..9).rev() {
+            let d = l.decide("k", limit(), 10, 1, t);
+            assert!(
+                matches!(d, Local::Decided(Granted { remaining, .. }) if remaining == left),
+                "{d:?} with {left} left"
+            );
+        }
+        let d = l.decide("k", limit(), 10, 1, t);
+        assert!(
+            matches!(
+                d,
+                Local::DecidedTakeNext(
+                    Granted {
+                        allowed: true,
+                        remaining: 4,
+                        ..
+                    },
+                    10
+                )
+            ),
+            "{d:?}"
+        );
+        // Once: the others go on spending what is held while it is taken.
+        for _ in 0..4 {
+            assert!(matches!(
+                l.decide("k", limit(), 10, 1, t),
+                Local::Decided(_)
+            ));
+        }
+        assert_eq!(l.decide("k", limit(), 10, 1, t), Local::Wait);
+        // Taken ahead: nothing to decide with it, all of it held.
+        l.took("k", limit(), "b", granted(10), 0, true, t);
+        assert_eq!(l.held(), 10);
+        assert!(l.held() <= 2 * 10);
+    }
+
+    #[test]
+    fn a_key_that_stays_hot_does_not_start_over_each_window() {
+        let l = Leases::new();
+        let t = Instant::now();
+        for _ in 0..10 {
+            l.decide("k", limit(), 10, 1, t);
+        }
+        l.took("k", limit(), "a", granted(10), 1, false, t);
+        // The next window: its first ask may take a lease at once, as the
+        // window before asked for one.
+        let next = t + LEASE_TIME;
+        l.ended(next);
+        assert_eq!(
+            l.decide("k", limit(), 10, 1, next),
+            Local::Take { size: 10 }
+        );
+        l.took("k", limit(), "b", None, 1, false, next);
+        // A window with no ask in between: cold again.
+        let quiet = next + 2 * LEASE_TIME;
+        assert_eq!(l.decide("k", limit(), 10, 1, quiet), Local::Redis);
     }
 
     #[test]

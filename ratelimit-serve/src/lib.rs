@@ -235,7 +235,13 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
     let lag = lag::Lag::new();
     lag.watch();
     let app = Arc::new(api::App {
-        decider: decide::Decider::new(store, &opts.prefix, breakers, metrics.clone(), lag),
+        decider: Arc::new(decide::Decider::new(
+            store,
+            &opts.prefix,
+            breakers,
+            metrics.clone(),
+            lag,
+        )),
         policy,
         metrics,
         max_body: opts.max_body,

@@ -104,6 +104,19 @@ pub(super) struct Decider {
 /// handed out, so nobody else refills them.
 const LEASE_OWNER: &str = "lease";
 
+/// The acquire that takes a lease of `size` units of `ask`'s key, recorded
+/// as the service's own grant `id`.
+fn lease_of(ask: &Ask, size: u64, id: &str) -> Ask {
+    Ask {
+        key: ask.key.clone(),
+        limit: ask.limit,
+        amount: size,
+        whole: false,
+        grant: Some(id.to_string()),
+        owner: LEASE_OWNER.to_string(),
+    }
+}
+
 impl Decider {
     /// Decides in `store`, keys under `prefix`; a call that fails while
     /// `lag` saw the service starved is not blamed on Redis.
@@ -200,14 +213,7 @@ impl Decider {
                         at.push(At::Plain(i));
                         continue;
                     };
-                    redis.push(Ask {
-                        key: ask.key.clone(),
-                        limit: ask.limit,
-                        amount: size,
-                        whole: false,
-                        grant: Some(id.clone()),
-                        owner: LEASE_OWNER.to_string(),
-                    });
+                    redis.push(lease_of(&ask, size, &id));
                     at.push(At::Lease(i, ask, id));
                 }
                 Local::Redis | Local::Wait => {
@@ -258,14 +264,7 @@ impl Decider {
                 .took(&ask.key, ask.limit, "", None, 0, true, Instant::now());
             return;
         };
-        let lease = Ask {
-            key: ask.key.clone(),
-            limit: ask.limit,
-            amount: size,
-            whole: false,
-            grant: Some(id.clone()),
-            owner: LEASE_OWNER.to_string(),
-        };
+        let lease = lease_of(ask, size, &id);
         let me = self.clone();
         tokio::spawn(async move {
             let (key, limit) = (lease.key.clone(), lease.limit);

@@ -169,3 +169,85 @@ fn three_replicas_leasing_one_hot_key_stay_within_the_bound() {
     let refunded = v["refunded"].as_u64().expect("refunded");
     assert!((50..=60).contains(&refunded), "{v}");
 }
+
+/// Redis stops while a replica holds a lease of a hot key: the replica goes
+/// on deciding from what it holds and grants no unit more (at most `2·N`,
+/// what a replica can hold), then answers 503 without waiting on a Redis
+/// that is gone; when Redis is back (empty), the key is leased again.
+#[test]
+fn a_lease_held_when_redis_stops_grants_what_it_holds_and_no_more() {
+    let mut redis = RedisServer::start();
+    let s = Service::start_with(
+        &redis.url(),
+        &Setup {
+            config: Some(CONFIG),
+            ..Setup::default()
+        },
+    );
+    let ask = || {
+        let t = Instant::now();
+        let (status, v) = post_as(
+            s.port,
+            Some(TOKEN),
+            "/v1/acquire",
+            json!({"limit": "hot", "key": "/checkout", "grant": false}),
+        );
+        (status, v, t.elapsed())
+    };
+    // Hot: asked for a lease's worth, then leased.
+    let start = Instant::now();
+    while metric(&s, "ratelimit_serve_leased_units") < 1.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no lease held after 10 s of asks"
+        );
+        let (status, v, _) = ask();
+        assert_eq!(status, 200, "{v}");
+    }
+    let held = metric(&s, "ratelimit_serve_leased_units");
+
+    redis.stop();
+    let (mut granted, mut refused, mut slowest) = (0u64, 0u64, Duration::ZERO);
+    // Bounded in asks and in time.
+    let start = Instant::now();
+    while refused < 20 && start.elapsed() < Duration::from_secs(10) {
+        let (status, v, took) = ask();
+        slowest = slowest.max(took);
+        match status {
+            200 => granted += v["granted"].as_u64().expect("granted"),
+            503 => refused += 1,
+            _ => panic!("{status} {v}"),
+        }
+    }
+    eprintln!(
+        "Redis stopped with {held} units leased: {granted} granted after, then {refused} \
+         answered 503; slowest answer {slowest:?}"
+    );
+    assert!(
+        granted as f64 <= 2.0 * LEASE,
+        "{granted} granted with Redis down: more than a replica holds (2·{LEASE})"
+    );
+    assert!(
+        granted as f64 >= held.min(LEASE) - 1.0,
+        "{granted} granted with Redis down, from {held} units held"
+    );
+    assert_eq!(refused, 20, "Redis down, and no 503 within 10 s");
+    assert!(
+        slowest < Duration::from_secs(2),
+        "an answer took {slowest:?} with Redis down"
+    );
+
+    // Back, empty: leased again.
+    redis.restart();
+    let leases = metric(&s, "ratelimit_serve_leases_total");
+    let start = Instant::now();
+    while metric(&s, "ratelimit_serve_leases_total") <= leases {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not leased again within 10 s of Redis's return"
+        );
+        let (status, v, _) = ask();
+        assert!(status == 200 || status == 503, "{status} {v}");
+        sleep(Duration::from_millis(5));
+    }
+}

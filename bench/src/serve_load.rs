@@ -324,9 +324,21 @@ fn service(
 }
 
 fn http_run(port: u16, clients: usize, secs: Duration, bodies: &[String]) -> Run {
-    load(
+    http_run_at(port, clients, secs, None, bodies)
+}
+
+/// [`http_run`], each client sending once every `pace` when one is given.
+fn http_run_at(
+    port: u16,
+    clients: usize,
+    secs: Duration,
+    pace: Option<Duration>,
+    bodies: &[String],
+) -> Run {
+    load_at(
         clients,
         secs,
+        pace,
         |_| Http::connect(port),
         |c, i| {
             let status = c.post("/v1/acquire", &bodies[i % bodies.len()]);
@@ -345,16 +357,7 @@ fn paced_http_run(
     bodies: &[String],
 ) -> Run {
     let pace = Duration::from_secs_f64(clients as f64 / per_sec);
-    load_at(
-        clients,
-        secs,
-        Some(pace),
-        |_| Http::connect(port),
-        |c, i| {
-            let status = c.post("/v1/acquire", &bodies[i % bodies.len()]);
-            assert_eq!(status, 200, "acquire answered {status}");
-        },
-    )
+    http_run_at(port, clients, secs, Some(pace), bodies)
 }
 
 fn grpc_run(port: u16, clients: usize, secs: Duration) -> Run {

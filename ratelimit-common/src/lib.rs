@@ -49,6 +49,7 @@ pub mod rolling_quota;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod table;
+pub mod top;
 
 pub use clock::{TICK_SHIFT, TICKS_PER_NS, ns_to_ticks, ticks_to_ns_ceil};
 pub use decision::{Decision, NEVER};

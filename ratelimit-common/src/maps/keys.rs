@@ -162,7 +162,7 @@ impl FlowKeyV4 {
     }
 }
 
-/// Key of [`MAP_DROPS`](crate::MAP_DROPS): what a drop is charged to. A source, or for a drop
+/// What a drop is charged to in [`MAP_DROPS`](crate::MAP_DROPS) ([`crate::top`]). A source, or for a drop
 /// at a rule's second or third key level the key of that level (a source's
 /// network, e.g. its /24).
 #[repr(C)]

@@ -9,6 +9,7 @@
 mod config;
 mod counters;
 mod drop_log;
+mod drops;
 mod fleet;
 mod keys;
 mod rule;
@@ -17,6 +18,7 @@ mod state;
 pub use config::*;
 pub use counters::*;
 pub use drop_log::*;
+pub use drops::*;
 pub use fleet::*;
 pub use keys::*;
 pub use rule::*;
@@ -51,9 +53,11 @@ pub const MAP_BORN: &str = "RL_BORN";
 pub const MAP_STATS: &str = "RL_STATS";
 /// `Array<Config>` of one entry: global runtime settings. Written by the daemon.
 pub const MAP_CONFIG: &str = "RL_CONFIG";
-/// `LruHash<Addr, u64>`: frames dropped (or would-be dropped) per source address,
-/// for `ratelimit top`, sampled one in [`DROP_SAMPLE`]. Written by the program on
-/// the drop path only.
+/// `Array<top::TopSet>` (mmapable): frames dropped per source address or key
+/// level's network, for `ratelimit top`, sampled one in [`DROP_SAMPLE`], in a
+/// set-associative table of the busiest droppers ([`crate::top`]). Written by
+/// the program on the drop path only; read by the daemon through a mapping
+/// of its memory.
 pub const MAP_DROPS: &str = "RL_DROPS";
 
 /// `Array<u64>`: the doorkeeper's slots ([`crate::doorkeeper`]), a power of two
@@ -192,7 +196,7 @@ pub const fn drop_sampled(n: u64, seed: u64) -> bool {
     crate::doorkeeper::mix(n ^ seed).is_multiple_of(DROP_SAMPLE)
 }
 
-/// Capacity of [`MAP_DROPS`]: the busiest droppers are kept, the rest evicted.
+/// Slots of [`MAP_DROPS`]: the busiest droppers are kept ([`crate::top`]).
 pub const DROPS_CAPACITY: u32 = 65_536;
 
 /// Default number of IPv4 sources [`MAP_TABLE`] holds at once: its IPv4
@@ -262,6 +266,7 @@ mod pod {
     unsafe impl aya::Pod for super::Rule {}
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for crate::table::Line {}
+    unsafe impl aya::Pod for crate::top::TopSet {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for crate::gcra::State {}
     unsafe impl aya::Pod for super::WideState {}

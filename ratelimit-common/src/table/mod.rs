@@ -193,6 +193,10 @@ pub trait Cells {
     fn cas(p: *mut u64, old: u64, new: u64) -> (u64, bool);
     /// Atomic exchange (a full barrier).
     fn xchg(p: *mut u64, new: u64) -> u64;
+    /// Atomic add, no barrier (`top`'s counts: [`crate::top`]).
+    fn add(p: *mut u64, n: u64);
+    /// A plain write of a word no reader needs ordered (`top`'s stamps).
+    fn store(p: *mut u64, v: u64);
 }
 
 /// [`Cells`] on the host: the table mapped into the daemon's memory, shared
@@ -222,6 +226,16 @@ impl Cells for HostCells {
         // SAFETY: as in `load`.
         unsafe { core::sync::atomic::AtomicU64::from_ptr(p) }
             .swap(new, core::sync::atomic::Ordering::SeqCst)
+    }
+    fn add(p: *mut u64, n: u64) {
+        // SAFETY: as in `load`.
+        unsafe { core::sync::atomic::AtomicU64::from_ptr(p) }
+            .fetch_add(n, core::sync::atomic::Ordering::Relaxed);
+    }
+    fn store(p: *mut u64, v: u64) {
+        // SAFETY: as in `load`.
+        unsafe { core::sync::atomic::AtomicU64::from_ptr(p) }
+            .store(v, core::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -7,13 +7,13 @@
 //! nothing but the counts (and this CPU's count of a reason, for sampling).
 //! Called by the entry for every frame and by the stages for events.
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
-
-use ratelimit_common::{DropKey, Event, Reason, RuleCounter};
+use ratelimit_common::{DropKey, Event, Reason, RuleCounter, top};
 
 use super::{
     NO_SLOT,
+    clock::stamp,
     maps::{RL_DROPS, RL_EVENTS, RL_RULE_STATS, RL_STATS},
+    table::Bpf,
 };
 
 /// Counts the frame under `reason`; returns this CPU's count for it.
@@ -56,17 +56,15 @@ pub(crate) fn event(event: Event) {
     }
 }
 
-/// Counts a drop against its source for `ratelimit top`. Only on the drop path.
+/// Counts `weight` drops against their source (or key level's network) for
+/// `ratelimit top`, in its set of `top`'s table under the maps' `seed`
+/// ([`top`]). Only on the drop path, for the drop sampled.
 #[inline(always)]
-pub(crate) fn count_drop(key: &DropKey, weight: u64) {
-    match RL_DROPS.get_ptr_mut(key) {
-        // SAFETY: an 8-byte, 8-aligned map value; other CPUs add atomically too.
-        Some(n) => unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, weight);
-        },
-        None => {
-            // A lost race with another CPU loses one count: fine for a ranking.
-            let _ = RL_DROPS.insert(key, weight, 0);
-        }
+pub(crate) fn count_drop(key: &DropKey, weight: u64, seed: u64) {
+    let (set, tag) = top::place(key, seed);
+    if let Some(s) = RL_DROPS.get_ptr_mut(set) {
+        // SAFETY: a map value valid for this run, shared only through `top`'s
+        // protocol.
+        unsafe { top::count::<Bpf>(s, tag, &key.addr, weight, stamp()) };
     }
 }

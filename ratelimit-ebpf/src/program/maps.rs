@@ -9,10 +9,10 @@ use aya_ebpf::{
 };
 use ratelimit_common::{
     Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS, DEFAULT_STATE_CAPACITY,
-    DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_LOG_BYTES, DROPS_CAPACITY, DropKey,
-    DropLogBudget, EVENT_COUNT, FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey,
-    GROUPS_CAPACITY, GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule,
-    RuleAddr, RuleState, WideState, rule_table_len, state_lines,
+    DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_LOG_BYTES, DropLogBudget, EVENT_COUNT,
+    FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey, GROUPS_CAPACITY, GlobalState,
+    KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState, TOP_SETS,
+    TopSet, WideState, rule_table_len, state_lines,
     table::{Born, Line},
 };
 
@@ -62,9 +62,9 @@ pub(crate) static RL_WIDE: LruHashMap<FlowKey, WideState> =
 #[map(name = "RL_WIDE_ZERO")]
 pub(crate) static RL_WIDE_ZERO: PerCpuArray<WideState> = PerCpuArray::with_max_entries(1, 0);
 
+// Mapped into the daemon's memory, which reads `top`'s counts there.
 #[map(name = "RL_DROPS")]
-pub(crate) static RL_DROPS: LruHashMap<DropKey, u64> =
-    LruHashMap::with_max_entries(DROPS_CAPACITY, 0);
+pub(crate) static RL_DROPS: Array<TopSet> = Array::with_max_entries(TOP_SETS, BPF_F_MMAPABLE);
 
 #[map(name = "RL_SEEN")]
 pub(crate) static RL_SEEN: Array<u64> = Array::with_max_entries(DEFAULT_SEEN_SLOTS, 0);

@@ -346,7 +346,11 @@ pub extern "C" fn rl_verdict(ctx: *mut xdp_md, code: u64) -> u32 {
     if let Some((rule, l3, reason)) = dropper
         && drop_sampled(n, config.hash_seed)
     {
-        count_drop(&drop_key(&xdp, code, rule, l3, reason), DROP_SAMPLE);
+        count_drop(
+            &drop_key(&xdp, code, rule, l3, reason),
+            DROP_SAMPLE,
+            config.hash_seed,
+        );
     }
     if reason == Reason::StateFailed {
         warn!(&xdp, "storing a promoted source's state failed; passed");

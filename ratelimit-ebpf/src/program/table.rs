@@ -8,8 +8,8 @@
 //! levels ([`super::levels`]).
 
 use core::{
-    intrinsics::{AtomicOrdering, atomic_xchg},
-    ptr::read_volatile,
+    intrinsics::{AtomicOrdering, atomic_xadd, atomic_xchg},
+    ptr::{read_volatile, write_volatile},
 };
 
 use ratelimit_common::table::{self, Cells, Choice, Line, Slot};
@@ -36,6 +36,16 @@ impl Cells for Bpf {
     fn xchg(p: *mut u64, new: u64) -> u64 {
         // SAFETY: as in `load`.
         unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(p, new) }
+    }
+    #[inline(always)]
+    fn add(p: *mut u64, n: u64) {
+        // SAFETY: as in `load`.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, n) };
+    }
+    #[inline(always)]
+    fn store(p: *mut u64, v: u64) {
+        // SAFETY: as in `load`.
+        unsafe { write_volatile(p, v) }
     }
 }
 

@@ -191,8 +191,7 @@ pub(super) fn drops_of(maps: &Maps, iface: &str) -> Result<Drops> {
         drops: Default::default(),
         levels: Default::default(),
     };
-    for entry in maps.drops() {
-        let (key, n) = entry?;
+    for (key, n) in maps.drops() {
         let ip = source_ip(&key.addr);
         let name = if key.prefix == 0 {
             ip.to_string()

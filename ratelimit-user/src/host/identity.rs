@@ -353,19 +353,19 @@ fn mount_bpffs(pid: Option<u32>) -> Result<()> {
 
 /// The layout of the maps this build pins. A daemon never adopts pins of another
 /// layout: they live under another directory.
-pub const PIN_LAYOUT: &str = "v11";
+pub const PIN_LAYOUT: &str = "v12";
 
 /// What [`PIN_LAYOUT`] was recorded for: a digest of the code that decides
 /// what is pinned (the maps' types in `ratelimit-common/src/maps/` and the
 /// maps themselves in `ratelimit-ebpf/src/program/maps.rs`, comments and
 /// blanks aside). A test fails when that code changes and this is not
 /// recorded again: a change to what is pinned bumps the layout first.
-pub const PIN_LAYOUT_OF: u64 = 0x40d2_c796_c1c7_5e48;
+pub const PIN_LAYOUT_OF: u64 = 0xb3f1_cd4d_09b9_c3f1;
 
 /// Layouts of earlier versions whose running program a daemon of this one
 /// takes over (an upgrade with `--keep-attached`): its link is swapped to
 /// this version's program, its maps unpinned.
-pub const OLDER_LAYOUTS: &[&str] = &["v10", "v9"];
+pub const OLDER_LAYOUTS: &[&str] = &["v11", "v10", "v9"];
 
 /// A test-only switch: `RATELIMIT_TEST_PIN_LAYOUT=v9` (one of
 /// [`OLDER_LAYOUTS`]) makes the daemon pin where an earlier version did: the
@@ -456,13 +456,13 @@ mod tests {
         let root = Path::new("/sys/fs/bpf");
         assert_eq!(
             pin_dir(root, &host),
-            Path::new("/sys/fs/bpf/ratelimit/v11/host/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v12/host/eth0")
         );
         // One inode, reused by a later namespace: another directory.
         assert_ne!(pin_dir(root, &other(7)), pin_dir(root, &other(8)));
         assert_eq!(
             pin_dir(root, &other(7)),
-            Path::new("/sys/fs/bpf/ratelimit/v11/ns7/eth0")
+            Path::new("/sys/fs/bpf/ratelimit/v12/ns7/eth0")
         );
     }
 

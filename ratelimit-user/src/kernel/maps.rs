@@ -42,7 +42,8 @@ pub struct Maps {
     state_table: table::StateTable,
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
-    drops: HashMap<MapData, common::DropKey, u64>,
+    /// `top`'s table, mapped into memory.
+    drops: table::TopTable,
     wide: HashMap<MapData, FlowKey, common::WideState>,
     rule_state: Array<MapData, RuleState>,
     /// Held for the program; not read by the daemon.
@@ -226,7 +227,7 @@ impl Maps {
             )?,
             stats: typed(t, MAP_STATS)?,
             config,
-            drops: typed(t, MAP_DROPS)?,
+            drops: table::TopTable::new(typed(t, MAP_DROPS)?)?,
             wide: typed(t, common::MAP_WIDE)?,
             seen,
             rule_state: typed(t, MAP_RULE_STATE)?,
@@ -286,7 +287,7 @@ impl Maps {
             common::MAP_BORN => self.state_table.born_map.map(),
             MAP_STATS => self.stats.map(),
             MAP_CONFIG => self.config.map(),
-            MAP_DROPS => self.drops.map(),
+            MAP_DROPS => self.drops.map.map(),
             common::MAP_WIDE => self.wide.map(),
             MAP_SEEN => self.seen.map(),
             MAP_RULE_STATE => self.rule_state.map(),

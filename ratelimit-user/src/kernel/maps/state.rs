@@ -5,8 +5,8 @@
 
 use aya::maps::{Map, MapData, RingBuf};
 use ratelimit_common::{
-    self as common, Counter, EVENT_COUNT, Event, FlowKey, MAP_DROPS, MAP_EVENTS, MAP_STATS,
-    REASON_COUNT, Reason, gcra,
+    self as common, Counter, EVENT_COUNT, Event, FlowKey, MAP_EVENTS, MAP_STATS, REASON_COUNT,
+    Reason, gcra,
 };
 
 use super::{DropLogCounts, Maps, count_entries, dup_map, map_err, table};
@@ -132,10 +132,9 @@ impl Maps {
     }
 
     /// Drop counts by source address, or by key of a rule's key level.
-    pub fn drops(&self) -> impl Iterator<Item = Result<(common::DropKey, u64)>> + '_ {
-        self.drops
-            .iter()
-            .map(|e| e.map_err(map_err("reading", MAP_DROPS)))
+    /// A key may come twice (two CPUs took a slot for it at once): add them.
+    pub fn drops(&self) -> Vec<(common::DropKey, u64)> {
+        self.drops.held(self.seed())
     }
 
     /// The state of one gcra key, if tracked.

@@ -1,4 +1,4 @@
-//! The state table ([`common::table`]) as the daemon sees it: the program's
+//! The state table ([`common::table`]) and `top`'s ([`common::top`]) as the daemon sees them: the program's
 //! two arrays mapped into its memory (`BPF_F_MMAPABLE`), read
 //! without a system call per key and, under fleet-wide rules, written with
 //! the same atomics and claim protocol as the program's.
@@ -7,8 +7,9 @@ use std::os::fd::AsFd as _;
 
 use aya::maps::{Array, IterableMap as _, MapData};
 use ratelimit_common::{
-    self as common, FlowKey, MAP_BORN, MAP_TABLE, Words,
+    self as common, FlowKey, MAP_BORN, MAP_DROPS, MAP_TABLE, TopSet, Words,
     table::{self, Born, Cells as _, HostCells, Line, Slot},
+    top,
 };
 
 use crate::error::{Error, Result};
@@ -316,4 +317,40 @@ fn word_and_hash(key: &FlowKey, seed: u64) -> (u64, u64) {
         table::key_word_for(fam, &w, key.rule_id, seed),
         common::doorkeeper::hash_words(&w, key.rule_id, seed),
     )
+}
+
+/// `top`'s table ([`common::top`]), mapped into memory: read without a
+/// system call per set.
+pub(super) struct TopTable {
+    pub(super) map: Array<MapData, TopSet>,
+    sets: Mapping,
+    count: u32,
+}
+
+impl TopTable {
+    pub(super) fn new(map: Array<MapData, TopSet>) -> Result<Self> {
+        Ok(Self {
+            sets: Mapping::of(map.map(), MAP_DROPS)?,
+            count: map.len(),
+            map,
+        })
+    }
+
+    /// Every slot that names a key under `seed`, with its count (a key
+    /// taken by two CPUs at once may come twice: callers add them).
+    pub(super) fn held(&self, seed: u64) -> Vec<(common::DropKey, u64)> {
+        const WORDS: usize = size_of::<TopSet>() / 8;
+        let mut out = Vec::new();
+        for n in 0..self.count as usize {
+            let first = self.sets.ptr.cast::<u64>().wrapping_add(n * WORDS);
+            let mut w = [0u64; WORDS];
+            for (i, v) in w.iter_mut().enumerate() {
+                *v = HostCells::load(first.wrapping_add(i));
+            }
+            // SAFETY: a `TopSet` is `WORDS` words of plain integers.
+            let set: TopSet = unsafe { std::mem::transmute(w) };
+            out.extend(top::held(&set, seed));
+        }
+        out
+    }
 }

@@ -42,6 +42,7 @@ pub mod dispatch;
 pub mod doorkeeper;
 pub mod episode;
 pub mod fixed_window;
+pub mod fleet_table;
 pub mod gcra;
 pub mod interval;
 pub mod maps;

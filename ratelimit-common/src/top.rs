@@ -117,7 +117,7 @@ pub unsafe fn count<C: Cells>(
             } else {
                 C::load(seen.wrapping_add(i))
             };
-            let stale = now.saturating_sub(at) >= STALE_NS;
+            let stale = t == 0 || now.saturating_sub(at) >= STALE_NS;
             let rank = if stale {
                 (true, at, at)
             } else {

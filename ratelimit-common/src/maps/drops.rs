@@ -27,5 +27,7 @@ pub struct TopSet {
     pub seen: [u64; TOP_WAYS],
     /// Each slot's address (IPv4-mapped for IPv4), masked to its prefix.
     pub addrs: [crate::Addr; TOP_WAYS],
+    /// Zero.
+    pub _pad: [u64; 4],
 }
 const _: () = assert!(core::mem::size_of::<TopSet>() == 192);

@@ -4,10 +4,12 @@
 //! pins), and the daemon's heartbeat, by which the program knows whether a
 //! daemon still keeps its keys in step with the fleet.
 
-/// Value of [`MAP_FLEET_USED`](crate::MAP_FLEET_USED): what one key of a
-/// fleet-wide rule was admitted here since the entry was created
-/// (cumulative). Written by the program: the counts by atomic add, `born`
-/// once, when it creates the entry.
+use crate::FlowKey;
+
+/// What one key of a fleet-wide rule was admitted here since its slot of
+/// [`MAP_FLEET_USED`](crate::MAP_FLEET_USED) was taken (cumulative). Written
+/// by the program: the counts by atomic add, `born` once, when it takes the
+/// slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FleetUsed {
@@ -15,12 +17,53 @@ pub struct FleetUsed {
     pub packets: u64,
     /// Their bytes (whole frames from the Ethernet header).
     pub bytes: u64,
-    /// When the program created the entry (its clock, ns): an entry evicted
-    /// and created again counts from zero, and the daemon tells the two
-    /// apart by this.
+    /// When the program took the slot (its clock, ns): a key whose slot was
+    /// given up and taken again counts from zero, and the daemon tells the
+    /// two apart by this.
     pub born: u64,
 }
 const _: () = assert!(core::mem::size_of::<FleetUsed>() == 24);
+
+/// Slots in a set of [`MAP_FLEET_USED`](crate::MAP_FLEET_USED).
+pub const FLEET_WAYS: usize = 8;
+
+/// Sets of [`MAP_FLEET_USED`](crate::MAP_FLEET_USED): [`FLEET_CAPACITY`](crate::FLEET_CAPACITY) slots.
+pub const FLEET_SETS: u32 = crate::FLEET_CAPACITY / FLEET_WAYS as u32;
+const _: () = assert!(FLEET_SETS.is_power_of_two());
+
+/// A tag while its slot is being taken: never a key's (a key's tag has its
+/// top bit clear).
+pub const FLEET_LOCKED: u64 = u64::MAX;
+
+/// One slot of a [`FleetSet`]: a key of a fleet-wide rule and what it was
+/// admitted here. One cache line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FleetSlot {
+    /// What the key was admitted since the slot was taken.
+    pub used: FleetUsed,
+    /// When the key was last counted (the program's coarse clock, ns).
+    pub seen: u64,
+    /// The key.
+    pub key: FlowKey,
+    /// Zero.
+    pub _pad: [u32; 3],
+}
+const _: () = assert!(core::mem::size_of::<FleetSlot>() == 64);
+
+/// Value of [`MAP_FLEET_USED`](crate::MAP_FLEET_USED): a set of the fleet's
+/// counts ([`crate::fleet_table`]): its slots' tags in the first cache line,
+/// then the slots.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FleetSet {
+    /// Each slot's key's tag ([`crate::fleet_table::place`]); 0 empty,
+    /// [`FLEET_LOCKED`] being taken.
+    pub tags: [u64; FLEET_WAYS],
+    /// The slots.
+    pub slots: [FleetSlot; FLEET_WAYS],
+}
+const _: () = assert!(core::mem::size_of::<FleetSet>() == 576);
 
 /// Value of [`MAP_FLEET_REPORTED`](crate::MAP_FLEET_REPORTED): how much of a
 /// key's [`FleetUsed`] the daemon has accounted for, so that a daemon that

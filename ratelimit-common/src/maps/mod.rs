@@ -73,11 +73,12 @@ pub const MAP_GLOBAL: &str = "RL_GLOBAL";
 /// `PerCpuArray<u64>` indexed by [`Event`]: things that happen to state, not
 /// verdicts. Written by the program.
 pub const MAP_EVENTS: &str = "RL_EVENTS";
-/// `LruHash<FlowKey, FleetUsed>`: what each key of a fleet-wide rule was
-/// admitted here (cumulative), for the daemon to report to the fleet.
-/// Written by the program (atomic add).
+/// `Array<FleetSet>` (mmapable): what each key of a fleet-wide rule was
+/// admitted here (cumulative), for the daemon to report to the fleet, in a
+/// set-associative table ([`crate::fleet_table`]). Written by the program
+/// (atomic add); read by the daemon through a mapping of its memory.
 pub const MAP_FLEET_USED: &str = "RL_FLEET_USED";
-/// `LruHash<FlowKey, FleetCursor>`: how much of each key's
+/// `Hash<FlowKey, FleetCursor>`: how much of each key's
 /// [`MAP_FLEET_USED`] count the daemon has accounted for (its report
 /// cursor), pinned so that a daemon that starts again reports nothing twice.
 /// Written by the daemon only; the program never reads it.
@@ -86,7 +87,8 @@ pub const MAP_FLEET_REPORTED: &str = "RL_FLEET_REPORTED";
 /// of the fleet it counted. Written by the daemon at every sync; read by the
 /// program under fleet-wide rules ([`fleet_cost`]).
 pub const MAP_FLEET_BEAT: &str = "RL_FLEET_BEAT";
-/// Keys of fleet-wide rules followed at once.
+/// Keys of fleet-wide rules followed at once: slots of [`MAP_FLEET_USED`],
+/// and at most as many report cursors.
 pub const FLEET_CAPACITY: u32 = 65_536;
 /// The match groups ([`MatchGroup`]): two halves of [`GROUPS_CAPACITY`], one
 /// for each rule trie.
@@ -266,7 +268,8 @@ mod pod {
     unsafe impl aya::Pod for super::Rule {}
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for crate::table::Line {}
-    unsafe impl aya::Pod for crate::top::TopSet {}
+    unsafe impl aya::Pod for super::TopSet {}
+    unsafe impl aya::Pod for super::FleetSet {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for crate::gcra::State {}
     unsafe impl aya::Pod for super::WideState {}

@@ -93,10 +93,15 @@ pub enum Event {
     /// ([`crate::table`]): it got no state, and its frame was judged as a new
     /// source's (a key level's: by its other levels).
     StateFull = 3,
+    /// A key of a fleet-wide rule found its set of the fleet's counts
+    /// ([`crate::fleet_table`]) full of keys counted within
+    /// [`crate::fleet_table::STALE_NS`]: the frame it was admitted was not
+    /// counted for the fleet (the other members do not see it).
+    FleetFull = 4,
 }
 
 /// Number of [`Event`]s: the size of [`MAP_EVENTS`](crate::MAP_EVENTS).
-pub const EVENT_COUNT: u32 = 4;
+pub const EVENT_COUNT: u32 = 5;
 
 impl Event {
     /// Every event, in index order.
@@ -105,6 +110,7 @@ impl Event {
         Event::NewStateCapped,
         Event::Unjudged,
         Event::StateFull,
+        Event::FleetFull,
     ];
 
     /// Stable name, used in stats output and metric labels.
@@ -114,6 +120,7 @@ impl Event {
             Event::NewStateCapped => "new_states_capped",
             Event::Unjudged => "unjudged",
             Event::StateFull => "state_full",
+            Event::FleetFull => "fleet_full",
         }
     }
 }

@@ -5,22 +5,25 @@
 //! (`RL_FLEET_BEAT`). Leaves: the cost to charge ([`rl_fleet_cost`]: the
 //! frame's own while the daemon syncs, the fleet's members times it once its
 //! heartbeat is stale, by ratelimit-common's `fleet_cost`), and the count in
-//! `RL_FLEET_USED` ([`rl_fleet_count`]). Called by the limit
+//! `RL_FLEET_USED` ([`rl_fleet_count`], by ratelimit-common's `fleet_table`). Called by the limit
 //! ([`super::limit`]).
 
-use core::{
-    intrinsics::{AtomicOrdering, atomic_xadd},
-    ptr::read_volatile,
-};
+use core::ptr::read_volatile;
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
-use ratelimit_common::{FleetUsed, FlowKey, fleet_cost, rule_flags};
+use ratelimit_common::{
+    Event, FlowKey, fleet_cost,
+    fleet_table::{self, Counted},
+    rule_flags,
+};
 
 use super::{
     clock::stamp,
+    count::event,
     key::masked,
-    maps::{RL_FLEET_BEAT, RL_FLEET_USED, RL_RULE_TABLE},
+    maps::{RL_CONFIG, RL_FLEET_BEAT, RL_FLEET_USED, RL_RULE_TABLE},
     parse::source_at,
+    table::Bpf,
 };
 
 /// What a frame of `cost` costs its key's own bucket at `now` under a
@@ -76,23 +79,14 @@ pub extern "C" fn rl_fleet_count(ctx: *mut xdp_md, l3: u64, packed: u64, index: 
         return 0;
     };
     let key = FlowKey::of(&masked(rule, (packed & 0xff) as u8, &source), rule.id);
-    let len = packed >> 16;
-    match RL_FLEET_USED.get_ptr_mut(key) {
-        // SAFETY: fields of a map value valid for this run; other CPUs change
-        // them only by atomic add.
-        Some(c) => unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*c).packets, 1);
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*c).bytes, len);
-        },
-        None => {
-            // Two CPUs counting a key's first frame at once lose one count
-            // (the daemon's bound allows for a frame per key and sync).
-            let first = FleetUsed {
-                packets: 1,
-                bytes: len,
-                born: stamp(),
-            };
-            let _ = RL_FLEET_USED.insert(key, first, 0);
+    let seed = RL_CONFIG.get(0).map_or(0, |c| c.hash_seed);
+    let (set, tag) = fleet_table::place(&key, seed);
+    if let Some(set) = RL_FLEET_USED.get_ptr_mut(set) {
+        // SAFETY: a map value valid for this run, shared only through the
+        // table's protocol.
+        let counted = unsafe { fleet_table::count::<Bpf>(set, &key, tag, packed >> 16, stamp()) };
+        if counted == Counted::Full {
+            event(Event::FleetFull);
         }
     }
     0

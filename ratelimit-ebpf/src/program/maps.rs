@@ -5,14 +5,14 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use ratelimit_common::{
     Config, Counter, DEFAULT_RULES_CAPACITY, DEFAULT_SEEN_SLOTS, DEFAULT_STATE_CAPACITY,
     DEFAULT_STATE_V6_CAPACITY, DEFAULT_WIDE_CAPACITY, DROP_LOG_BYTES, DropLogBudget, EVENT_COUNT,
-    FLEET_CAPACITY, FleetBeat, FleetCursor, FleetUsed, FlowKey, GROUPS_CAPACITY, GlobalState,
-    KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState, TOP_SETS,
-    TopSet, WideState, rule_table_len, state_lines,
+    FLEET_CAPACITY, FLEET_SETS, FleetBeat, FleetCursor, FleetSet, FlowKey, GROUPS_CAPACITY,
+    GlobalState, KNOWN_WORDS, MatchGroup, REASON_COUNT, RULE_COUNTERS, Rule, RuleAddr, RuleState,
+    TOP_SETS, TopSet, WideState, rule_table_len, state_lines,
     table::{Born, Line},
 };
 
@@ -87,15 +87,16 @@ pub(crate) static RL_EVENTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EV
 #[map(name = "RL_KNOWN")]
 pub(crate) static RL_KNOWN: Array<u64> = Array::with_max_entries(KNOWN_WORDS, 0);
 
+// Mapped into the daemon's memory, which reads the counts there.
 #[map(name = "RL_FLEET_USED")]
-pub(crate) static RL_FLEET_USED: LruHashMap<FlowKey, FleetUsed> =
-    LruHashMap::with_max_entries(FLEET_CAPACITY, 0);
+pub(crate) static RL_FLEET_USED: Array<FleetSet> =
+    Array::with_max_entries(FLEET_SETS, BPF_F_MMAPABLE);
 
 // The daemon's report cursor: in the object so that it is created, pinned
 // and adopted with the rest; the program never reads it.
 #[map(name = "RL_FLEET_REPORTED")]
-pub(crate) static RL_FLEET_REPORTED: LruHashMap<FlowKey, FleetCursor> =
-    LruHashMap::with_max_entries(FLEET_CAPACITY, 0);
+pub(crate) static RL_FLEET_REPORTED: HashMap<FlowKey, FleetCursor> =
+    HashMap::with_max_entries(FLEET_CAPACITY, 0);
 
 #[map(name = "RL_FLEET_BEAT")]
 pub(crate) static RL_FLEET_BEAT: Array<FleetBeat> = Array::with_max_entries(1, 0);

@@ -337,6 +337,13 @@ pub(super) fn status_of(
                     state_table.refused
                 ));
             }
+            let fleet_full = events[Event::FleetFull as usize];
+            if fleet_full > 0 {
+                notes.push(format!(
+                    "{fleet_full} frames admitted to keys of fleet-wide rules found no free slot in the fleet's count table ({} slots, eight to a set, a slot free once its key is not counted for 10 s): the other members did not see them; fewer keys under fleet-wide rules (a shorter key prefix) make room",
+                    ratelimit_common::FLEET_CAPACITY
+                ));
+            }
             if full(wide_keys, sizes.wide_capacity) {
                 state_map_full = true;
                 notes.push(format!(

@@ -43,7 +43,7 @@ pub struct Maps {
     stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, common::Config>,
     /// `top`'s table, mapped into memory.
-    drops: table::TopTable,
+    drops: table::Sets<common::TopSet>,
     wide: HashMap<MapData, FlowKey, common::WideState>,
     rule_state: Array<MapData, RuleState>,
     /// Held for the program; not read by the daemon.
@@ -52,7 +52,7 @@ pub struct Maps {
     /// Held for the program; not read by the daemon.
     seen: Array<MapData, u64>,
     /// What keys of fleet-wide rules were admitted here.
-    fleet_used: HashMap<MapData, FlowKey, common::FleetUsed>,
+    fleet_used: table::Sets<common::FleetSet>,
     /// How much of that the daemon accounted for (its report cursor).
     fleet_reported: HashMap<MapData, FlowKey, common::FleetCursor>,
     /// The daemon's heartbeat, for the program.
@@ -227,13 +227,16 @@ impl Maps {
             )?,
             stats: typed(t, MAP_STATS)?,
             config,
-            drops: table::TopTable::new(typed(t, MAP_DROPS)?)?,
+            drops: table::Sets::new(typed(t, MAP_DROPS)?, MAP_DROPS)?,
             wide: typed(t, common::MAP_WIDE)?,
             seen,
             rule_state: typed(t, MAP_RULE_STATE)?,
             global: typed(t, MAP_GLOBAL)?,
             events: typed(t, MAP_EVENTS)?,
-            fleet_used: typed(t, common::MAP_FLEET_USED)?,
+            fleet_used: table::Sets::new(
+                typed(t, common::MAP_FLEET_USED)?,
+                common::MAP_FLEET_USED,
+            )?,
             fleet_reported: typed(t, common::MAP_FLEET_REPORTED)?,
             fleet_beat: typed(t, common::MAP_FLEET_BEAT)?,
             groups: typed(t, common::MAP_GROUPS)?,
@@ -293,7 +296,7 @@ impl Maps {
             MAP_RULE_STATE => self.rule_state.map(),
             MAP_GLOBAL => self.global.map(),
             MAP_EVENTS => self.events.map(),
-            common::MAP_FLEET_USED => self.fleet_used.map(),
+            common::MAP_FLEET_USED => self.fleet_used.map.map(),
             common::MAP_FLEET_REPORTED => self.fleet_reported.map(),
             common::MAP_FLEET_BEAT => self.fleet_beat.map(),
             common::MAP_GROUPS => self.groups.map(),

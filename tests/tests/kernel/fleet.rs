@@ -72,3 +72,50 @@ fn a_stale_heartbeat_charges_every_member_of_the_fleet() {
         "fifty members, burst 20: {got} of 40 passed, expected the first frames only"
     );
 }
+
+/// Nine keys of one set of the fleet's count table (eight slots), each
+/// counted within 10 s: the eight first keep their counts whole, the ninth
+/// is not counted and says so (`fleet_full`), and nothing else is lost.
+#[test]
+fn a_full_set_of_the_fleets_counts_says_so_and_keeps_the_counts_it_has() {
+    privileged!("a_full_set_of_the_fleets_counts_says_so_and_keeps_the_counts_it_has");
+    use ratelimit_common::{Event, FlowKey, fleet_table, map_v4};
+    let l = fleet_rule();
+    let seed = l.maps.config().expect("config").hash_seed;
+    let rule = l.maps.default_rule().expect("the default rule").id;
+    let key = |i: u32| FlowKey {
+        addr: map_v4([198, 18, (i >> 8) as u8, i as u8]),
+        rule_id: rule,
+    };
+    let set = fleet_table::place(&key(1), seed).0;
+    let same: Vec<u32> = (1..65_536)
+        .filter(|i| fleet_table::place(&key(*i), seed).0 == set)
+        .take(fleet_table::WAYS + 1)
+        .collect();
+    assert_eq!(same.len(), fleet_table::WAYS + 1, "keys of one set");
+    let full = || l.maps.events().expect("events")[Event::FleetFull as usize];
+    for (n, i) in same.iter().enumerate() {
+        let src = format!("198.18.{}.{}", i >> 8, i & 0xff);
+        let frame = v4(&src).build();
+        for _ in 0..5 {
+            assert_eq!(l.verdict(&frame), XDP_PASS);
+        }
+        let used = l.maps.fleet_used();
+        let got = used
+            .iter()
+            .find(|(k, _)| *k == key(*i))
+            .map(|(_, u)| u.packets);
+        if n < fleet_table::WAYS {
+            assert_eq!(got, Some(5), "key {n} of the set");
+            assert_eq!(full(), 0);
+        } else {
+            assert_eq!(got, None, "the ninth key of a set of eight");
+            assert_eq!(
+                full(),
+                5,
+                "the ninth key's frames, each counted as an event"
+            );
+        }
+    }
+    assert_eq!(counted(&l), 5 * fleet_table::WAYS as u64);
+}

@@ -134,7 +134,11 @@ impl Maps {
     /// Drop counts by source address, or by key of a rule's key level.
     /// A key may come twice (two CPUs took a slot for it at once): add them.
     pub fn drops(&self) -> Vec<(common::DropKey, u64)> {
-        self.drops.held(self.seed())
+        let seed = self.seed();
+        self.drops
+            .each()
+            .flat_map(|set| common::top::held(&set, seed).collect::<Vec<_>>())
+            .collect()
     }
 
     /// The state of one gcra key, if tracked.
@@ -147,9 +151,25 @@ impl Maps {
         self.state_table.get(key, self.seed())
     }
 
-    /// Every key of a fleet-wide rule with what it was admitted.
+    /// Every key of a fleet-wide rule with what it was admitted. A key
+    /// counted in two slots at once (never, but for a slot taken while
+    /// another CPU took one too) comes once, with the counts of the slot
+    /// born first.
     pub fn fleet_used(&self) -> Vec<(FlowKey, common::FleetUsed)> {
-        self.fleet_used.iter().filter_map(|e| e.ok()).collect()
+        let seed = self.seed();
+        let mut keys: std::collections::HashMap<FlowKey, common::FleetUsed> = Default::default();
+        for set in self.fleet_used.each() {
+            for (key, used) in common::fleet_table::held(&set, seed) {
+                keys.entry(key)
+                    .and_modify(|u| {
+                        if used.born < u.born {
+                            *u = used;
+                        }
+                    })
+                    .or_insert(used);
+            }
+        }
+        keys.into_iter().collect()
     }
 
     /// The report cursor of every key the daemon accounted for.

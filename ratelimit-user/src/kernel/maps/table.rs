@@ -7,9 +7,8 @@ use std::os::fd::AsFd as _;
 
 use aya::maps::{Array, IterableMap as _, MapData};
 use ratelimit_common::{
-    self as common, FlowKey, MAP_BORN, MAP_DROPS, MAP_TABLE, TopSet, Words,
+    self as common, FlowKey, MAP_BORN, MAP_TABLE, Words,
     table::{self, Born, Cells as _, HostCells, Line, Slot},
-    top,
 };
 
 use crate::error::{Error, Result};
@@ -319,38 +318,40 @@ fn word_and_hash(key: &FlowKey, seed: u64) -> (u64, u64) {
     )
 }
 
-/// `top`'s table ([`common::top`]), mapped into memory: read without a
-/// system call per set.
-pub(super) struct TopTable {
-    pub(super) map: Array<MapData, TopSet>,
+/// An array of sets mapped into memory (`top`'s, [`common::top`], and the
+/// fleet's counts, [`common::fleet_table`]): read without a system call per
+/// set.
+pub(super) struct Sets<T: aya::Pod> {
+    pub(super) map: Array<MapData, T>,
     sets: Mapping,
     count: u32,
 }
 
-impl TopTable {
-    pub(super) fn new(map: Array<MapData, TopSet>) -> Result<Self> {
+impl<T: aya::Pod> Sets<T> {
+    pub(super) fn new(map: Array<MapData, T>, name: &'static str) -> Result<Self> {
         Ok(Self {
-            sets: Mapping::of(map.map(), MAP_DROPS)?,
+            sets: Mapping::of(map.map(), name)?,
             count: map.len(),
             map,
         })
     }
 
-    /// Every slot that names a key under `seed`, with its count (a key
-    /// taken by two CPUs at once may come twice: callers add them).
-    pub(super) fn held(&self, seed: u64) -> Vec<(common::DropKey, u64)> {
-        const WORDS: usize = size_of::<TopSet>() / 8;
-        let mut out = Vec::new();
-        for n in 0..self.count as usize {
-            let first = self.sets.ptr.cast::<u64>().wrapping_add(n * WORDS);
-            let mut w = [0u64; WORDS];
-            for (i, v) in w.iter_mut().enumerate() {
-                *v = HostCells::load(first.wrapping_add(i));
+    /// Each set as it reads now, word by word (atomically each: the program
+    /// writes them meanwhile; the readers check each slot's key against its
+    /// tag).
+    pub(super) fn each(&self) -> impl Iterator<Item = T> + '_ {
+        const { assert!(size_of::<T>() % 8 == 0) };
+        let words = size_of::<T>() / 8;
+        (0..self.count as usize).map(move |n| {
+            let first = self.sets.ptr.cast::<u64>().wrapping_add(n * words);
+            let mut set = std::mem::MaybeUninit::<T>::uninit();
+            let out = set.as_mut_ptr().cast::<u64>();
+            for i in 0..words {
+                // SAFETY: word `i` of set `n` of the mapping, and of `set`.
+                unsafe { out.add(i).write(HostCells::load(first.wrapping_add(i))) };
             }
-            // SAFETY: a `TopSet` is `WORDS` words of plain integers.
-            let set: TopSet = unsafe { std::mem::transmute(w) };
-            out.extend(top::held(&set, seed));
-        }
-        out
+            // SAFETY: every word written; a `Pod` is any bytes.
+            unsafe { set.assume_init() }
+        })
     }
 }

@@ -192,7 +192,7 @@ impl Collector for Snapshot {
         counter(
             &mut encoder,
             "ratelimit_state_events",
-            "States created for sources the doorkeeper saw twice (states_created), promotions refused by the state-creation cap (new_states_capped), frames judged without state (unjudged), and keys the state table had no free slot for (state_full).",
+            "States created for sources the doorkeeper saw twice (states_created), promotions refused by the state-creation cap (new_states_capped), frames judged without state (unjudged), keys the state table had no free slot for (state_full), and frames of fleet-wide keys the fleet's count table had no free slot for (fleet_full).",
             Event::ALL
                 .iter()
                 .map(|e| {

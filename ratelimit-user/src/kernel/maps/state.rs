@@ -136,7 +136,7 @@ impl Maps {
     pub fn drops(&self) -> Vec<(common::DropKey, u64)> {
         let seed = self.seed();
         self.drops
-            .each()
+            .each(common::top::WAYS)
             .flat_map(|set| common::top::held(&set, seed).collect::<Vec<_>>())
             .collect()
     }
@@ -158,7 +158,7 @@ impl Maps {
     pub fn fleet_used(&self) -> Vec<(FlowKey, common::FleetUsed)> {
         let seed = self.seed();
         let mut keys: std::collections::HashMap<FlowKey, common::FleetUsed> = Default::default();
-        for set in self.fleet_used.each() {
+        for set in self.fleet_used.each(common::fleet_table::WAYS) {
             for (key, used) in common::fleet_table::held(&set, seed) {
                 keys.entry(key)
                     .and_modify(|u| {

@@ -336,14 +336,17 @@ impl<T: aya::Pod> Sets<T> {
         })
     }
 
-    /// Each set as it reads now, word by word (atomically each: the program
-    /// writes them meanwhile; the readers check each slot's key against its
-    /// tag).
-    pub(super) fn each(&self) -> impl Iterator<Item = T> + '_ {
+    /// Each set whose first `tags` words (its slots' tags) are not all 0,
+    /// as it reads now, word by word (atomically each: the program writes
+    /// them meanwhile; the readers check each slot's key against its tag).
+    pub(super) fn each(&self, tags: usize) -> impl Iterator<Item = T> + '_ {
         const { assert!(size_of::<T>() % 8 == 0) };
         let words = size_of::<T>() / 8;
-        (0..self.count as usize).map(move |n| {
+        (0..self.count as usize).filter_map(move |n| {
             let first = self.sets.ptr.cast::<u64>().wrapping_add(n * words);
+            if (0..tags.min(words)).all(|i| HostCells::load(first.wrapping_add(i)) == 0) {
+                return None;
+            }
             let mut set = std::mem::MaybeUninit::<T>::uninit();
             let out = set.as_mut_ptr().cast::<u64>();
             for i in 0..words {
@@ -351,7 +354,7 @@ impl<T: aya::Pod> Sets<T> {
                 unsafe { out.add(i).write(HostCells::load(first.wrapping_add(i))) };
             }
             // SAFETY: every word written; a `Pod` is any bytes.
-            unsafe { set.assume_init() }
+            Some(unsafe { set.assume_init() })
         })
     }
 }

@@ -100,10 +100,10 @@ pub unsafe fn count<C: Cells>(
         }
         if t != LOCKED {
             // An empty slot first, then the one idle the longest.
-            // SAFETY: as above.
             let at = if t == 0 {
                 0
             } else {
+                // SAFETY: a field of a slot of the set.
                 C::load(unsafe { &raw mut (*s).seen })
             };
             let idle = t == 0 || now.saturating_sub(at) >= STALE_NS;

@@ -340,7 +340,7 @@ impl<T: aya::Pod> Sets<T> {
     /// as it reads now, word by word (atomically each: the program writes
     /// them meanwhile; the readers check each slot's key against its tag).
     pub(super) fn each(&self, tags: usize) -> impl Iterator<Item = T> + '_ {
-        const { assert!(size_of::<T>() % 8 == 0) };
+        const { assert!(size_of::<T>().is_multiple_of(8)) };
         let words = size_of::<T>() / 8;
         (0..self.count as usize).filter_map(move |n| {
             let first = self.sets.ptr.cast::<u64>().wrapping_add(n * words);

@@ -108,17 +108,18 @@ pub unsafe fn count<C: Cells>(
             };
             let idle = t == 0 || now.saturating_sub(at) >= STALE_NS;
             if idle && (free.is_none() || at < oldest) {
-                free = Some(i);
+                free = Some((i, t));
                 oldest = at;
             }
         }
         i += 1;
     }
-    let Some(i) = free else {
+    let Some((i, seen_tag)) = free else {
         return Counted::Full;
     };
-    let old = C::load(tags.wrapping_add(i));
-    if old == LOCKED || !C::cas(tags.wrapping_add(i), old, LOCKED).1 {
+    // Taken only as it was chosen: a slot another CPU took meanwhile keeps
+    // its new key.
+    if !C::cas(tags.wrapping_add(i), seen_tag, LOCKED).1 {
         return Counted::Lost;
     }
     let s = slot(i);

@@ -124,18 +124,19 @@ pub unsafe fn count<C: Cells>(
                 (false, C::load(counts.wrapping_add(i)), at)
             };
             if victim.is_none() || before(rank, best) {
-                victim = Some(i);
+                victim = Some((i, t));
                 best = rank;
             }
         }
         i += 1;
     }
     // Every slot is being taken.
-    let Some(victim) = victim else {
+    let Some((victim, seen_tag)) = victim else {
         return Counted::Lost;
     };
-    let old = C::load(tags.wrapping_add(victim));
-    if old == LOCKED || !C::cas(tags.wrapping_add(victim), old, LOCKED).1 {
+    // Taken only as it was chosen: a slot another CPU took meanwhile keeps
+    // its new key.
+    if !C::cas(tags.wrapping_add(victim), seen_tag, LOCKED).1 {
         return Counted::Lost;
     }
     C::store(counts.wrapping_add(victim), weight);

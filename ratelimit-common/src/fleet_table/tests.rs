@@ -5,7 +5,10 @@ use std::vec::Vec;
 use super::*;
 use crate::{
     map_v4,
-    table::{Cells, HostCells},
+    table::{
+        HostCells,
+        racing::{Racing, race_after},
+    },
 };
 
 const SEED: u64 = 0x5eed_f1ee_7000_0002;
@@ -123,49 +126,6 @@ fn a_slot_names_its_key_only_if_the_key_hashes_to_its_tag() {
     assert_eq!(held(&set, SEED).count(), 0);
 }
 
-std::thread_local! {
-    /// (operations left before another CPU writes its tag, that tag).
-    static RACE: core::cell::Cell<(u32, u64)> = const { core::cell::Cell::new((0, 0)) };
-}
-
-/// [`HostCells`], with another CPU writing its tag into the word of the
-/// operation [`RACE`] counts down to, just before it.
-struct Racing;
-
-impl Racing {
-    fn step(p: *mut u64) {
-        let (left, tag) = RACE.with(core::cell::Cell::get);
-        if tag != 0 {
-            if left == 0 {
-                HostCells::store(p, tag);
-                RACE.with(|r| r.set((0, 0)));
-            } else {
-                RACE.with(|r| r.set((left - 1, tag)));
-            }
-        }
-    }
-}
-
-impl Cells for Racing {
-    fn load(p: *mut u64) -> u64 {
-        Self::step(p);
-        HostCells::load(p)
-    }
-    fn cas(p: *mut u64, old: u64, new: u64) -> (u64, bool) {
-        Self::step(p);
-        HostCells::cas(p, old, new)
-    }
-    fn xchg(p: *mut u64, new: u64) -> u64 {
-        HostCells::xchg(p, new)
-    }
-    fn add(p: *mut u64, n: u64) {
-        HostCells::add(p, n)
-    }
-    fn store(p: *mut u64, v: u64) {
-        HostCells::store(p, v)
-    }
-}
-
 /// Two keys' first frames on two CPUs, both choosing the first empty slot:
 /// the other CPU takes it right after this one's scan of the tags, and this
 /// one loses its count, never the other key's slot.
@@ -176,7 +136,7 @@ fn a_slot_taken_meanwhile_by_another_cpu_keeps_its_key() {
     let (_, other) = place(&keys[1], SEED);
     // The scan reads the eight tags (all 0); the next word touched is the
     // chosen slot's tag.
-    RACE.with(|r| r.set((WAYS as u32, other)));
+    race_after(WAYS as u32, other);
     let (_, tag) = place(&keys[0], SEED);
     // SAFETY: a set of this test's own.
     let got = unsafe { count::<Racing>(&mut set, &keys[0], tag, 1, S) };

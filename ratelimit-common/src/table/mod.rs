@@ -527,4 +527,6 @@ pub unsafe fn sweep_slot<C: Cells>(line: *mut Line, i: u32, key: u64, now_ns: u6
 }
 
 #[cfg(test)]
+pub(crate) mod racing;
+#[cfg(test)]
 mod tests;

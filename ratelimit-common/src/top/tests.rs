@@ -5,7 +5,10 @@ use std::{vec, vec::Vec};
 use super::*;
 use crate::{
     DROP_SAMPLE, map_v4,
-    table::{Cells, HostCells},
+    table::{
+        HostCells,
+        racing::{Racing, race_after},
+    },
 };
 
 const SEED: u64 = 0x5eed_0f70_9000_0001;
@@ -176,50 +179,12 @@ fn a_slot_being_taken_is_skipped() {
 /// tags: its key keeps the slot, this sample is lost.
 #[test]
 fn a_slot_taken_meanwhile_by_another_cpu_keeps_its_key() {
-    use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
-    /// Operations left before the other CPU writes, and its tag.
-    static LEFT: AtomicU64 = AtomicU64::new(0);
-    static OTHER: AtomicU64 = AtomicU64::new(0);
-    struct Racing;
-    impl Racing {
-        fn step(p: *mut u64) {
-            let other = OTHER.load(SeqCst);
-            if other != 0 {
-                if LEFT.load(SeqCst) == 0 {
-                    HostCells::store(p, other);
-                    OTHER.store(0, SeqCst);
-                } else {
-                    LEFT.fetch_sub(1, SeqCst);
-                }
-            }
-        }
-    }
-    impl Cells for Racing {
-        fn load(p: *mut u64) -> u64 {
-            Self::step(p);
-            HostCells::load(p)
-        }
-        fn cas(p: *mut u64, old: u64, new: u64) -> (u64, bool) {
-            Self::step(p);
-            HostCells::cas(p, old, new)
-        }
-        fn xchg(p: *mut u64, new: u64) -> u64 {
-            HostCells::xchg(p, new)
-        }
-        fn add(p: *mut u64, n: u64) {
-            HostCells::add(p, n)
-        }
-        fn store(p: *mut u64, v: u64) {
-            HostCells::store(p, v)
-        }
-    }
     let keys = same_set(2);
     let mut set = TopSet::default();
     let other = place(&keys[1], SEED).1;
     // The scan reads the four tags (all 0); the next word touched is the
     // chosen slot's tag.
-    LEFT.store(WAYS as u64, SeqCst);
-    OTHER.store(other, SeqCst);
+    race_after(WAYS as u32, other);
     let (_, tag) = place(&keys[0], SEED);
     // SAFETY: a set of this test's own.
     let got = unsafe { count::<Racing>(&mut set, tag, &keys[0].addr, DROP_SAMPLE, S) };
